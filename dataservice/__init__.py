@@ -1,0 +1,71 @@
+"""dataservice: bounded record access to one MySQL database through Celery lanes.
+
+The public API is what this module exports; everything else is internal.
+"""
+
+from dataservice.client import Client, Handle
+from dataservice.config import Config, ConfigError, LaneName, Settings, load_config
+from dataservice.errors import (
+    Conflict,
+    DataServiceError,
+    DeadlineExceeded,
+    InternalError,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    RequestError,
+    ResourceExhausted,
+    RetryableError,
+    ServiceSetupError,
+    Unauthenticated,
+    Unavailable,
+)
+from dataservice.status import ReadMode, StatusCode
+from dataservice.types import (
+    DeleteOp,
+    DeleteResult,
+    ListOp,
+    Operation,
+    Page,
+    ReadOp,
+    Record,
+    WriteOp,
+    WriteResult,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client",
+    "Config",
+    "ConfigError",
+    "Conflict",
+    "DataServiceError",
+    "DeadlineExceeded",
+    "DeleteOp",
+    "DeleteResult",
+    "Handle",
+    "InternalError",
+    "InvalidArgument",
+    "LaneName",
+    "ListOp",
+    "NotFound",
+    "Operation",
+    "Page",
+    "PermissionDenied",
+    "ReadMode",
+    "ReadOp",
+    "Record",
+    "RequestError",
+    "ResourceExhausted",
+    "RetryableError",
+    "ServiceSetupError",
+    "Settings",
+    "StatusCode",
+    "Unauthenticated",
+    "Unavailable",
+    "WriteOp",
+    "WriteResult",
+    "__version__",
+    "load_config",
+]

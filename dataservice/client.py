@@ -1,0 +1,241 @@
+"""The caller's API: awaited calls on the interactive lane, handles on the batch lane."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from dataservice import codec
+from dataservice.config import Config, LaneName, Settings
+from dataservice.errors import DeadlineExceeded, InternalError, InvalidArgument, error_for
+from dataservice.proto import pb
+from dataservice.status import ReadMode, StatusCode
+from dataservice.transport import Transport
+from dataservice.types import (
+    DeleteOp,
+    DeleteResult,
+    ListOp,
+    Operation,
+    Page,
+    ReadOp,
+    Record,
+    Result,
+    WriteOp,
+    WriteResult,
+    from_unix_ms,
+)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _record(message: pb.Record) -> Record:
+    return Record(
+        object_id=message.object_id,
+        revision=message.revision,
+        payload=message.payload,
+        updated_at=from_unix_ms(message.updated_at_unix_ms),
+    )
+
+
+def decode_response(body: bytes, request_id: str) -> Result:
+    """The result in an encoded ``ResponseEnvelope``, or its typed error."""
+    response = pb.ResponseEnvelope()
+    try:
+        response.ParseFromString(body)
+    except DecodeError:
+        raise InternalError("the service sent an unreadable answer", request_id=request_id) from None
+    code = response.status.code
+    if code != pb.STATUS_CODE_OK:
+        status = StatusCode(code) if code in StatusCode._value2member_map_ else StatusCode.INTERNAL
+        raise error_for(
+            status,
+            response.status.message,
+            request_id=request_id,
+            retry_after=response.status.retry_after_ms / 1000,
+        )
+    kind = response.WhichOneof("result")
+    if kind == "read":
+        return _record(response.read.record)
+    if kind == "write":
+        w = response.write
+        return WriteResult(object_id=w.object_id, revision=w.revision, created=w.created)
+    if kind == "delete":
+        return DeleteResult(object_id=response.delete.object_id, revision=response.delete.revision)
+    if kind == "list":
+        page = response.list
+        return Page(
+            records=tuple(_record(r) for r in page.records), next_cursor=page.next_cursor or None
+        )
+    raise InternalError("the service sent an answer without a result", request_id=request_id)
+
+
+class Handle:
+    """A submitted request. Await it with :meth:`result`, or drop it: an answer
+    nobody collects expires with its deadline."""
+
+    __slots__ = ("_result", "_transport", "deadline_ms", "request_id")
+
+    def __init__(self, transport: Transport, request_id: str, deadline_ms: int) -> None:
+        self._transport = transport
+        self.request_id = request_id
+        self.deadline_ms = deadline_ms
+        self._result: Result | None = None
+
+    def done(self) -> bool:
+        """True once the answer has arrived (it may still be an error)."""
+        return self._result is not None or self._transport.results.pending(self.request_id)
+
+    def result(self, timeout: float | None = None) -> Result:
+        """Wait for the answer, at most until the deadline (or ``timeout`` seconds)."""
+        if self._result is not None:
+            return self._result
+        remaining = (self.deadline_ms - _now_ms()) / 1000
+        wait = remaining if timeout is None else min(timeout, remaining)
+        body = self._transport.results.wait(self.request_id, wait)
+        if body is None:
+            if timeout is not None and timeout < remaining:
+                raise TimeoutError(f"no answer to {self.request_id} within {timeout} s")
+            raise DeadlineExceeded("no answer before the deadline", request_id=self.request_id)
+        self._result = decode_response(body, self.request_id)
+        return self._result
+
+
+class Client:
+    """A caller of the data service.
+
+    ``read``, ``write``, ``delete`` and ``list`` run on the interactive lane and
+    wait for the answer; ``timeout`` (seconds) becomes the request's deadline,
+    capped at the lane's maximum. ``submit`` and ``submit_many`` enqueue on the
+    batch lane and return :class:`Handle` objects.
+    """
+
+    def __init__(self, caller: str, settings: Settings, config: Config) -> None:
+        if not codec.CALLER_RE.fullmatch(caller):
+            raise InvalidArgument(f"caller name is malformed (allowed: {codec.CALLER_RE.pattern})")
+        self.caller = caller
+        self.config = config
+        self._transport = Transport(settings, config)
+
+    @classmethod
+    def from_env(cls, caller: str, environ: Mapping[str, str] | None = None) -> Client:
+        """A client configured from ``DATASERVICE_*`` variables and ``queues.yml``."""
+        settings = Settings.from_env(environ)
+        return cls(caller, settings, settings.load())
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._transport.close()
+
+    # Interactive lane -------------------------------------------------------
+
+    def read(
+        self, scope: str, object_id: str, *, mode: ReadMode = ReadMode.ALLOW_CACHED,
+        timeout: float | None = None,
+    ) -> Record:
+        result = self._call(ReadOp(scope, object_id, mode), timeout)
+        assert isinstance(result, Record)
+        return result
+
+    def write(
+        self, scope: str, object_id: str, payload: bytes, *, idempotency_key: str | None = None,
+        timeout: float | None = None,
+    ) -> WriteResult:
+        result = self._call(WriteOp(scope, object_id, payload, idempotency_key), timeout)
+        assert isinstance(result, WriteResult)
+        return result
+
+    def delete(
+        self, scope: str, object_id: str, *, idempotency_key: str | None = None,
+        timeout: float | None = None,
+    ) -> DeleteResult:
+        result = self._call(DeleteOp(scope, object_id, idempotency_key), timeout)
+        assert isinstance(result, DeleteResult)
+        return result
+
+    def list(
+        self, scope: str, *, page_size: int = 0, cursor: str | None = None,
+        timeout: float | None = None,
+    ) -> Page:
+        result = self._call(ListOp(scope, page_size, cursor), timeout)
+        assert isinstance(result, Page)
+        return result
+
+    # Batch lane -------------------------------------------------------------
+
+    def submit(self, operation: Operation, *, timeout: float | None = None) -> Handle:
+        return self.submit_many([operation], timeout=timeout)[0]
+
+    def submit_many(self, operations: Iterable[Operation], *, timeout: float | None = None) -> list[Handle]:
+        """Enqueue every operation on the batch lane in one broker session.
+
+        All are validated before any is sent: one bad operation enqueues none.
+        """
+        deadline = self._deadline(LaneName.BATCH, timeout)
+        prepared = [self._envelope(op, deadline) for op in operations]
+        self._transport.publish_many(
+            ((env.SerializeToString(), env.request_id, deadline) for env in prepared),
+            lane=LaneName.BATCH,
+        )
+        return [Handle(self._transport, env.request_id, deadline) for env in prepared]
+
+    # Internals --------------------------------------------------------------
+
+    def _call(self, operation: Operation, timeout: float | None) -> Result:
+        deadline = self._deadline(LaneName.INTERACTIVE, timeout)
+        envelope = self._envelope(operation, deadline)
+        self._transport.publish(
+            envelope.SerializeToString(), request_id=envelope.request_id,
+            lane=LaneName.INTERACTIVE, deadline_ms=deadline,
+        )
+        return Handle(self._transport, envelope.request_id, deadline).result()
+
+    def _deadline(self, lane: LaneName, timeout: float | None) -> int:
+        lane_config = self.config.lanes[lane]
+        if timeout is None:
+            budget_ms = lane_config.default_deadline_ms
+        elif timeout <= 0:
+            raise InvalidArgument("timeout must be positive")
+        else:
+            budget_ms = min(int(timeout * 1000), lane_config.max_deadline_ms)
+        return _now_ms() + budget_ms
+
+    def _envelope(self, operation: Operation, deadline_ms: int) -> pb.RequestEnvelope:
+        envelope = pb.RequestEnvelope(
+            caller=self.caller, request_id=uuid.uuid4().hex, deadline_unix_ms=deadline_ms
+        )
+        fields: dict[str, Any]
+        if isinstance(operation, ReadOp):
+            envelope.read.CopyFrom(pb.ReadRecordRequest(
+                scope=operation.scope, object_id=operation.object_id, mode=int(operation.mode)  # type: ignore[arg-type]
+            ))
+        elif isinstance(operation, WriteOp):
+            fields = {"scope": operation.scope, "object_id": operation.object_id}
+            envelope.write.CopyFrom(pb.WriteRecordRequest(payload=operation.payload, **fields))
+            envelope.idempotency_key = operation.idempotency_key or uuid.uuid4().hex
+        elif isinstance(operation, DeleteOp):
+            envelope.delete.CopyFrom(
+                pb.DeleteRecordRequest(scope=operation.scope, object_id=operation.object_id)
+            )
+            envelope.idempotency_key = operation.idempotency_key or uuid.uuid4().hex
+        elif isinstance(operation, ListOp):
+            if operation.page_size < 0:
+                raise InvalidArgument("page_size must not be negative")
+            envelope.list.CopyFrom(pb.ListRecordsRequest(
+                scope=operation.scope, page_size=operation.page_size, cursor=operation.cursor or ""
+            ))
+        else:
+            raise InvalidArgument(f"unknown operation type {type(operation).__name__}")
+        # Fail fast, before anything is sent, with the same rules the worker applies.
+        codec.validate_request(envelope, self.config.limits)
+        return envelope

@@ -1,0 +1,129 @@
+"""Decoding and validating request envelopes; encoding responses.
+
+Everything a caller sends passes through :func:`decode_request` before any
+other code sees it: size first, then the protobuf parse, then every field.
+The only exception it raises is :class:`~dataservice.errors.InvalidArgument`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+
+from google.protobuf.message import DecodeError
+
+from dataservice.config import Limits
+from dataservice.errors import InvalidArgument
+from dataservice.proto import pb
+from dataservice.status import StatusCode
+
+CALLER_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+REQUEST_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+SCOPE_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+# ':' separates scope and id in cache keys; the scope cannot hold one, so ids may.
+OBJECT_ID_RE = re.compile(r"[A-Za-z0-9._~:@/+=-]{1,128}")
+IDEMPOTENCY_KEY_RE = re.compile(r"[\x21-\x7e]{1,128}")
+MAX_CURSOR_CHARS = 256
+READ_MODES = frozenset({pb.READ_MODE_ALLOW_CACHED, pb.READ_MODE_PRIMARY})
+MUTATIONS = frozenset({"write", "delete"})
+
+
+def _check(pattern: re.Pattern[str], value: str, name: str) -> None:
+    if not pattern.fullmatch(value):
+        if not value:
+            raise InvalidArgument(f"{name} is missing")
+        raise InvalidArgument(f"{name} is malformed (allowed: {pattern.pattern})")
+
+
+def decode_request(data: object, limits: Limits) -> pb.RequestEnvelope:
+    """Parse and validate one request envelope."""
+    if not isinstance(data, bytes):
+        raise InvalidArgument("the request body must be a protobuf RequestEnvelope")
+    if len(data) > limits.max_request_bytes:
+        raise InvalidArgument(
+            f"request is {len(data)} bytes; the limit is {limits.max_request_bytes}"
+        )
+    envelope = pb.RequestEnvelope()
+    try:
+        envelope.ParseFromString(data)
+    except (DecodeError, ValueError, RecursionError):
+        raise InvalidArgument("request is not a valid access.v2.RequestEnvelope") from None
+    validate_request(envelope, limits)
+    return envelope
+
+
+def validate_request(envelope: pb.RequestEnvelope, limits: Limits) -> None:
+    _check(CALLER_RE, envelope.caller, "caller")
+    _check(REQUEST_ID_RE, envelope.request_id, "request_id")
+    if envelope.deadline_unix_ms <= 0:
+        raise InvalidArgument("deadline_unix_ms is missing")
+    operation = envelope.WhichOneof("operation")
+    if operation is None:
+        raise InvalidArgument("unknown or missing operation")
+    if envelope.idempotency_key:
+        if operation not in MUTATIONS:
+            raise InvalidArgument("idempotency_key is only allowed on write and delete")
+        _check(IDEMPOTENCY_KEY_RE, envelope.idempotency_key, "idempotency_key")
+    if operation == "read":
+        read = envelope.read
+        _check(SCOPE_RE, read.scope, "scope")
+        _check(OBJECT_ID_RE, read.object_id, "object_id")
+        if read.mode not in READ_MODES:
+            raise InvalidArgument("mode must be READ_MODE_ALLOW_CACHED or READ_MODE_PRIMARY")
+    elif operation == "write":
+        write = envelope.write
+        _check(SCOPE_RE, write.scope, "scope")
+        _check(OBJECT_ID_RE, write.object_id, "object_id")
+        if len(write.payload) > limits.max_payload_bytes:
+            raise InvalidArgument(
+                f"payload is {len(write.payload)} bytes; the limit is {limits.max_payload_bytes}"
+            )
+    elif operation == "delete":
+        _check(SCOPE_RE, envelope.delete.scope, "scope")
+        _check(OBJECT_ID_RE, envelope.delete.object_id, "object_id")
+    else:
+        listing = envelope.list
+        _check(SCOPE_RE, listing.scope, "scope")
+        if listing.cursor:
+            decode_cursor(listing.cursor, listing.scope)
+
+
+def page_size(request: pb.ListRecordsRequest, limits: Limits) -> int:
+    """The page size to use: the default for 0, capped at the configured maximum."""
+    if request.page_size == 0:
+        return limits.list_default_page_size
+    return min(request.page_size, limits.list_max_page_size)
+
+
+def encode_cursor(scope: str, after_object_id: str) -> str:
+    raw = pb.ListCursor(scope=scope, after_object_id=after_object_id).SerializeToString()
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def decode_cursor(cursor: str, scope: str) -> str:
+    """The object id a page starts after; the cursor must belong to ``scope``."""
+    if len(cursor) > MAX_CURSOR_CHARS:
+        raise InvalidArgument("cursor is too long")
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        parsed = pb.ListCursor.FromString(raw)
+    except (binascii.Error, ValueError, DecodeError):
+        raise InvalidArgument("cursor is malformed") from None
+    if parsed.scope != scope:
+        raise InvalidArgument("cursor belongs to another scope")
+    _check(OBJECT_ID_RE, parsed.after_object_id, "cursor")
+    return parsed.after_object_id
+
+
+def error_response(
+    request_id: str, code: StatusCode, message: str, retry_after_ms: int = 0
+) -> pb.ResponseEnvelope:
+    return pb.ResponseEnvelope(
+        request_id=request_id,
+        status=pb.Status(code=int(code), message=message, retry_after_ms=retry_after_ms),  # type: ignore[arg-type]
+    )
+
+
+def ok_status() -> pb.Status:
+    return pb.Status(code=pb.STATUS_CODE_OK)

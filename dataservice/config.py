@@ -1,0 +1,202 @@
+"""Typed, frozen configuration: ``queues.yml`` plus ``DATASERVICE_*`` variables.
+
+Loading validates everything at once; an unknown key or a bad value raises
+:class:`~dataservice.errors.ConfigError` naming the key. Numbers derived from
+the configuration are computed here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from dataservice.errors import ConfigError
+
+PositiveInt = Annotated[int, Field(gt=0)]
+
+# A MEDIUMBLOB column and MariaDB's default max_allowed_packet (16 MiB) bound
+# what a payload may be; 1 MiB keeps a single row well inside both.
+PAYLOAD_CEILING = 1 << 20
+# Field tags, ids and the envelope header fit in this on top of the payload.
+ENVELOPE_OVERHEAD = 1024
+
+
+class LaneName(str, Enum):
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class LaneConfig(_Model):
+    queue: str = Field(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")
+    concurrency: Annotated[int, Field(gt=0, le=256)]
+    default_deadline_ms: PositiveInt
+    max_deadline_ms: PositiveInt
+
+    @model_validator(mode="after")
+    def _default_within_max(self) -> LaneConfig:
+        if self.default_deadline_ms > self.max_deadline_ms:
+            raise ValueError(
+                f"default_deadline_ms ({self.default_deadline_ms}) exceeds "
+                f"max_deadline_ms ({self.max_deadline_ms})"
+            )
+        return self
+
+
+class Lanes(_Model):
+    interactive: LaneConfig
+    batch: LaneConfig
+
+    @model_validator(mode="after")
+    def _distinct_queues(self) -> Lanes:
+        if self.interactive.queue == self.batch.queue:
+            raise ValueError("interactive and batch must use different queues")
+        return self
+
+    def __getitem__(self, lane: LaneName) -> LaneConfig:
+        return self.interactive if lane is LaneName.INTERACTIVE else self.batch
+
+
+class Limits(_Model):
+    max_payload_bytes: Annotated[int, Field(gt=0, le=PAYLOAD_CEILING)]
+    max_request_bytes: PositiveInt
+    max_response_bytes: PositiveInt
+    list_default_page_size: PositiveInt
+    list_max_page_size: Annotated[int, Field(gt=0, le=1000)]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Limits:
+        if self.max_request_bytes < self.max_payload_bytes + ENVELOPE_OVERHEAD:
+            raise ValueError(
+                f"max_request_bytes ({self.max_request_bytes}) must be at least "
+                f"max_payload_bytes + {ENVELOPE_OVERHEAD} ({self.max_payload_bytes + ENVELOPE_OVERHEAD})"
+            )
+        if self.max_response_bytes < self.max_payload_bytes + ENVELOPE_OVERHEAD:
+            raise ValueError("max_response_bytes must fit one record of max_payload_bytes")
+        if self.list_default_page_size > self.list_max_page_size:
+            raise ValueError("list_default_page_size exceeds list_max_page_size")
+        return self
+
+
+class Results(_Model):
+    grace_ms: Annotated[int, Field(ge=0, le=60_000)]
+
+
+class DatabaseConfig(_Model):
+    connect_timeout_s: Annotated[int, Field(gt=0, le=60)]
+    pool_timeout_ms: PositiveInt
+    pool_recycle_s: PositiveInt
+
+
+class Config(_Model):
+    lanes: Lanes
+    limits: Limits
+    results: Results
+    database: DatabaseConfig
+
+    @model_validator(mode="after")
+    def _pool_wait_below_deadlines(self) -> Config:
+        shortest = min(self.lanes.interactive.default_deadline_ms, self.lanes.batch.default_deadline_ms)
+        if self.database.pool_timeout_ms >= shortest:
+            raise ValueError(
+                f"database.pool_timeout_ms ({self.database.pool_timeout_ms}) must be shorter "
+                f"than the shortest default deadline ({shortest} ms)"
+            )
+        return self
+
+    @property
+    def longest_deadline_ms(self) -> int:
+        return max(self.lanes.interactive.max_deadline_ms, self.lanes.batch.max_deadline_ms)
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        message = item["msg"]
+        if item["type"] == "extra_forbidden":
+            message = "unknown key"
+        lines.append(f"{source}: {where}: {message}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, *, source: str = "queues.yml") -> Config:
+    """Validate an already-parsed YAML document."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: expected a mapping at the top level")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, source)) from None
+
+
+def load_config(path: str | Path) -> Config:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return parse_config(data, source=str(path))
+
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_DATABASE_URL = "mysql+mysqldb://root@127.0.0.1:3306/dataservice"
+DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "queues.yml"
+
+_ENV_PREFIX = "DATASERVICE_"
+_ENV_FIELDS = {
+    "DATASERVICE_CONFIG": "config_path",
+    "DATASERVICE_BROKER_URL": "broker_url",
+    "DATASERVICE_RESULT_BACKEND_URL": "result_backend_url",
+    "DATASERVICE_REDIS_URL": "redis_url",
+    "DATASERVICE_DATABASE_URL": "database_url",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Where things are: the configuration file and the services' URLs."""
+
+    config_path: Path = DEFAULT_CONFIG_PATH
+    broker_url: str = DEFAULT_REDIS_URL
+    result_backend_url: str = DEFAULT_REDIS_URL
+    redis_url: str = DEFAULT_REDIS_URL
+    database_url: str = DEFAULT_DATABASE_URL
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        unknown = sorted(k for k in env if k.startswith(_ENV_PREFIX) and k not in _ENV_FIELDS)
+        if unknown:
+            raise ConfigError(f"unknown environment variable(s): {', '.join(unknown)}")
+        values: dict[str, Any] = {}
+        for name, field in _ENV_FIELDS.items():
+            value = env.get(name)
+            if value is None:
+                continue
+            if not value.strip():
+                raise ConfigError(f"{name} is set but empty")
+            values[field] = Path(value) if field == "config_path" else value
+        for name in ("DATASERVICE_BROKER_URL", "DATASERVICE_RESULT_BACKEND_URL", "DATASERVICE_REDIS_URL"):
+            if name in env and not env[name].startswith(("redis://", "rediss://", "unix://")):
+                raise ConfigError(f"{name} must be a redis:// or rediss:// URL")
+        if "DATASERVICE_DATABASE_URL" in env and not env["DATASERVICE_DATABASE_URL"].startswith("mysql"):
+            raise ConfigError("DATASERVICE_DATABASE_URL must be a mysql+mysqldb:// URL")
+        return cls(**values)
+
+    def load(self) -> Config:
+        return load_config(self.config_path)

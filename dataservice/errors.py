@@ -1,0 +1,125 @@
+"""Every error the service raises, under one root.
+
+::
+
+    DataServiceError
+    ├── ConfigError                 bad queues.yml or environment (names the key)
+    ├── RequestError                the service answered with a non-OK status
+    │   ├── InvalidArgument         INVALID_ARGUMENT: malformed or out-of-bounds input
+    │   ├── Unauthenticated         UNAUTHENTICATED
+    │   ├── PermissionDenied        PERMISSION_DENIED
+    │   ├── NotFound                NOT_FOUND
+    │   ├── Conflict                CONFLICT
+    │   ├── DeadlineExceeded        DEADLINE_EXCEEDED: the answer did not come in time
+    │   ├── InternalError           INTERNAL
+    │   └── RetryableError          safe to retry after ``retry_after`` seconds
+    │       ├── ResourceExhausted   RESOURCE_EXHAUSTED: overloaded or rate limited
+    │       └── Unavailable         UNAVAILABLE: a dependency is down
+    └── ServiceSetupError           a local dependency could not be started or reached
+
+Retryable errors sit on their own branch so callers catch one class. A
+``RequestError`` never carries SQL text or other internals: its message is
+what the service chose to tell the caller.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from dataservice.status import StatusCode
+
+
+class DataServiceError(Exception):
+    """Root of every error raised by dataservice."""
+
+
+class ConfigError(DataServiceError):
+    """The configuration is invalid; the message names the offending key."""
+
+
+class ServiceSetupError(DataServiceError):
+    """A local service (Redis, MariaDB) could not be started or reached."""
+
+
+class RequestError(DataServiceError):
+    """The service answered a request with a non-OK status."""
+
+    code: ClassVar[StatusCode] = StatusCode.INTERNAL
+
+    def __init__(self, message: str, *, request_id: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.request_id = request_id
+
+    def __str__(self) -> str:
+        return f"{self.code.name}: {self.message}"
+
+
+class InvalidArgument(RequestError):
+    code = StatusCode.INVALID_ARGUMENT
+
+
+class Unauthenticated(RequestError):
+    code = StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(RequestError):
+    code = StatusCode.PERMISSION_DENIED
+
+
+class NotFound(RequestError):
+    code = StatusCode.NOT_FOUND
+
+
+class Conflict(RequestError):
+    code = StatusCode.CONFLICT
+
+
+class DeadlineExceeded(RequestError):
+    code = StatusCode.DEADLINE_EXCEEDED
+
+
+class InternalError(RequestError):
+    code = StatusCode.INTERNAL
+
+
+class RetryableError(RequestError):
+    """A transient refusal: retrying after ``retry_after`` seconds may succeed."""
+
+    def __init__(self, message: str, *, request_id: str = "", retry_after: float = 0.0) -> None:
+        super().__init__(message, request_id=request_id)
+        self.retry_after = retry_after
+
+
+class ResourceExhausted(RetryableError):
+    code = StatusCode.RESOURCE_EXHAUSTED
+
+
+class Unavailable(RetryableError):
+    code = StatusCode.UNAVAILABLE
+
+
+_BY_CODE: dict[StatusCode, type[RequestError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgument,
+        Unauthenticated,
+        PermissionDenied,
+        NotFound,
+        Conflict,
+        DeadlineExceeded,
+        InternalError,
+        ResourceExhausted,
+        Unavailable,
+    )
+}
+
+
+def error_for(
+    code: StatusCode, message: str, *, request_id: str = "", retry_after: float = 0.0
+) -> RequestError:
+    """The typed exception for a non-OK status code from the wire."""
+    cls = _BY_CODE.get(code, InternalError)
+    if issubclass(cls, RetryableError):
+        return cls(message, request_id=request_id, retry_after=retry_after)
+    return cls(message, request_id=request_id)

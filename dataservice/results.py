@@ -1,0 +1,60 @@
+"""The result backend: where a worker leaves an answer and its caller picks it up.
+
+Each answer is a one-element Redis list under :func:`~dataservice.keys.result_key`,
+written with its expiry in one MULTI/EXEC, so an abandoned answer disappears at
+the request deadline plus the grace period. The caller blocks on BLPOP for at
+most its remaining time: one command to wait, one to deliver, nothing to
+subscribe to, and an answer that arrives before its caller starts waiting is
+still found.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from dataservice.keys import result_key
+
+# BLPOP treats 0 as "forever"; a wait is never shorter than this instead.
+_MIN_WAIT_S = 0.001
+
+
+class ResultStore:
+    def __init__(self, client: redis.Redis) -> None:
+        self._redis = client
+
+    @classmethod
+    def from_url(cls, url: str, *, max_waiters: int = 64, longest_wait_s: float = 60.0) -> ResultStore:
+        # The socket timeout must outlast the longest BLPOP, or redis-py would
+        # cut a legitimate wait short.
+        pool = redis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_waiters,
+            timeout=longest_wait_s,
+            socket_timeout=longest_wait_s + 5,
+            socket_connect_timeout=2,
+            health_check_interval=30,
+        )
+        return cls(redis.Redis(connection_pool=pool))
+
+    def put(self, request_id: str, body: bytes, ttl_ms: int) -> None:
+        key = result_key(request_id)
+        with self._redis.pipeline(transaction=True) as pipe:
+            pipe.rpush(key, body)
+            pipe.pexpire(key, max(ttl_ms, 1))
+            pipe.execute()
+
+    def wait(self, request_id: str, timeout_s: float) -> bytes | None:
+        """Take the answer, waiting up to ``timeout_s``; None if it did not come."""
+        key = result_key(request_id)
+        if timeout_s <= 0:
+            value = self._redis.lpop(key)
+            return value if isinstance(value, bytes) else None
+        popped = self._redis.blpop([key], timeout=max(timeout_s, _MIN_WAIT_S))
+        return None if popped is None else popped[1]  # type: ignore[index,no-any-return]
+
+    def pending(self, request_id: str) -> bool:
+        return bool(self._redis.exists(result_key(request_id)))
+
+    def close(self) -> None:
+        self._redis.close()
+        self._redis.connection_pool.disconnect()

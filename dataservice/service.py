@@ -1,0 +1,164 @@
+"""The worker side of one request: envelope bytes in, encoded answer out.
+
+Nothing here knows about Celery. :meth:`RequestHandler.handle` never raises:
+every failure becomes a status code, and internal details stay in the log
+(never the payload, never SQL text) while the caller sees a short message.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from dataservice import codec
+from dataservice.config import Config, LaneConfig
+from dataservice.errors import InvalidArgument, NotFound, RequestError, error_for
+from dataservice.proto import pb
+from dataservice.status import StatusCode
+from dataservice.store.records import DeleteRaced, RecordStore, StoredRecord
+
+log = logging.getLogger(__name__)
+
+# A caller's clock may run ahead of ours; deadlines further out than the lane
+# maximum plus this are absurd rather than skewed.
+CLOCK_SKEW_MS = 5_000
+RETRY_POOL_BUSY_MS = 50
+RETRY_DB_UNAVAILABLE_MS = 250
+# Per-record framing inside a ListRecordsResponse, on top of id and payload.
+_RECORD_OVERHEAD = 32
+# The envelope, status and cursor around a list page.
+_PAGE_OVERHEAD = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """An encoded ``ResponseEnvelope`` and how long to keep it for its caller."""
+
+    body: bytes
+    ttl_ms: int
+    code: StatusCode
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _record(stored: StoredRecord) -> pb.Record:
+    return pb.Record(
+        object_id=stored.object_id,
+        revision=stored.revision,
+        payload=stored.payload,
+        updated_at_unix_ms=int(stored.updated_at.timestamp() * 1000),
+    )
+
+
+class RequestHandler:
+    def __init__(
+        self, config: Config, lane: LaneConfig, store: RecordStore, clock: Callable[[], int] = _now_ms
+    ) -> None:
+        self.config = config
+        self.lane = lane
+        self.store = store
+        self._clock = clock
+
+    def handle(self, task_id: str, body: object, expires_ms: int | None = None) -> Reply | None:
+        """Answer one request; None when its caller has already given up."""
+        now = self._clock()
+        grace = self.config.results.grace_ms
+        # Until the envelope is decoded, the message's own expiry (or the lane
+        # maximum) bounds how long an error answer is worth keeping.
+        fallback_ttl = (expires_ms - now if expires_ms else self.lane.max_deadline_ms) + grace
+        try:
+            envelope = codec.decode_request(body, self.config.limits)
+        except InvalidArgument as exc:
+            log.info("rejected request %s: %s", task_id, exc.message)
+            return self._error(task_id, exc, max(fallback_ttl, grace))
+        remaining = envelope.deadline_unix_ms - now
+        if remaining <= 0:
+            log.info("dropped request %s: deadline passed %d ms ago", task_id, -remaining)
+            return None
+        ttl = remaining + grace
+        if remaining > self.lane.max_deadline_ms + CLOCK_SKEW_MS:
+            error = InvalidArgument(
+                f"deadline is {remaining} ms away; this lane allows {self.lane.max_deadline_ms} ms"
+            )
+            return self._error(task_id, error, grace)
+        try:
+            response = self._dispatch(envelope)
+        except RequestError as exc:
+            return self._error(task_id, exc, ttl)
+        except PoolTimeout:
+            error = error_for(StatusCode.RESOURCE_EXHAUSTED, "the service is busy; retry later")
+            return self._error(task_id, error, ttl, RETRY_POOL_BUSY_MS)
+        except DBAPIError as exc:
+            log.warning("database error on %s: %s", task_id, type(exc.orig).__name__)
+            if exc.connection_invalidated:
+                error = error_for(StatusCode.UNAVAILABLE, "the database is unavailable")
+                return self._error(task_id, error, ttl, RETRY_DB_UNAVAILABLE_MS)
+            return self._error(task_id, error_for(StatusCode.INTERNAL, "internal error"), ttl)
+        except SQLAlchemyError as exc:
+            log.error("store error on %s: %s", task_id, type(exc).__name__)
+            return self._error(task_id, error_for(StatusCode.INTERNAL, "internal error"), ttl)
+        response.request_id = task_id
+        response.status.code = pb.STATUS_CODE_OK
+        return Reply(response.SerializeToString(), ttl, StatusCode.OK)
+
+    def _error(
+        self, task_id: str, error: RequestError, ttl_ms: int, retry_after_ms: int = 0
+    ) -> Reply:
+        envelope = codec.error_response(task_id, error.code, error.message, retry_after_ms)
+        return Reply(envelope.SerializeToString(), ttl_ms, error.code)
+
+    def _dispatch(self, envelope: pb.RequestEnvelope) -> pb.ResponseEnvelope:
+        operation = envelope.WhichOneof("operation")
+        if operation == "read":
+            read = envelope.read
+            stored = self.store.read(read.scope, read.object_id)
+            if stored is None:
+                raise NotFound("no such record")
+            return pb.ResponseEnvelope(read=pb.ReadRecordResponse(record=_record(stored)))
+        if operation == "write":
+            write = envelope.write
+            outcome = self.store.write(write.scope, write.object_id, write.payload)
+            return pb.ResponseEnvelope(
+                write=pb.WriteRecordResponse(
+                    object_id=write.object_id, revision=outcome.revision, created=outcome.created
+                )
+            )
+        if operation == "delete":
+            delete = envelope.delete
+            try:
+                revision = self.store.delete(delete.scope, delete.object_id)
+            except DeleteRaced:
+                raise error_for(
+                    StatusCode.CONFLICT, "the record changed while it was being deleted"
+                ) from None
+            if revision is None:
+                raise NotFound("no such record")
+            return pb.ResponseEnvelope(
+                delete=pb.DeleteRecordResponse(object_id=delete.object_id, revision=revision)
+            )
+        return pb.ResponseEnvelope(list=self._list(envelope.list))
+
+    def _list(self, request: pb.ListRecordsRequest) -> pb.ListRecordsResponse:
+        limits = self.config.limits
+        size = codec.page_size(request, limits)
+        after = codec.decode_cursor(request.cursor, request.scope) if request.cursor else ""
+        # One extra row tells whether another page follows.
+        rows = self.store.list(request.scope, after, size + 1)
+        response = pb.ListRecordsResponse()
+        budget = limits.max_response_bytes - _PAGE_OVERHEAD
+        for stored in rows[:size]:
+            cost = len(stored.payload) + len(stored.object_id) + _RECORD_OVERHEAD
+            if response.records and cost > budget:
+                break
+            budget -= cost
+            response.records.append(_record(stored))
+        if len(response.records) < len(rows):
+            response.next_cursor = codec.encode_cursor(request.scope, response.records[-1].object_id)
+        return response

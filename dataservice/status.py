@@ -1,0 +1,33 @@
+"""Status codes shared by the wire format and the Python API."""
+
+from __future__ import annotations
+
+import enum
+
+from dataservice.proto import pb
+
+
+class StatusCode(enum.IntEnum):
+    """The service's status codes; values equal the ``access.v2.StatusCode`` wire values."""
+
+    OK = pb.STATUS_CODE_OK
+    INVALID_ARGUMENT = pb.STATUS_CODE_INVALID_ARGUMENT
+    UNAUTHENTICATED = pb.STATUS_CODE_UNAUTHENTICATED
+    PERMISSION_DENIED = pb.STATUS_CODE_PERMISSION_DENIED
+    NOT_FOUND = pb.STATUS_CODE_NOT_FOUND
+    CONFLICT = pb.STATUS_CODE_CONFLICT
+    RESOURCE_EXHAUSTED = pb.STATUS_CODE_RESOURCE_EXHAUSTED
+    DEADLINE_EXCEEDED = pb.STATUS_CODE_DEADLINE_EXCEEDED
+    UNAVAILABLE = pb.STATUS_CODE_UNAVAILABLE
+    INTERNAL = pb.STATUS_CODE_INTERNAL
+
+    @property
+    def retryable(self) -> bool:
+        return self in (StatusCode.RESOURCE_EXHAUSTED, StatusCode.UNAVAILABLE)
+
+
+class ReadMode(enum.IntEnum):
+    """How fresh a read must be."""
+
+    ALLOW_CACHED = pb.READ_MODE_ALLOW_CACHED
+    PRIMARY = pb.READ_MODE_PRIMARY

@@ -1,0 +1,74 @@
+"""The client's side of the wire: publish an envelope to a lane, await its answer.
+
+Celery is used only to publish (so messages follow Celery's protocol and any
+Celery tooling can read them); answers come back through
+:class:`~dataservice.results.ResultStore`. No Celery type leaves this module.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from celery import Celery
+from kombu.exceptions import OperationalError as BrokerError
+
+from dataservice.config import Config, LaneName, Settings
+from dataservice.errors import Unavailable
+from dataservice.results import ResultStore
+from dataservice.wire import SERIALIZER, TASK_NAME, celery_settings
+
+RETRY_BROKER_DOWN_S = 0.5
+
+
+class Transport:
+    def __init__(self, settings: Settings, config: Config, *, max_waiters: int = 64) -> None:
+        self.config = config
+        self._app = Celery("dataservice-client", set_as_current=False)
+        self._app.conf.update(celery_settings(settings, config))
+        # Publishing must never hang a caller past its deadline on a dead broker.
+        self._app.conf.broker_connection_timeout = 2
+        self._app.conf.broker_connection_max_retries = 0
+        self.results = ResultStore.from_url(
+            settings.result_backend_url,
+            max_waiters=max_waiters,
+            longest_wait_s=config.longest_deadline_ms / 1000,
+        )
+        self._lock = threading.Lock()
+
+    def _options(self, request_id: str, lane: LaneName, deadline_ms: int, size: int) -> dict[str, Any]:
+        return {
+            "task_id": request_id,
+            "queue": self.config.lanes[lane].queue,
+            "serializer": SERIALIZER,
+            "expires": datetime.fromtimestamp(deadline_ms / 1000, tz=UTC),
+            "ignore_result": True,
+            # Celery would otherwise put repr(args) (the payload) into the
+            # headers, where monitoring tools display it.
+            "argsrepr": f"<RequestEnvelope {size} bytes>",
+            "kwargsrepr": "{}",
+        }
+
+    def publish(self, body: bytes, *, request_id: str, lane: LaneName, deadline_ms: int) -> None:
+        self.publish_many([(body, request_id, deadline_ms)], lane=lane)
+
+    def publish_many(self, items: Iterable[tuple[bytes, str, int]], *, lane: LaneName) -> None:
+        try:
+            with self._app.producer_or_acquire() as producer:
+                for body, request_id, deadline_ms in items:
+                    self._app.send_task(
+                        TASK_NAME,
+                        args=(body,),
+                        producer=producer,
+                        **self._options(request_id, lane, deadline_ms, len(body)),
+                    )
+        except BrokerError:
+            raise Unavailable(
+                "the broker is unreachable", retry_after=RETRY_BROKER_DOWN_S
+            ) from None
+
+    def close(self) -> None:
+        self.results.close()
+        self._app.close()

@@ -1,0 +1,72 @@
+"""Values the client returns and the operations a batch submits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from dataservice.status import ReadMode
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    object_id: str
+    revision: int
+    payload: bytes
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    object_id: str
+    revision: int
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteResult:
+    object_id: str
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    records: tuple[Record, ...]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOp:
+    scope: str
+    object_id: str
+    mode: ReadMode = ReadMode.ALLOW_CACHED
+
+
+@dataclass(frozen=True, slots=True)
+class WriteOp:
+    scope: str
+    object_id: str
+    payload: bytes
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteOp:
+    scope: str
+    object_id: str
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ListOp:
+    scope: str
+    page_size: int = 0
+    cursor: str | None = None
+
+
+Operation = ReadOp | WriteOp | DeleteOp | ListOp
+Result = Record | WriteResult | DeleteResult | Page
+
+
+def from_unix_ms(value: int) -> datetime:
+    return datetime.fromtimestamp(value / 1000, tz=UTC)

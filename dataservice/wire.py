@@ -1,0 +1,74 @@
+"""How requests travel through Celery: the protobuf serializer and the shared
+Celery settings used by both the client's publisher and the worker pools.
+
+The task body *is* the ``RequestEnvelope``: the serializer carries exactly one
+``bytes`` argument and nothing else (no kwargs, no callbacks), with content
+type ``application/x-protobuf``. Decoding never fails in the serializer, so a
+malformed envelope reaches the task and gets an ``INVALID_ARGUMENT`` answer
+instead of being dropped by Celery.
+
+Pickle is never accepted. JSON is accepted only because Celery's control plane
+(``inspect``, ``ping``, used by Flower and ``make run``'s summary) speaks it; a
+task message in JSON cannot carry bytes and is answered ``INVALID_ARGUMENT``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kombu import Exchange, Queue
+from kombu.serialization import register
+
+from dataservice.config import Config, Settings
+
+TASK_NAME = "dataservice.handle"
+SERIALIZER = "protobuf"
+CONTENT_TYPE = "application/x-protobuf"
+_NO_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+
+
+def _encode(body: Any) -> bytes:
+    try:
+        args, kwargs, embed = body
+    except (TypeError, ValueError):
+        raise TypeError("the protobuf serializer carries only task messages") from None
+    if kwargs or len(args) != 1 or not isinstance(args[0], bytes) or any(embed.values()):
+        raise TypeError("a protobuf task message carries exactly one RequestEnvelope")
+    return bytes(args[0])
+
+
+def _decode(data: bytes | str) -> tuple[tuple[bytes], dict[str, Any], dict[str, Any]]:
+    raw = data.encode("latin-1") if isinstance(data, str) else bytes(data)
+    return (raw,), {}, dict(_NO_EMBED)
+
+
+register(SERIALIZER, _encode, _decode, content_type=CONTENT_TYPE, content_encoding="binary")
+
+
+def celery_settings(settings: Settings, config: Config) -> dict[str, Any]:
+    """Celery configuration shared by publishers and workers."""
+    queues = [
+        Queue(lane.queue, Exchange(lane.queue, type="direct"), routing_key=lane.queue)
+        for lane in (config.lanes.interactive, config.lanes.batch)
+    ]
+    # A message not acknowledged within the visibility timeout is delivered
+    # again; past the longest deadline a redelivery could only be dropped as
+    # late, so the timeout sits just beyond it.
+    visibility_s = config.longest_deadline_ms // 1000 + 60
+    return {
+        "broker_url": settings.broker_url,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {"visibility_timeout": visibility_s},
+        "result_backend": None,
+        "task_ignore_result": True,
+        "task_serializer": "json",
+        "accept_content": [CONTENT_TYPE, "application/json"],
+        "task_queues": queues,
+        "task_create_missing_queues": False,
+        "task_default_queue": config.lanes.batch.queue,
+        "task_acks_late": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_hijack_root_logger": False,
+        "worker_redirect_stdouts": False,
+        "enable_utc": True,
+    }

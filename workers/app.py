@@ -1,0 +1,69 @@
+"""The worker's Celery app: one task, bound to one lane's handler and pool."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from celery import Celery, Task
+
+from dataservice.config import Config, LaneName, Settings
+from dataservice.results import ResultStore
+from dataservice.service import RequestHandler
+from dataservice.store import RecordStore, create_store_engine
+from dataservice.wire import TASK_NAME, celery_settings
+
+log = logging.getLogger(__name__)
+
+
+def _expires_ms(value: Any) -> int | None:
+    if not value:
+        return None
+    moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    return int(moment.timestamp() * 1000)
+
+
+class LaneRuntime:
+    """What one worker process needs to serve a lane: handler, store and results."""
+
+    def __init__(self, settings: Settings, config: Config, lane: LaneName) -> None:
+        lane_config = config.lanes[lane]
+        self.lane = lane
+        # One connection per worker thread: a thread never waits for another's.
+        self.engine = create_store_engine(
+            settings.database_url, lane_config.concurrency, config.database
+        )
+        self.handler = RequestHandler(config, lane_config, RecordStore(self.engine))
+        self.results = ResultStore.from_url(
+            settings.result_backend_url,
+            max_waiters=lane_config.concurrency + 2,
+            longest_wait_s=1.0,
+        )
+
+    def process(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any], expires: Any) -> None:
+        body: object = args[0] if len(args) == 1 and not kwargs else None
+        try:
+            expires_ms = _expires_ms(expires)
+        except ValueError:
+            expires_ms = None
+        reply = self.handler.handle(task_id, body, expires_ms)
+        if reply is not None:
+            self.results.put(task_id, reply.body, reply.ttl_ms)
+
+    def close(self) -> None:
+        self.engine.dispose()
+        self.results.close()
+
+
+def create_app(settings: Settings, config: Config, lane: LaneName) -> tuple[Celery, LaneRuntime]:
+    """A Celery app whose task serves ``lane``, and the runtime behind it."""
+    app = Celery("dataservice", set_as_current=False)
+    app.conf.update(celery_settings(settings, config))
+    runtime = LaneRuntime(settings, config, lane)
+
+    @app.task(name=TASK_NAME, bind=True, typing=False, ignore_result=True)
+    def handle(self: Task, *args: Any, **kwargs: Any) -> None:
+        runtime.process(self.request.id, args, kwargs, self.request.expires)
+
+    return app, runtime

@@ -1,0 +1,50 @@
+"""Worker pool entry points: one Celery worker per lane.
+
+Pool type: threads. The work is I/O-bound (a Redis or MySQL round trip per
+request) and the database driver is a C extension that releases the GIL while
+it waits, so threads overlap those waits at a fraction of prefork's memory. It
+also keeps one SQLAlchemy pool per process, sized to the lane's concurrency, so
+the connections a replica opens are exactly its thread count. Green threads
+(gevent/eventlet) would need a driver that cooperates with their event loop;
+mysqlclient blocks it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+from dataservice.config import Config, LaneName, Settings
+from workers.app import create_app
+
+# Celery logs every task received and succeeded at INFO: a line per request
+# is noise at this rate, and operators watch counters instead.
+_CHATTY_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
+
+
+def node_name(lane: LaneName) -> str:
+    return f"{lane.value}-{os.getpid()}@{socket.gethostname()}"
+
+
+def run_worker(settings: Settings, config: Config, lane: LaneName, loglevel: str = "INFO") -> None:
+    """Consume ``lane``'s queue until stopped (blocks)."""
+    app, runtime = create_app(settings, config, lane)
+    lane_config = config.lanes[lane]
+    for name in _CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    worker = app.Worker(
+        hostname=node_name(lane),
+        queues=[lane_config.queue],
+        pool="threads",
+        concurrency=lane_config.concurrency,
+        prefetch_multiplier=1,
+        optimization="fair",
+        loglevel=loglevel,
+        without_gossip=True,
+        without_mingle=True,
+    )
+    try:
+        worker.start()
+    finally:
+        runtime.close()
