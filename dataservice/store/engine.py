@@ -6,30 +6,63 @@ bounded. Every connection runs in autocommit, and every operation is a single
 statement, so nothing (no transaction, no session variable) is left on a
 connection between requests; the pool's rollback-on-return round trip is
 therefore skipped.
+
+Liveness: a connection that sat idle in the pool longer than
+``LIVENESS_IDLE_S`` is pinged before use and replaced if dead. A connection
+returned moments ago is not: the ping would add a round trip to every request,
+and a statement on a connection that died in between fails with a disconnect
+error, which invalidates the pool's older connections and is answered
+``UNAVAILABLE`` (retryable).
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Engine, create_engine, text
+import time
+from typing import Any
+
+import MySQLdb
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DisconnectionError, SQLAlchemyError
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from dataservice.config import DatabaseConfig
 from dataservice.errors import ServiceSetupError
 
 
+LIVENESS_IDLE_S = 1.0
+_IDLE_SINCE = "dataservice.idle_since"
+
+
+def _on_checkin(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+    record.info[_IDLE_SINCE] = time.monotonic()
+
+
+def _on_checkout(dbapi_connection: Any, record: ConnectionPoolEntry, proxy: Any) -> None:
+    idle_since = record.info.get(_IDLE_SINCE)
+    if idle_since is None or time.monotonic() - idle_since < LIVENESS_IDLE_S:
+        return
+    try:
+        dbapi_connection.ping()
+    except MySQLdb.Error:
+        # The pool discards this connection and checks out another.
+        raise DisconnectionError("connection failed its liveness check") from None
+
+
 def create_store_engine(url: str, pool_size: int, config: DatabaseConfig) -> Engine:
-    return create_engine(
+    engine = create_engine(
         url,
         pool_size=pool_size,
         max_overflow=0,
         pool_timeout=config.pool_timeout_ms / 1000,
         pool_recycle=config.pool_recycle_s,
-        pool_pre_ping=True,
         isolation_level="AUTOCOMMIT",
         skip_autocommit_rollback=True,
         connect_args={"connect_timeout": config.connect_timeout_s, "charset": "utf8mb4"},
     )
+    event.listen(engine, "checkin", _on_checkin)
+    event.listen(engine, "checkout", _on_checkout)
+    return engine
 
 
 def ensure_database(url: str, config: DatabaseConfig) -> bool:
