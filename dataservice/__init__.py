@@ -4,8 +4,9 @@ The public API is what this module exports; everything else is internal.
 """
 
 from dataservice.client import Client, Handle
-from dataservice.config import Config, ConfigError, LaneName, Settings, load_config
+from dataservice.config import Config, LaneName, Settings, load_config
 from dataservice.errors import (
+    ConfigError,
     Conflict,
     DataServiceError,
     DeadlineExceeded,

@@ -52,7 +52,8 @@ def worker(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     logging.basicConfig(
-        level=loglevel.upper(), stream=sys.stderr,
+        level=loglevel.upper(),
+        stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     run_worker(settings, config, lane, loglevel=loglevel.upper())

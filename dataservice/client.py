@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -49,7 +50,9 @@ def decode_response(body: bytes, request_id: str) -> Result:
     try:
         response.ParseFromString(body)
     except DecodeError:
-        raise InternalError("the service sent an unreadable answer", request_id=request_id) from None
+        raise InternalError(
+            "the service sent an unreadable answer", request_id=request_id
+        ) from None
     code = response.status.code
     if code != pb.STATUS_CODE_OK:
         status = StatusCode(code) if code in StatusCode._value2member_map_ else StatusCode.INTERNAL
@@ -140,7 +143,11 @@ class Client:
     # Interactive lane -------------------------------------------------------
 
     def read(
-        self, scope: str, object_id: str, *, mode: ReadMode = ReadMode.ALLOW_CACHED,
+        self,
+        scope: str,
+        object_id: str,
+        *,
+        mode: ReadMode = ReadMode.ALLOW_CACHED,
         timeout: float | None = None,
     ) -> Record:
         result = self._call(ReadOp(scope, object_id, mode), timeout)
@@ -148,7 +155,12 @@ class Client:
         return result
 
     def write(
-        self, scope: str, object_id: str, payload: bytes, *, idempotency_key: str | None = None,
+        self,
+        scope: str,
+        object_id: str,
+        payload: bytes,
+        *,
+        idempotency_key: str | None = None,
         timeout: float | None = None,
     ) -> WriteResult:
         result = self._call(WriteOp(scope, object_id, payload, idempotency_key), timeout)
@@ -156,7 +168,11 @@ class Client:
         return result
 
     def delete(
-        self, scope: str, object_id: str, *, idempotency_key: str | None = None,
+        self,
+        scope: str,
+        object_id: str,
+        *,
+        idempotency_key: str | None = None,
         timeout: float | None = None,
     ) -> DeleteResult:
         result = self._call(DeleteOp(scope, object_id, idempotency_key), timeout)
@@ -164,7 +180,11 @@ class Client:
         return result
 
     def list(
-        self, scope: str, *, page_size: int = 0, cursor: str | None = None,
+        self,
+        scope: str,
+        *,
+        page_size: int = 0,
+        cursor: str | None = None,
         timeout: float | None = None,
     ) -> Page:
         result = self._call(ListOp(scope, page_size, cursor), timeout)
@@ -176,7 +196,9 @@ class Client:
     def submit(self, operation: Operation, *, timeout: float | None = None) -> Handle:
         return self.submit_many([operation], timeout=timeout)[0]
 
-    def submit_many(self, operations: Iterable[Operation], *, timeout: float | None = None) -> list[Handle]:
+    def submit_many(
+        self, operations: Iterable[Operation], *, timeout: float | None = None
+    ) -> builtins.list[Handle]:
         """Enqueue every operation on the batch lane in one broker session.
 
         All are validated before any is sent: one bad operation enqueues none.
@@ -195,8 +217,10 @@ class Client:
         deadline = self._deadline(LaneName.INTERACTIVE, timeout)
         envelope = self._envelope(operation, deadline)
         self._transport.publish(
-            envelope.SerializeToString(), request_id=envelope.request_id,
-            lane=LaneName.INTERACTIVE, deadline_ms=deadline,
+            envelope.SerializeToString(),
+            request_id=envelope.request_id,
+            lane=LaneName.INTERACTIVE,
+            deadline_ms=deadline,
         )
         return Handle(self._transport, envelope.request_id, deadline).result()
 
@@ -216,9 +240,13 @@ class Client:
         )
         fields: dict[str, Any]
         if isinstance(operation, ReadOp):
-            envelope.read.CopyFrom(pb.ReadRecordRequest(
-                scope=operation.scope, object_id=operation.object_id, mode=int(operation.mode)  # type: ignore[arg-type]
-            ))
+            envelope.read.CopyFrom(
+                pb.ReadRecordRequest(
+                    scope=operation.scope,
+                    object_id=operation.object_id,
+                    mode=int(operation.mode),  # type: ignore[arg-type]
+                )
+            )
         elif isinstance(operation, WriteOp):
             fields = {"scope": operation.scope, "object_id": operation.object_id}
             envelope.write.CopyFrom(pb.WriteRecordRequest(payload=operation.payload, **fields))
@@ -231,9 +259,13 @@ class Client:
         elif isinstance(operation, ListOp):
             if operation.page_size < 0:
                 raise InvalidArgument("page_size must not be negative")
-            envelope.list.CopyFrom(pb.ListRecordsRequest(
-                scope=operation.scope, page_size=operation.page_size, cursor=operation.cursor or ""
-            ))
+            envelope.list.CopyFrom(
+                pb.ListRecordsRequest(
+                    scope=operation.scope,
+                    page_size=operation.page_size,
+                    cursor=operation.cursor or "",
+                )
+            )
         else:
             raise InvalidArgument(f"unknown operation type {type(operation).__name__}")
         # Fail fast, before anything is sent, with the same rules the worker applies.

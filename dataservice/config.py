@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,7 +28,7 @@ PAYLOAD_CEILING = 1 << 20
 ENVELOPE_OVERHEAD = 1024
 
 
-class LaneName(str, Enum):
+class LaneName(StrEnum):
     INTERACTIVE = "interactive"
     BATCH = "batch"
 
@@ -76,10 +76,11 @@ class Limits(_Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> Limits:
-        if self.max_request_bytes < self.max_payload_bytes + ENVELOPE_OVERHEAD:
+        smallest = self.max_payload_bytes + ENVELOPE_OVERHEAD
+        if self.max_request_bytes < smallest:
             raise ValueError(
                 f"max_request_bytes ({self.max_request_bytes}) must be at least "
-                f"max_payload_bytes + {ENVELOPE_OVERHEAD} ({self.max_payload_bytes + ENVELOPE_OVERHEAD})"
+                f"max_payload_bytes + {ENVELOPE_OVERHEAD} ({smallest})"
             )
         if self.max_response_bytes < self.max_payload_bytes + ENVELOPE_OVERHEAD:
             raise ValueError("max_response_bytes must fit one record of max_payload_bytes")
@@ -106,7 +107,9 @@ class Config(_Model):
 
     @model_validator(mode="after")
     def _pool_wait_below_deadlines(self) -> Config:
-        shortest = min(self.lanes.interactive.default_deadline_ms, self.lanes.batch.default_deadline_ms)
+        shortest = min(
+            self.lanes.interactive.default_deadline_ms, self.lanes.batch.default_deadline_ms
+        )
         if self.database.pool_timeout_ms >= shortest:
             raise ValueError(
                 f"database.pool_timeout_ms ({self.database.pool_timeout_ms}) must be shorter "
@@ -191,10 +194,16 @@ class Settings:
             if not value.strip():
                 raise ConfigError(f"{name} is set but empty")
             values[field] = Path(value) if field == "config_path" else value
-        for name in ("DATASERVICE_BROKER_URL", "DATASERVICE_RESULT_BACKEND_URL", "DATASERVICE_REDIS_URL"):
+        for name in (
+            "DATASERVICE_BROKER_URL",
+            "DATASERVICE_RESULT_BACKEND_URL",
+            "DATASERVICE_REDIS_URL",
+        ):
             if name in env and not env[name].startswith(("redis://", "rediss://", "unix://")):
                 raise ConfigError(f"{name} must be a redis:// or rediss:// URL")
-        if "DATASERVICE_DATABASE_URL" in env and not env["DATASERVICE_DATABASE_URL"].startswith("mysql"):
+        if "DATASERVICE_DATABASE_URL" in env and not env["DATASERVICE_DATABASE_URL"].startswith(
+            "mysql"
+        ):
             raise ConfigError("DATASERVICE_DATABASE_URL must be a mysql+mysqldb:// URL")
         return cls(**values)
 

@@ -23,7 +23,9 @@ class ResultStore:
         self._redis = client
 
     @classmethod
-    def from_url(cls, url: str, *, max_waiters: int = 64, longest_wait_s: float = 60.0) -> ResultStore:
+    def from_url(
+        cls, url: str, *, max_waiters: int = 64, longest_wait_s: float = 60.0
+    ) -> ResultStore:
         # The socket timeout must outlast the longest BLPOP, or redis-py would
         # cut a legitimate wait short.
         pool = redis.BlockingConnectionPool.from_url(
@@ -50,7 +52,10 @@ class ResultStore:
             value = self._redis.lpop(key)
             return value if isinstance(value, bytes) else None
         popped = self._redis.blpop([key], timeout=max(timeout_s, _MIN_WAIT_S))
-        return None if popped is None else popped[1]  # type: ignore[index,no-any-return]
+        if popped is None:
+            return None
+        value = popped[1]
+        return value if isinstance(value, bytes) else None
 
     def pending(self, request_id: str) -> bool:
         return bool(self._redis.exists(result_key(request_id)))

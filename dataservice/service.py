@@ -59,7 +59,11 @@ def _record(stored: StoredRecord) -> pb.Record:
 
 class RequestHandler:
     def __init__(
-        self, config: Config, lane: LaneConfig, store: RecordStore, clock: Callable[[], int] = _now_ms
+        self,
+        config: Config,
+        lane: LaneConfig,
+        store: RecordStore,
+        clock: Callable[[], int] = _now_ms,
     ) -> None:
         self.config = config
         self.lane = lane
@@ -84,7 +88,7 @@ class RequestHandler:
             return None
         ttl = remaining + grace
         if remaining > self.lane.max_deadline_ms + CLOCK_SKEW_MS:
-            error = InvalidArgument(
+            error: RequestError = InvalidArgument(
                 f"deadline is {remaining} ms away; this lane allows {self.lane.max_deadline_ms} ms"
             )
             return self._error(task_id, error, grace)
@@ -160,5 +164,7 @@ class RequestHandler:
             budget -= cost
             response.records.append(_record(stored))
         if len(response.records) < len(rows):
-            response.next_cursor = codec.encode_cursor(request.scope, response.records[-1].object_id)
+            response.next_cursor = codec.encode_cursor(
+                request.scope, response.records[-1].object_id
+            )
         return response

@@ -38,7 +38,9 @@ class Transport:
         )
         self._lock = threading.Lock()
 
-    def _options(self, request_id: str, lane: LaneName, deadline_ms: int, size: int) -> dict[str, Any]:
+    def _options(
+        self, request_id: str, lane: LaneName, deadline_ms: int, size: int
+    ) -> dict[str, Any]:
         return {
             "task_id": request_id,
             "queue": self.config.lanes[lane].queue,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kombu import Exchange, Queue
+from kombu.entity import Exchange, Queue
 from kombu.serialization import register
 
 from dataservice.config import Config, Settings

@@ -41,7 +41,9 @@ class LaneRuntime:
             longest_wait_s=1.0,
         )
 
-    def process(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any], expires: Any) -> None:
+    def process(
+        self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any], expires: Any
+    ) -> None:
         body: object = args[0] if len(args) == 1 and not kwargs else None
         try:
             expires_ms = _expires_ms(expires)

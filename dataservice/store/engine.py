@@ -29,7 +29,6 @@ from sqlalchemy.pool import ConnectionPoolEntry
 from dataservice.config import DatabaseConfig
 from dataservice.errors import ServiceSetupError
 
-
 LIVENESS_IDLE_S = 1.0
 _IDLE_SINCE = "dataservice.idle_since"
 
@@ -90,7 +89,7 @@ def ensure_database(url: str, config: DatabaseConfig) -> bool:
     except SQLAlchemyError as exc:
         raise ServiceSetupError(
             f"cannot reach the database at {parsed.render_as_string(hide_password=True)}: "
-            f"{type(exc.orig or exc).__name__}"
+            f"{type(getattr(exc, 'orig', None) or exc).__name__}"
         ) from None
     finally:
         server.dispose()
