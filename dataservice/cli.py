@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from pathlib import Path
+from typing import Any
 
 import typer
 
 from dataservice.config import LaneName, Settings
 from dataservice.errors import DataServiceError
+
+DEMO_CALLER = "demo"
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run and operate dataservice.")
 db = typer.Typer(no_args_is_help=True, help="Database schema.")
@@ -59,5 +64,66 @@ def worker(
     run_worker(settings, config, lane, loglevel=loglevel.upper())
 
 
+@app.command()
+def run(
+    demo: int = typer.Option(
+        0, help="Run the demo workload: write and read back this many records per lane, then exit."
+    ),
+    log_dir: Path = typer.Option(Path(".state/logs"), help="Where the worker pools log."),
+) -> None:
+    """Run both worker pools in the foreground with a live summary (Ctrl-C stops)."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from dataservice.supervisor import Supervisor
+
+    settings = _settings()
+    try:
+        config = settings.load()
+    except DataServiceError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if demo < 0:
+        typer.echo("error: --demo must not be negative", err=True)
+        raise typer.Exit(2)
+    console = Console()
+    supervisor = Supervisor(settings, config, log_dir)
+    supervisor.start()
+    try:
+        supervisor.wait_ready()
+        console.print(f"worker pools ready; logs in {log_dir}")
+        if demo:
+            raise typer.Exit(_run_demo(console, settings, supervisor, demo))
+        with Live(supervisor.table(supervisor.snapshot()), console=console) as live:
+            while True:
+                time.sleep(1.0)
+                supervisor.check_pools()
+                live.update(supervisor.table(supervisor.snapshot()))
+    except KeyboardInterrupt:
+        console.print("stopping: in-flight requests finish first")
+    except DataServiceError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        supervisor.stop()
+
+
+def _run_demo(console: Any, settings: Settings, supervisor: Any, records: int) -> int:
+    from dataservice.client import Client
+    from dataservice.demo import report_table, run_demo
+
+    with Client(DEMO_CALLER, settings, supervisor.config) as client:
+        reports = run_demo(client, records)
+    console.print(supervisor.table(supervisor.snapshot()))
+    console.print(report_table(reports))
+    ok = all(r.ok for r in reports)
+    console.print("demo passed" if ok else "[red]demo failed: see errors above[/red]")
+    return 0 if ok else 1
+
+
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

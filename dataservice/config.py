@@ -207,5 +207,9 @@ class Settings:
             raise ConfigError("DATASERVICE_DATABASE_URL must be a mysql+mysqldb:// URL")
         return cls(**values)
 
+    def to_env(self) -> dict[str, str]:
+        """The ``DATASERVICE_*`` variables that reproduce these settings in another process."""
+        return {name: str(getattr(self, field)) for name, field in _ENV_FIELDS.items()}
+
     def load(self) -> Config:
         return load_config(self.config_path)

@@ -58,14 +58,22 @@ class LaneRuntime:
         self.results.close()
 
 
-def create_app(settings: Settings, config: Config, lane: LaneName) -> tuple[Celery, LaneRuntime]:
-    """A Celery app whose task serves ``lane``, and the runtime behind it."""
-    app = Celery("dataservice", set_as_current=False)
-    app.conf.update(celery_settings(settings, config))
-    runtime = LaneRuntime(settings, config, lane)
+def register_task(app: Celery, runtime: LaneRuntime) -> None:
+    """Register the request task on ``app``, served by ``runtime``.
+
+    The task takes any arguments (``typing=False``) so that a message of the
+    wrong shape still reaches the handler and gets an INVALID_ARGUMENT answer.
+    """
 
     @app.task(name=TASK_NAME, bind=True, typing=False, ignore_result=True)
     def handle(self: Task, *args: Any, **kwargs: Any) -> None:
         runtime.process(self.request.id, args, kwargs, self.request.expires)
 
+
+def create_app(settings: Settings, config: Config, lane: LaneName) -> tuple[Celery, LaneRuntime]:
+    """A Celery app whose task serves ``lane``, and the runtime behind it."""
+    app = Celery("dataservice", set_as_current=False)
+    app.conf.update(celery_settings(settings, config))
+    runtime = LaneRuntime(settings, config, lane)
+    register_task(app, runtime)
     return app, runtime

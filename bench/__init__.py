@@ -1,0 +1,1 @@
+"""Benchmarks for dataservice (not part of the installed package)."""

@@ -1,0 +1,85 @@
+"""The baseline for ``bench/roundtrip.py``: a stock Celery app with a no-op task.
+
+Redis broker *and* Redis result backend, awaited with ``.delay().get()``, as
+stock Celery users do. The worker is started with exactly the options
+:func:`workers.pools.run_worker` gives the interactive lane (threads pool, the
+lane's concurrency, prefetch multiplier 1, acks_late, fair scheduling, no
+gossip, no mingle, the same chatty loggers silenced), so the only difference
+between the two systems is what happens per message.
+
+Run the worker with ``python -m bench.bare_app --url redis://... --concurrency N``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+
+from celery import Celery
+
+NOOP_TASK = "bench.noop"
+# Celery's default queue: what a stock user gets without routing.
+QUEUE = "celery"
+
+
+def noop() -> None:
+    """The task: nothing."""
+
+
+def make_app(url: str) -> Celery:
+    """A stock Celery app on ``url`` (broker and result backend) with the no-op task."""
+    app = Celery("bench-bare", set_as_current=False)
+    app.conf.update(
+        broker_url=url,
+        result_backend=url,
+        broker_connection_retry_on_startup=True,
+        task_default_queue=QUEUE,
+        # The worker options the service's interactive lane runs with.
+        task_acks_late=True,
+        worker_prefetch_multiplier=1,
+        # Same logging set-up as the service's worker (no cost difference per task).
+        worker_hijack_root_logger=False,
+        worker_redirect_stdouts=False,
+    )
+    # One module-level callable for every app (the bench makes one per caller
+    # thread): Celery warns when a task name is bound to different callables.
+    app.task(name=NOOP_TASK)(noop)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    from workers.pools import _CHATTY_LOGGERS
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--url", required=True, help="Redis URL: broker and result backend")
+    parser.add_argument("--concurrency", type=int, required=True)
+    parser.add_argument("--loglevel", default="INFO")
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(
+        level=args.loglevel.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for name in _CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    app = make_app(args.url)
+    worker = app.Worker(
+        hostname=f"bare-{os.getpid()}@{socket.gethostname()}",
+        queues=[QUEUE],
+        pool="threads",
+        concurrency=args.concurrency,
+        prefetch_multiplier=1,
+        optimization="fair",
+        loglevel=args.loglevel.upper(),
+        without_gossip=True,
+        without_mingle=True,
+    )
+    worker.start()
+
+
+if __name__ == "__main__":
+    main()

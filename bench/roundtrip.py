@@ -1,0 +1,553 @@
+"""Interactive read round trip vs a bare Celery no-op, same broker, options and machine.
+
+    .venv/bin/python bench/roundtrip.py [--callers 16] [--requests N] [--json out.json]
+
+Sets everything up itself: flushes its own Redis db numbers (``--service-db``,
+``--bare-db``; never db 0), recreates the ``dataservice_bench`` database with
+``dataservice db upgrade`` and seeds it with 1 KB records, starts
+``dataservice worker --lane interactive`` and a stock Celery worker
+(:mod:`bench.bare_app`) with the same worker options as subprocesses, waits
+until both answer, warms up, then measures
+
+1. one caller, sequential requests;
+2. ``--callers`` threads, each with its own ``Client`` (or stock Celery app),
+   issuing requests back to back (``--shared-client``: one of each for all).
+
+The two systems alternate in rounds (A B, then B A, ...) so drift on a noisy
+machine hits both alike. Latency is the caller's wall time per call
+(``client.read(...)`` against ``noop.delay().get()``); throughput in the
+concurrent phase counts completions while every caller is still busy. The CPU
+each process used per request (client = this process, worker, redis-server,
+mariadbd) is read from ``/proc``. Subprocesses are stopped on any exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rich.console import Console
+from rich.table import Table
+
+from bench import _env
+from bench.bare_app import NOOP_TASK, make_app
+from dataservice.client import Client
+from dataservice.config import Config, Settings
+
+SERVICE = "service"
+BARE = "bare"
+SYSTEMS = (SERVICE, BARE)
+SCOPE = "bench"
+PAYLOAD_BYTES = 1024
+TARGET_RATIO = 1.2
+CPU_COMPONENTS = ("client", "worker", "redis", "mariadb")
+
+Call = Callable[[], None]
+
+
+# Statistics ---------------------------------------------------------------------
+
+
+def percentile(sorted_ns: list[int], q: float) -> float:
+    """Linear-interpolated percentile of sorted nanosecond samples, in ms."""
+    if not sorted_ns:
+        return float("nan")
+    pos = (len(sorted_ns) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(sorted_ns) - 1)
+    value = sorted_ns[low] + (sorted_ns[high] - sorted_ns[low]) * (pos - low)
+    return value / 1e6
+
+
+@dataclass
+class RunResult:
+    """One measured run of one system: latencies and what it cost."""
+
+    latencies_ns: list[int]
+    window_s: float  # the steady window: until the first caller finished
+    window_count: int  # completions inside it
+    wall_s: float
+    errors: int
+    cpu_s: dict[str, float | None]
+
+
+@dataclass
+class Series:
+    """All runs of one system in one phase."""
+
+    runs: list[RunResult] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        lat = sorted(x for run in self.runs for x in run.latencies_ns)
+        window_s = sum(run.window_s for run in self.runs)
+        window_count = sum(run.window_count for run in self.runs)
+        cpu_ms: dict[str, float | None] = {}
+        for part in CPU_COMPONENTS:
+            values = [run.cpu_s.get(part) for run in self.runs]
+            cpu_ms[part] = (
+                None
+                if any(v is None for v in values) or not lat
+                else 1000 * sum(v for v in values if v is not None) / len(lat)
+            )
+        return {
+            "requests": len(lat),
+            "errors": sum(run.errors for run in self.runs),
+            "p50_ms": percentile(lat, 50),
+            "p95_ms": percentile(lat, 95),
+            "p99_ms": percentile(lat, 99),
+            "mean_ms": sum(lat) / len(lat) / 1e6 if lat else float("nan"),
+            "max_ms": lat[-1] / 1e6 if lat else float("nan"),
+            "throughput_per_s": window_count / window_s if window_s else float("nan"),
+            "cpu_ms_per_request": cpu_ms,
+            "rounds_p50_ms": [percentile(sorted(run.latencies_ns), 50) for run in self.runs],
+            "rounds_throughput_per_s": [
+                run.window_count / run.window_s if run.window_s else float("nan")
+                for run in self.runs
+            ],
+        }
+
+
+# Callers -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    system: str
+    count: int
+    barrier: threading.Barrier
+    out: queue.Queue[tuple[list[int], list[int], int]]
+
+
+class Caller(threading.Thread):
+    """A caller thread that owns its clients for its whole life.
+
+    Stock Celery keeps its result backend (and its pub/sub connection) per
+    thread, and the service client its connection pools per ``Client``: a
+    thread made per round would measure their set-up.
+    """
+
+    def __init__(self, index: int, factories: dict[str, Callable[[random.Random], Call]]) -> None:
+        super().__init__(name=f"caller-{index}", daemon=True)
+        self._factories = factories
+        self._rng = random.Random(index)
+        self.jobs: queue.Queue[Job | None] = queue.Queue()
+        self.ready = threading.Event()
+        self.failure: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            calls = {name: make(self._rng) for name, make in self._factories.items()}
+        except BaseException as exc:
+            self.failure = exc
+            raise
+        finally:
+            self.ready.set()
+        while (job := self.jobs.get()) is not None:
+            call = calls[job.system]
+            latencies: list[int] = []
+            ends: list[int] = []
+            errors = 0
+            clock = time.perf_counter_ns
+            job.barrier.wait()
+            for _ in range(job.count):
+                started = clock()
+                try:
+                    call()
+                except Exception:
+                    errors += 1
+                    continue
+                ended = clock()
+                latencies.append(ended - started)
+                ends.append(ended)
+            job.out.put((latencies, ends, errors))
+
+
+class Components:
+    """CPU-time snapshots of this process, the worker under test, Redis and MariaDB."""
+
+    def __init__(self, workers: dict[str, int], redis_pid: int | None, db_pid: int | None):
+        self._workers = workers
+        self._redis_pid = redis_pid
+        self._db_pid = db_pid
+
+    def snapshot(self, system: str) -> dict[str, float | None]:
+        return {
+            "client": time.process_time(),
+            "worker": _env.process_cpu_s(self._workers[system]),
+            "redis": _env.process_cpu_s(self._redis_pid) if self._redis_pid else None,
+            "mariadb": _env.process_cpu_s(self._db_pid) if self._db_pid else None,
+        }
+
+
+def run_round(
+    callers: list[Caller], system: str, per_caller: int, components: Components
+) -> RunResult:
+    out: queue.Queue[tuple[list[int], list[int], int]] = queue.Queue()
+    barrier = threading.Barrier(len(callers) + 1)
+    for caller in callers:
+        caller.jobs.put(Job(system, per_caller, barrier, out))
+    before = components.snapshot(system)
+    barrier.wait()
+    started = time.perf_counter_ns()
+    results = [out.get() for _ in callers]
+    after = components.snapshot(system)
+    latencies = [x for lat, _, _ in results for x in lat]
+    all_ends = [ends for _, ends, _ in results]
+    first_done = min((ends[-1] for ends in all_ends if ends), default=started)
+    last_done = max((ends[-1] for ends in all_ends if ends), default=started)
+    cpu: dict[str, float | None] = {}
+    for part in CPU_COMPONENTS:
+        b, a = before[part], after[part]
+        cpu[part] = None if a is None or b is None else a - b
+    return RunResult(
+        latencies_ns=latencies,
+        window_s=(first_done - started) / 1e9,
+        window_count=sum(1 for ends in all_ends for end in ends if end <= first_done),
+        wall_s=(last_done - started) / 1e9,
+        errors=sum(e for _, _, e in results),
+        cpu_s=cpu,
+    )
+
+
+def service_factory(
+    settings: Settings, config: Config, ids: list[str], shared: Client | None
+) -> Callable[[random.Random], Call]:
+    def make(rng: random.Random) -> Call:
+        client = shared or Client("bench", settings, config)
+
+        def call() -> None:
+            record = client.read(SCOPE, rng.choice(ids))
+            if len(record.payload) != PAYLOAD_BYTES:
+                raise AssertionError("wrong payload size")
+
+        return call
+
+    return make
+
+
+def bare_factory(url: str, shared: Any | None) -> Callable[[random.Random], Call]:
+    def make(rng: random.Random) -> Call:
+        app = shared or make_app(url)
+        noop = app.tasks[NOOP_TASK]
+
+        def call() -> None:
+            noop.delay().get(timeout=5)
+
+        return call
+
+    return make
+
+
+# Orchestration -------------------------------------------------------------------
+
+
+@contextmanager
+def sigterm_as_exit() -> Iterator[None]:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--callers", type=int, default=16, help="concurrent caller threads")
+    p.add_argument(
+        "--requests", type=int, default=2000, help="measured requests per system and phase"
+    )
+    p.add_argument("--rounds", type=int, default=8, help="alternating rounds per phase")
+    p.add_argument("--warmup", type=int, default=300, help="warm-up requests per system")
+    p.add_argument("--records", type=int, default=1000, help="seeded 1 KB records")
+    p.add_argument("--shared-client", action="store_true", help="one client for all callers")
+    p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument("--redis-host", default="127.0.0.1")
+    p.add_argument("--redis-port", type=int, default=6379)
+    p.add_argument("--service-db", type=int, default=9, help="Redis db for the service")
+    p.add_argument("--bare-db", type=int, default=10, help="Redis db for bare Celery")
+    p.add_argument(
+        "--database-url",
+        default="mysql+mysqldb://root@127.0.0.1:3306/dataservice_bench",
+        help="the bench database (must end in _bench: it is dropped and recreated)",
+    )
+    p.add_argument("--keep", action="store_true", help="leave the database and Redis dbs")
+    args = p.parse_args(argv)
+    if 0 in (args.service_db, args.bare_db) or args.service_db == args.bare_db:
+        p.error("--service-db and --bare-db must differ and must not be 0")
+    if args.callers < 1 or args.requests < args.rounds * args.callers or args.rounds < 1:
+        p.error("need callers >= 1, rounds >= 1 and requests >= rounds * callers")
+    return args
+
+
+@dataclass
+class Bench:
+    """Everything one run sets up."""
+
+    args: argparse.Namespace
+    console: Console
+    settings: Settings
+    config: Config
+    service_url: str
+    bare_url: str
+    environ: dict[str, str]
+    workers: dict[str, _env.WorkerProcess]
+
+    @classmethod
+    def create(cls, args: argparse.Namespace) -> Bench:
+        service_url = _env.redis_url(args.redis_host, args.redis_port, args.service_db)
+        bare_url = _env.redis_url(args.redis_host, args.redis_port, args.bare_db)
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("DATASERVICE_")}
+        environ.update(
+            DATASERVICE_BROKER_URL=service_url,
+            DATASERVICE_RESULT_BACKEND_URL=service_url,
+            DATASERVICE_REDIS_URL=service_url,
+            DATASERVICE_DATABASE_URL=args.database_url,
+        )
+        settings = Settings(
+            broker_url=service_url,
+            result_backend_url=service_url,
+            redis_url=service_url,
+            database_url=args.database_url,
+        )
+        config = settings.load()
+        concurrency = str(config.lanes.interactive.concurrency)
+        logdir = Path(tempfile.mkdtemp(prefix="dataservice-bench-"))
+        service_argv = [*_env.dataservice_cli(), "worker", "--lane", "interactive"]
+        bare_argv = [sys.executable, "-m", "bench.bare_app", "--url", bare_url]
+        workers = {
+            SERVICE: _env.WorkerProcess(
+                SERVICE, service_argv, environ, logdir / "service-worker.log"
+            ),
+            BARE: _env.WorkerProcess(
+                BARE, [*bare_argv, "--concurrency", concurrency], environ, logdir / "bare.log"
+            ),
+        }
+        return cls(args, _console(), settings, config, service_url, bare_url, environ, workers)
+
+    def cleanup(self) -> None:
+        for worker in self.workers.values():
+            worker.stop()
+        if not self.args.keep:
+            for url in (self.service_url, self.bare_url):
+                _env.flush_db(url)
+            _env.drop_database(self.args.database_url)
+        logdir = self.workers[SERVICE].log_path.parent
+        self.console.print(f"[dim]worker logs: {logdir}[/dim]")
+
+    def run(self) -> dict[str, Any]:
+        args, console, settings, config = self.args, self.console, self.settings, self.config
+        workers = self.workers
+        t0 = time.monotonic()
+        for url in (self.service_url, self.bare_url):
+            _env.flush_db(url)
+        with console.status("creating and seeding the bench database"):
+            _env.reset_database(args.database_url, self.environ)
+            ids = _env.seed_records(args.database_url, SCOPE, args.records, PAYLOAD_BYTES)
+        machine = _env.machine_info(self.service_url, args.database_url)
+        with console.status("starting workers"):
+            for worker in workers.values():
+                worker.start()
+            probe_client = Client("bench", settings, config)
+            probe_app = make_app(self.bare_url)
+            try:
+                ready_s = {
+                    SERVICE: _env.wait_ready(
+                        workers[SERVICE], lambda: probe_client.read(SCOPE, ids[0], timeout=0.5)
+                    ),
+                    BARE: _env.wait_ready(
+                        workers[BARE], lambda: probe_app.tasks[NOOP_TASK].delay().get(timeout=0.5)
+                    ),
+                }
+            finally:
+                probe_client.close()
+        components = Components(
+            {name: worker.pid for name, worker in workers.items()},
+            _env.find_pid("redis-server"),
+            _env.find_pid("mariadbd", "mysqld"),
+        )
+
+        shared_client = Client("bench", settings, config) if args.shared_client else None
+        shared_app = make_app(self.bare_url) if args.shared_client else None
+        factories = {
+            SERVICE: service_factory(settings, config, ids, shared_client),
+            BARE: bare_factory(self.bare_url, shared_app),
+        }
+        callers = [Caller(i, factories) for i in range(args.callers)]
+        for caller in callers:
+            caller.start()
+        for caller in callers:
+            caller.ready.wait()
+            if caller.failure is not None:
+                raise caller.failure
+
+        phases = {"sequential": callers[:1], f"{args.callers} callers": callers}
+        with console.status("warming up"):
+            for system in SYSTEMS:
+                for group in phases.values():
+                    run_round(group, system, max(1, args.warmup // len(group)), components)
+
+        series = {p: {s: Series() for s in SYSTEMS} for p in phases}
+        for phase, group in phases.items():
+            per_caller = args.requests // args.rounds // len(group)
+            for r in range(args.rounds):
+                order = SYSTEMS if r % 2 == 0 else SYSTEMS[::-1]
+                for system in order:
+                    with console.status(f"{phase}: round {r + 1}/{args.rounds}, {system}"):
+                        series[phase][system].runs.append(
+                            run_round(group, system, per_caller, components)
+                        )
+        for caller in callers:
+            caller.jobs.put(None)
+
+        results = {p: {s: series[p][s].summary() for s in SYSTEMS} for p in phases}
+        return {
+            "command": " ".join(["python", "bench/roundtrip.py", *sys.argv[1:]]),
+            "machine": machine,
+            "setup": {
+                "callers": args.callers,
+                "requests_per_system_and_phase": args.requests,
+                "rounds": args.rounds,
+                "warmup": args.warmup,
+                "records": args.records,
+                "payload_bytes": PAYLOAD_BYTES,
+                "client_per_caller": not args.shared_client,
+                "worker": {
+                    "pool": "threads",
+                    "concurrency": config.lanes.interactive.concurrency,
+                    "prefetch_multiplier": 1,
+                    "acks_late": True,
+                    "without_gossip": True,
+                    "without_mingle": True,
+                },
+                "worker_ready_s": ready_s,
+                "elapsed_s": round(time.monotonic() - t0, 1),
+            },
+            "results": results,
+            "ratios": _ratios(results),
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    bench = Bench.create(parse_args(argv))
+    with sigterm_as_exit():
+        try:
+            report = bench.run()
+        except KeyboardInterrupt:
+            bench.console.print("[red]interrupted[/red]")
+            return 130
+        finally:
+            bench.cleanup()
+    _print_report(bench.console, report)
+    if bench.args.json:
+        bench.args.json.write_text(json.dumps(report, indent=2) + "\n")
+        bench.console.print(f"wrote {bench.args.json}")
+    return 0
+
+
+def _ratios(results: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    ratios: dict[str, dict[str, Any]] = {}
+    for phase, by_system in results.items():
+        svc, bare = by_system[SERVICE], by_system[BARE]
+        rounds = [
+            s / b for s, b in zip(svc["rounds_p50_ms"], bare["rounds_p50_ms"], strict=True) if b
+        ]
+        p50 = svc["p50_ms"] / bare["p50_ms"]
+        ratios[phase] = {
+            "p50": p50,
+            "p99": svc["p99_ms"] / bare["p99_ms"],
+            "throughput": svc["throughput_per_s"] / bare["throughput_per_s"],
+            "p50_rounds_min": min(rounds),
+            "p50_rounds_max": max(rounds),
+            "meets_target": p50 <= TARGET_RATIO,
+        }
+    return ratios
+
+
+def _console() -> Console:
+    # Piped output would otherwise be cut to 80 columns, which squashes the table.
+    return Console() if sys.stdout.isatty() else Console(width=150)
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _print_report(console: Console, report: dict[str, Any]) -> None:
+    m = report["machine"]
+    console.print(
+        f"[bold]machine[/bold]: {m['cpu_model']}, {m['cpus']} CPUs ({m['cpus_usable']} usable), "
+        f"Linux {m['kernel']}, load {m['loadavg_at_start']}\n"
+        f"Python {m['python']}, celery {m['celery']}, kombu {m['kombu']}, "
+        f"redis-py {m['redis_py']} (hiredis {m['hiredis']}), SQLAlchemy {m['sqlalchemy']}, "
+        f"mysqlclient {m['mysqlclient']}, protobuf {m['protobuf']}\n"
+        f"Redis {m['redis_server']}, MariaDB {m['mariadb']}"
+    )
+    s = report["setup"]
+    console.print(
+        f"[bold]setup[/bold]: threads pool -c{s['worker']['concurrency']}, prefetch 1, "
+        f"acks_late, no gossip/mingle; {s['rounds']} alternating rounds; "
+        f"{s['requests_per_system_and_phase']} requests per system and phase; "
+        f"{'one client per caller' if s['client_per_caller'] else 'one shared client'}"
+    )
+    table = Table(title="round trip: service read vs bare Celery no-op")
+    for column in ("phase", "system", "n", "err", "p50 ms", "p95 ms", "p99 ms", "mean ms"):
+        table.add_column(column, justify="right" if column not in ("phase", "system") else "left")
+    table.add_column("req/s", justify="right")
+    for part in CPU_COMPONENTS:
+        table.add_column(f"CPU {part}\nms/req", justify="right")
+    for phase, by_system in report["results"].items():
+        for system, r in by_system.items():
+            cpu = r["cpu_ms_per_request"]
+            table.add_row(
+                phase,
+                system,
+                str(r["requests"]),
+                str(r["errors"]),
+                _fmt(r["p50_ms"]),
+                _fmt(r["p95_ms"]),
+                _fmt(r["p99_ms"]),
+                _fmt(r["mean_ms"]),
+                _fmt(r["throughput_per_s"], 0),
+                *(_fmt(cpu[part]) for part in CPU_COMPONENTS),
+            )
+        table.add_section()
+    console.print(table)
+    ratios = Table(title=f"service / bare (target: p50 <= {TARGET_RATIO}x)")
+    for column in ("phase", "p50", "p50 per round", "p99", "throughput", "target"):
+        ratios.add_column(column)
+    for phase, r in report["ratios"].items():
+        verdict = "[green]met[/green]" if r["meets_target"] else "[red]missed[/red]"
+        ratios.add_row(
+            phase,
+            f"{r['p50']:.2f}x",
+            f"{r['p50_rounds_min']:.2f}-{r['p50_rounds_max']:.2f}x",
+            f"{r['p99']:.2f}x",
+            f"{r['throughput']:.2f}x",
+            verdict,
+        )
+    console.print(ratios)
+    console.print(f"[dim]elapsed {s['elapsed_s']} s[/dim]")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""``dataservice run``: both worker pools in the foreground, with a live summary.
+
+The supervisor starts one worker process per lane, restarts a pool that dies
+(with a back-off, so a crash loop cannot spin), and shows each lane's queue
+depth, live workers and completed requests, sampled from the broker and from
+Celery's control channel rather than from the workers' own logs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+from celery import Celery
+from rich.table import Table
+
+from dataservice.config import Config, LaneName, Settings
+from dataservice.errors import ServiceSetupError
+from dataservice.wire import TASK_NAME, celery_settings
+
+RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
+READY_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Pool:
+    lane: LaneName
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    next_start: float = 0.0
+
+
+@dataclass
+class LaneStats:
+    depth: int = 0
+    workers: int = 0
+    processed: int = 0
+    rate: float = 0.0
+
+
+@dataclass
+class Snapshot:
+    at: float
+    lanes: dict[LaneName, LaneStats] = field(default_factory=dict)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        settings: Settings,
+        config: Config,
+        log_dir: Path,
+        lanes: tuple[LaneName, ...] = tuple(LaneName),
+    ) -> None:
+        self.settings = settings
+        self.config = config
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.pools = [Pool(lane, log_dir / f"worker-{lane.value}.log") for lane in lanes]
+        self._control = Celery("dataservice-supervisor", set_as_current=False)
+        self._control.conf.update(celery_settings(settings, config))
+        self._broker = redis.Redis.from_url(settings.broker_url, socket_timeout=2)
+        self._last: Snapshot | None = None
+
+    def _spawn(self, pool: Pool) -> None:
+        with pool.log.open("ab") as log:
+            pool.process = subprocess.Popen(
+                [sys.executable, "-m", "dataservice.cli", "worker", "--lane", pool.lane.value],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.settings.to_env()},
+                # Signals come from us, in order, not from the terminal's Ctrl-C.
+                start_new_session=True,
+            )
+
+    def start(self) -> None:
+        for pool in self.pools:
+            self._spawn(pool)
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_pools()
+            replies = self._control.control.ping(timeout=0.5)
+            lanes = {next(iter(reply)).split("-", 1)[0] for reply in replies}
+            if all(pool.lane.value in lanes for pool in self.pools):
+                return
+        logs = ", ".join(str(p.log) for p in self.pools)
+        raise ServiceSetupError(f"worker pools did not start within {timeout:.0f} s; see {logs}")
+
+    def check_pools(self) -> None:
+        """Restart any pool whose process has exited, with back-off."""
+        now = time.monotonic()
+        for pool in self.pools:
+            if pool.process is None or pool.process.poll() is None:
+                continue
+            if pool.next_start == 0.0:
+                delay = RESTART_BACKOFF_S[min(pool.restarts, len(RESTART_BACKOFF_S) - 1)]
+                pool.next_start = now + delay
+            elif now >= pool.next_start:
+                pool.restarts += 1
+                pool.next_start = 0.0
+                self._spawn(pool)
+
+    def snapshot(self) -> Snapshot:
+        snap = Snapshot(at=time.monotonic())
+        stats = self._control.control.inspect(timeout=0.5).stats() or {}
+        for lane in (pool.lane for pool in self.pools):
+            lane_stats = LaneStats(depth=int(self._broker.llen(self.config.lanes[lane].queue)))
+            for node, info in stats.items():
+                if node.startswith(f"{lane.value}-"):
+                    lane_stats.workers += 1
+                    lane_stats.processed += int(info.get("total", {}).get(TASK_NAME, 0))
+            previous = self._last.lanes.get(lane) if self._last else None
+            if previous is not None and self._last is not None and snap.at > self._last.at:
+                done = max(lane_stats.processed - previous.processed, 0)
+                lane_stats.rate = done / (snap.at - self._last.at)
+            snap.lanes[lane] = lane_stats
+        self._last = snap
+        return snap
+
+    def table(self, snap: Snapshot) -> Table:
+        table = Table(title="dataservice", caption="Ctrl-C stops the service")
+        for column in ("lane", "queued", "workers", "threads", "done", "per s", "restarts"):
+            table.add_column(column, justify="right" if column != "lane" else "left")
+        for pool in self.pools:
+            stats = snap.lanes[pool.lane]
+            alive = pool.process is not None and pool.process.poll() is None
+            table.add_row(
+                pool.lane.value,
+                str(stats.depth),
+                str(stats.workers) if alive else "[red]down[/red]",
+                str(self.config.lanes[pool.lane].concurrency),
+                str(stats.processed),
+                f"{stats.rate:.0f}",
+                str(pool.restarts),
+            )
+        return table
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Warm shutdown: in-flight requests finish, then the pools exit."""
+        for pool in self.pools:
+            if pool.process is not None and pool.process.poll() is None:
+                pool.process.terminate()
+        for pool in self.pools:
+            if pool.process is None:
+                continue
+            try:
+                pool.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pool.process.kill()
+                pool.process.wait()
+        self._control.close()
+        self._broker.close()

@@ -1,0 +1,192 @@
+"""Shared fixtures: the real Redis and MariaDB, Celery's own worker fixtures
+(``celery.contrib.pytest``, enabled in pyproject.toml) and subprocess pools.
+
+Tests use Redis databases 14 and 15 and the MariaDB database
+``dataservice_test``, so a service running on the defaults (database 0,
+``dataservice``) is untouched. The in-process worker serves database 15; the
+worker processes serve database 14, so a test against them is answered by them
+alone.
+A test that needs a service that is down fails when ``CI`` is set, and is
+skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import Engine, create_engine, text
+
+from dataservice import Client
+from dataservice.config import Config, LaneName, Settings
+from dataservice.localservices import mysql_reachable, redis_reachable
+from dataservice.store.migrate import upgrade
+from dataservice.supervisor import Supervisor
+from dataservice.transport import Transport
+from dataservice.wire import celery_settings
+from workers.app import LaneRuntime, register_task
+
+TEST_REDIS_URL = "redis://127.0.0.1:6379/15"
+PROCESS_REDIS_URL = "redis://127.0.0.1:6379/14"
+TEST_DATABASE = "dataservice_test"
+# The service connects as a user of its own, so the server's per-user
+# statistics count exactly the statements the service ran.
+SERVICE_USER = "ds_test"
+TEST_DATABASE_URL = f"mysql+mysqldb://{SERVICE_USER}:ds-test-pw@127.0.0.1:3306/{TEST_DATABASE}"
+ROOT_URL = "mysql+mysqldb://root@127.0.0.1:3306/"
+
+
+def require(available: bool, what: str) -> None:
+    if available:
+        return
+    message = f"{what} is not reachable"
+    if os.environ.get("CI"):
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def settings() -> Settings:
+    return Settings(
+        broker_url=TEST_REDIS_URL,
+        result_backend_url=TEST_REDIS_URL,
+        redis_url=TEST_REDIS_URL,
+        database_url=TEST_DATABASE_URL,
+    )
+
+
+@pytest.fixture(scope="session")
+def config(settings: Settings) -> Config:
+    return settings.load()
+
+
+@pytest.fixture(scope="session")
+def redis_client(settings: Settings) -> Iterator[redis.Redis]:
+    require(redis_reachable(settings.broker_url), "Redis at 127.0.0.1:6379")
+    client = redis.Redis.from_url(settings.broker_url)
+    client.flushdb()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def database(settings: Settings, config: Config) -> Iterator[Engine]:
+    """A freshly migrated test database, and a root engine for the tests' own checks."""
+    require(mysql_reachable("127.0.0.1", 3306), "MariaDB at 127.0.0.1:3306")
+    engine = create_engine(ROOT_URL + TEST_DATABASE, isolation_level="AUTOCOMMIT")
+    server = create_engine(ROOT_URL, isolation_level="AUTOCOMMIT")
+    with server.connect() as conn:
+        conn.execute(text(f"DROP DATABASE IF EXISTS {TEST_DATABASE}"))
+        conn.execute(text(f"CREATE DATABASE {TEST_DATABASE}"))
+        for host in ("localhost", "127.0.0.1"):
+            conn.execute(text(f"DROP USER IF EXISTS '{SERVICE_USER}'@'{host}'"))
+            conn.execute(text(f"CREATE USER '{SERVICE_USER}'@'{host}' IDENTIFIED BY 'ds-test-pw'"))
+            conn.execute(text(f"GRANT ALL ON {TEST_DATABASE}.* TO '{SERVICE_USER}'@'{host}'"))
+        conn.execute(text("SET GLOBAL userstat = 1"))
+    server.dispose()
+    upgrade(settings.database_url, config.database)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def scope() -> str:
+    """A scope of the test's own, so tests never see each other's records."""
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+# Celery's own fixtures, pointed at the real Redis and serving the interactive lane.
+
+
+@pytest.fixture(scope="session")
+def celery_config(settings: Settings, config: Config) -> dict[str, Any]:
+    return celery_settings(settings, config)
+
+
+@pytest.fixture(scope="session")
+def celery_worker_pool() -> str:
+    return "threads"
+
+
+@pytest.fixture(scope="session")
+def celery_worker_parameters(config: Config) -> dict[str, Any]:
+    lane = config.lanes.interactive
+    return {
+        "queues": [lane.queue],
+        "concurrency": lane.concurrency,
+        "prefetch_multiplier": 1,
+        "perform_ping_check": False,
+        "hostname": f"interactive-{os.getpid()}@tests",
+    }
+
+
+@pytest.fixture(scope="session")
+def interactive_worker(
+    request: pytest.FixtureRequest,
+    celery_session_app: Any,
+    settings: Settings,
+    config: Config,
+    database: Engine,
+    redis_client: redis.Redis,
+) -> Iterator[Any]:
+    """An in-process worker serving the interactive lane with the real handler."""
+    runtime = LaneRuntime(settings, config, LaneName.INTERACTIVE)
+    register_task(celery_session_app, runtime)
+    yield request.getfixturevalue("celery_session_worker")
+    runtime.close()
+
+
+@pytest.fixture
+def client(settings: Settings, config: Config) -> Iterator[Client]:
+    with Client("tests", settings, config) as c:
+        yield c
+
+
+@pytest.fixture
+def process_client(process_settings: Settings, config: Config) -> Iterator[Client]:
+    """A client whose requests only the worker processes serve."""
+    with Client("tests", process_settings, config) as c:
+        yield c
+
+
+@pytest.fixture
+def transport(settings: Settings, config: Config) -> Iterator[Transport]:
+    """The client's wire, for tests that publish hand-made (or broken) envelopes."""
+    t = Transport(settings, config)
+    yield t
+    t.close()
+
+
+@pytest.fixture(scope="session")
+def process_settings(settings: Settings) -> Settings:
+    return Settings(
+        broker_url=PROCESS_REDIS_URL,
+        result_backend_url=PROCESS_REDIS_URL,
+        redis_url=PROCESS_REDIS_URL,
+        database_url=settings.database_url,
+    )
+
+
+@pytest.fixture(scope="module")
+def worker_processes(
+    process_settings: Settings,
+    config: Config,
+    database: Engine,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Supervisor]:
+    """Both lanes served by real worker processes (``dataservice worker``)."""
+    require(redis_reachable(PROCESS_REDIS_URL), "Redis at 127.0.0.1:6379")
+    redis.Redis.from_url(PROCESS_REDIS_URL).flushdb()
+    log_dir: Path = tmp_path_factory.mktemp("worker-logs")
+    supervisor = Supervisor(process_settings, config, log_dir)
+    supervisor.start()
+    try:
+        supervisor.wait_ready()
+        yield supervisor
+    finally:
+        supervisor.stop()
