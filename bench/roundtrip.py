@@ -311,6 +311,14 @@ class Bench:
     bare_url: str
     environ: dict[str, str]
     workers: dict[str, _env.WorkerProcess]
+    # Filled in by setup().
+    started: float = field(init=False, default=0.0)
+    ids: list[str] = field(init=False, default_factory=list)
+    machine: dict[str, Any] = field(init=False, default_factory=dict)
+    ready_s: dict[str, float] = field(init=False, default_factory=dict)
+    components: Components = field(init=False)
+    callers: list[Caller] = field(init=False, default_factory=list)
+    phases: dict[str, list[Caller]] = field(init=False, default_factory=dict)
 
     @classmethod
     def create(cls, args: argparse.Namespace) -> Bench:
@@ -322,6 +330,11 @@ class Bench:
             DATASERVICE_RESULT_BACKEND_URL=service_url,
             DATASERVICE_REDIS_URL=service_url,
             DATASERVICE_DATABASE_URL=args.database_url,
+            # The worker runs the same source tree as this file (a scratch copy
+            # of the repository benchmarks its own changes), not the editable install.
+            PYTHONPATH=os.pathsep.join(
+                filter(None, [str(_env.REPO), os.environ.get("PYTHONPATH")])
+            ),
         )
         settings = Settings(
             broker_url=service_url,
@@ -345,6 +358,7 @@ class Bench:
         return cls(args, _console(), settings, config, service_url, bare_url, environ, workers)
 
     def cleanup(self) -> None:
+        self.stop_callers()
         for worker in self.workers.values():
             worker.stop()
         if not self.args.keep:
@@ -354,75 +368,80 @@ class Bench:
         logdir = self.workers[SERVICE].log_path.parent
         self.console.print(f"[dim]worker logs: {logdir}[/dim]")
 
-    def run(self) -> dict[str, Any]:
+    def setup(self) -> None:
+        """Fresh Redis dbs and database, seeded; both workers answering; callers started."""
         args, console, settings, config = self.args, self.console, self.settings, self.config
-        workers = self.workers
-        t0 = time.monotonic()
+        self.started = time.monotonic()
         for url in (self.service_url, self.bare_url):
             _env.flush_db(url)
         with console.status("creating and seeding the bench database"):
             _env.reset_database(args.database_url, self.environ)
-            ids = _env.seed_records(args.database_url, SCOPE, args.records, PAYLOAD_BYTES)
-        machine = _env.machine_info(self.service_url, args.database_url)
+            self.ids = _env.seed_records(args.database_url, SCOPE, args.records, PAYLOAD_BYTES)
+        self.machine = _env.machine_info(self.service_url, args.database_url)
         with console.status("starting workers"):
-            for worker in workers.values():
+            for worker in self.workers.values():
                 worker.start()
             probe_client = Client("bench", settings, config)
-            probe_app = make_app(self.bare_url)
+            noop = make_app(self.bare_url).tasks[NOOP_TASK]
+            first = self.ids[0]
             try:
-                ready_s = {
+                self.ready_s = {
                     SERVICE: _env.wait_ready(
-                        workers[SERVICE], lambda: probe_client.read(SCOPE, ids[0], timeout=0.5)
+                        self.workers[SERVICE], lambda: probe_client.read(SCOPE, first, timeout=0.5)
                     ),
                     BARE: _env.wait_ready(
-                        workers[BARE], lambda: probe_app.tasks[NOOP_TASK].delay().get(timeout=0.5)
+                        self.workers[BARE], lambda: noop.delay().get(timeout=0.5)
                     ),
                 }
             finally:
                 probe_client.close()
-        components = Components(
-            {name: worker.pid for name, worker in workers.items()},
+        self.components = Components(
+            {name: worker.pid for name, worker in self.workers.items()},
             _env.find_pid("redis-server"),
             _env.find_pid("mariadbd", "mysqld"),
         )
-
         shared_client = Client("bench", settings, config) if args.shared_client else None
         shared_app = make_app(self.bare_url) if args.shared_client else None
         factories = {
-            SERVICE: service_factory(settings, config, ids, shared_client),
+            SERVICE: service_factory(settings, config, self.ids, shared_client),
             BARE: bare_factory(self.bare_url, shared_app),
         }
-        callers = [Caller(i, factories) for i in range(args.callers)]
-        for caller in callers:
+        self.callers = [Caller(i, factories) for i in range(args.callers)]
+        for caller in self.callers:
             caller.start()
-        for caller in callers:
+        for caller in self.callers:
             caller.ready.wait()
             if caller.failure is not None:
                 raise caller.failure
-
-        phases = {"sequential": callers[:1], f"{args.callers} callers": callers}
+        self.phases = {"sequential": self.callers[:1], f"{args.callers} callers": self.callers}
         with console.status("warming up"):
             for system in SYSTEMS:
-                for group in phases.values():
-                    run_round(group, system, max(1, args.warmup // len(group)), components)
+                for group in self.phases.values():
+                    self.round(group, system, max(1, args.warmup // len(group)))
 
-        series = {p: {s: Series() for s in SYSTEMS} for p in phases}
-        for phase, group in phases.items():
-            per_caller = args.requests // args.rounds // len(group)
-            for r in range(args.rounds):
+    def round(self, group: list[Caller], system: str, per_caller: int) -> RunResult:
+        return run_round(group, system, per_caller, self.components)
+
+    def measure(self) -> dict[str, dict[str, Series]]:
+        """Alternating rounds (A B, B A, ...) of each phase."""
+        series = {p: {s: Series() for s in SYSTEMS} for p in self.phases}
+        for phase, group in self.phases.items():
+            per_caller = self.args.requests // self.args.rounds // len(group)
+            for r in range(self.args.rounds):
                 order = SYSTEMS if r % 2 == 0 else SYSTEMS[::-1]
                 for system in order:
-                    with console.status(f"{phase}: round {r + 1}/{args.rounds}, {system}"):
-                        series[phase][system].runs.append(
-                            run_round(group, system, per_caller, components)
-                        )
-        for caller in callers:
-            caller.jobs.put(None)
+                    with self.console.status(
+                        f"{phase}: round {r + 1}/{self.args.rounds}, {system}"
+                    ):
+                        series[phase][system].runs.append(self.round(group, system, per_caller))
+        return series
 
-        results = {p: {s: series[p][s].summary() for s in SYSTEMS} for p in phases}
+    def report(self, series: dict[str, dict[str, Series]]) -> dict[str, Any]:
+        args = self.args
+        results = {p: {s: series[p][s].summary() for s in SYSTEMS} for p in series}
         return {
             "command": " ".join(["python", "bench/roundtrip.py", *sys.argv[1:]]),
-            "machine": machine,
+            "machine": self.machine,
             "setup": {
                 "callers": args.callers,
                 "requests_per_system_and_phase": args.requests,
@@ -433,25 +452,30 @@ class Bench:
                 "client_per_caller": not args.shared_client,
                 "worker": {
                     "pool": "threads",
-                    "concurrency": config.lanes.interactive.concurrency,
+                    "concurrency": self.config.lanes.interactive.concurrency,
                     "prefetch_multiplier": 1,
                     "acks_late": True,
                     "without_gossip": True,
                     "without_mingle": True,
                 },
-                "worker_ready_s": ready_s,
-                "elapsed_s": round(time.monotonic() - t0, 1),
+                "worker_ready_s": self.ready_s,
+                "elapsed_s": round(time.monotonic() - self.started, 1),
             },
             "results": results,
             "ratios": _ratios(results),
         }
+
+    def stop_callers(self) -> None:
+        for caller in self.callers:
+            caller.jobs.put(None)
 
 
 def main(argv: list[str] | None = None) -> int:
     bench = Bench.create(parse_args(argv))
     with sigterm_as_exit():
         try:
-            report = bench.run()
+            bench.setup()
+            report = bench.report(bench.measure())
         except KeyboardInterrupt:
             bench.console.print("[red]interrupted[/red]")
             return 130

@@ -55,7 +55,9 @@ def redis_reachable(url: str) -> bool:
 
 def mysql_reachable(host: str, port: int, user: str = "root", password: str = "") -> bool:
     try:
-        conn = MySQLdb.connect(host=host, port=port, user=user, password=password, connect_timeout=1)
+        conn = MySQLdb.connect(
+            host=host, port=port, user=user, password=password, connect_timeout=1
+        )
     except MySQLdb.Error:
         return False
     conn.close()
@@ -66,7 +68,9 @@ def _binary(name: str) -> str:
     for candidate in (shutil.which(name), f"/usr/sbin/{name}", f"/usr/bin/{name}"):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
-    raise ServiceSetupError(f"{name} is not installed (Debian: apt-get install redis-server mariadb-server)")
+    raise ServiceSetupError(
+        f"{name} is not installed (Debian: apt-get install redis-server mariadb-server)"
+    )
 
 
 def _wait(check: object, what: str, log: Path | None = None) -> None:
@@ -143,7 +147,8 @@ class PrivateMariaDB:
         args = [
             _binary("mariadbd"), "--no-defaults", *self._as_mysql_user(),
             f"--datadir={self.datadir}", f"--port={self.port}", "--bind-address=127.0.0.1",
-            f"--socket={self.directory / 'mariadb.sock'}", f"--pid-file={self.directory / 'mariadb.pid'}",
+            f"--socket={self.directory / 'mariadb.sock'}",
+            f"--pid-file={self.directory / 'mariadb.pid'}",
             f"--log-error={self.log}", "--innodb-buffer-pool-size=64M", "--max-connections=500",
         ]  # fmt: skip
         if self.binlog:
@@ -161,7 +166,9 @@ class PrivateMariaDB:
 
     def _ready(self) -> bool:
         if self.process is not None and self.process.poll() is not None:
-            raise ServiceSetupError(f"mariadbd exited with {self.process.returncode}; see {self.log}")
+            raise ServiceSetupError(
+                f"mariadbd exited with {self.process.returncode}; see {self.log}"
+            )
         return mysql_reachable("127.0.0.1", self.port)
 
     def stop(self) -> None:
@@ -178,7 +185,10 @@ class PrivateMariaDB:
         return self.start()
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.stop()
 
@@ -202,7 +212,9 @@ def _local(host: str | None) -> bool:
 def up(settings: Settings, state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
     """Make the configured Redis and MariaDB reachable; returns what was started."""
     started = []
-    for url in dict.fromkeys((settings.broker_url, settings.result_backend_url, settings.redis_url)):
+    for url in dict.fromkeys(
+        (settings.broker_url, settings.result_backend_url, settings.redis_url)
+    ):
         if redis_reachable(url):
             continue
         parsed = make_url(url.replace("redis://", "mysql://", 1))  # same URL grammar
@@ -211,7 +223,9 @@ def up(settings: Settings, state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
         start_redis(state_dir, parsed.port or 6379)
         started.append(f"redis on port {parsed.port or 6379}")
     db = make_url(settings.database_url)
-    if not mysql_reachable(db.host or "127.0.0.1", db.port or 3306, db.username or "root", db.password or ""):
+    if not mysql_reachable(
+        db.host or "127.0.0.1", db.port or 3306, db.username or "root", db.password or ""
+    ):
         if not _local(db.host):
             raise ServiceSetupError(f"MariaDB at {db.host}:{db.port} is unreachable")
         PrivateMariaDB(state_dir / "mariadb", db.port or 3306).start()

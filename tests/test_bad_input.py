@@ -79,7 +79,9 @@ def json_publisher(settings: Settings, config: Config) -> Iterator[Celery]:
 
 def _ask(transport: Transport, body: bytes) -> None:
     request_id = uuid.uuid4().hex
-    transport.publish(body, request_id=request_id, lane=LaneName.INTERACTIVE, deadline_ms=_deadline())
+    transport.publish(
+        body, request_id=request_id, lane=LaneName.INTERACTIVE, deadline_ms=_deadline()
+    )
     answer = transport.results.wait(request_id, 5.0)
     assert answer is not None, "the worker did not answer"
     decode_response(answer, request_id)

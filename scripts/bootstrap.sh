@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what dataservice needs on a fresh Debian machine: the system packages
+# that are missing (Redis, MariaDB, the MariaDB client headers), a virtualenv
+# in .venv, and the project with its dev and bench dependency groups.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+pkg-config --exists mariadb 2>/dev/null || pkg-config --exists mysqlclient 2>/dev/null || missing+=(libmariadb-dev)
+command -v gcc >/dev/null 2>&1 || missing+=(gcc)
+python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
+
+if ((${#missing[@]})); then
+  echo "installing system packages: ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+# Dependency groups need pip 25.1 or newer.
+.venv/bin/python -m pip install -q --upgrade "pip>=25.1"
+.venv/bin/python -m pip install -q -e . --group dev --group bench

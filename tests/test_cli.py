@@ -1,0 +1,50 @@
+"""The command line, run as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from dataservice.config import Settings
+
+
+def _run(args: list[str], settings: Settings, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dataservice.cli", *args],
+        env={**os.environ, **settings.to_env()},
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.timeout(180)
+def test_demo_writes_and_reads_back_through_both_lanes_and_exits_zero(
+    process_settings: Settings, database: Engine, tmp_path: Path
+) -> None:
+    result = _run(["run", "--demo", "50", "--log-dir", str(tmp_path)], process_settings, 150)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "demo passed" in result.stdout
+    for lane in ("interactive", "batch"):
+        assert lane in result.stdout
+    assert "p99" in result.stdout
+
+
+def test_db_upgrade_is_idempotent(settings: Settings, database: Engine) -> None:
+    result = _run(["db", "upgrade"], settings, 60)
+    assert result.returncode == 0, result.stderr
+    assert "schema at head" in result.stdout
+
+
+def test_bad_environment_is_reported_not_raised(settings: Settings) -> None:
+    env = {**settings.to_env(), "DATASERVICE_BOGUS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "dataservice.cli", "worker", "--lane", "batch"],
+        env={**os.environ, **env}, capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "DATASERVICE_BOGUS" in result.stderr
+    assert "Traceback" not in result.stderr
