@@ -24,7 +24,9 @@ SCOPE_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 # ':' separates scope and id in cache keys; the scope cannot hold one, so ids may.
 OBJECT_ID_RE = re.compile(r"[A-Za-z0-9._~:@/+=-]{1,128}")
 IDEMPOTENCY_KEY_RE = re.compile(r"[\x21-\x7e]{1,128}")
-MAX_CURSOR_CHARS = 256
+# A cursor holds a scope (<= 64) and an object id (<= 128) plus framing:
+# under 200 bytes, under 270 characters of base64; twice that is plenty.
+MAX_CURSOR_CHARS = 512
 READ_MODES = frozenset({pb.READ_MODE_ALLOW_CACHED, pb.READ_MODE_PRIMARY})
 MUTATIONS = frozenset({"write", "delete"})
 

@@ -158,7 +158,8 @@ def load_config(path: str | Path) -> Config:
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE_URL = "mysql+mysqldb://root@127.0.0.1:3306/dataservice"
-DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "queues.yml"
+# Relative: the working directory's queues.yml, as with other tools' config files.
+DEFAULT_CONFIG_PATH = Path("queues.yml")
 
 _ENV_PREFIX = "DATASERVICE_"
 _ENV_FIELDS = {
@@ -200,7 +201,7 @@ class Settings:
             "DATASERVICE_REDIS_URL",
         ):
             if name in env and not env[name].startswith(("redis://", "rediss://", "unix://")):
-                raise ConfigError(f"{name} must be a redis:// or rediss:// URL")
+                raise ConfigError(f"{name} must be a redis://, rediss:// or unix:// URL")
         if "DATASERVICE_DATABASE_URL" in env and not env["DATASERVICE_DATABASE_URL"].startswith(
             "mysql"
         ):

@@ -10,6 +10,8 @@ still found.
 
 from __future__ import annotations
 
+import time
+
 import redis
 
 from dataservice.keys import result_key
@@ -38,11 +40,16 @@ class ResultStore:
         )
         return cls(redis.Redis(connection_pool=pool))
 
-    def put(self, request_id: str, body: bytes, ttl_ms: int) -> None:
+    def put(self, request_id: str, body: bytes, expires_at_ms: int) -> None:
+        """Leave an answer until ``expires_at_ms`` (Unix ms); a past expiry stores nothing."""
+        ttl_ms = expires_at_ms - time.time_ns() // 1_000_000
+        if ttl_ms <= 0:
+            return
         key = result_key(request_id)
         with self._redis.pipeline(transaction=True) as pipe:
             pipe.rpush(key, body)
-            pipe.pexpire(key, max(ttl_ms, 1))
+            # A relative expiry: the Redis server's clock may differ from ours.
+            pipe.pexpire(key, ttl_ms)
             pipe.execute()
 
     def wait(self, request_id: str, timeout_s: float) -> bytes | None:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from dataservice import codec
@@ -37,10 +37,10 @@ _PAGE_OVERHEAD = 512
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """An encoded ``ResponseEnvelope`` and how long to keep it for its caller."""
+    """An encoded ``ResponseEnvelope`` and until when (Unix ms) its caller can use it."""
 
     body: bytes
-    ttl_ms: int
+    expires_at_ms: int
     code: StatusCode
 
 
@@ -76,22 +76,25 @@ class RequestHandler:
         grace = self.config.results.grace_ms
         # Until the envelope is decoded, the message's own expiry (or the lane
         # maximum) bounds how long an error answer is worth keeping.
-        fallback_ttl = (expires_ms - now if expires_ms else self.lane.max_deadline_ms) + grace
+        fallback = max(expires_ms or now + self.lane.max_deadline_ms, now) + grace
         try:
             envelope = codec.decode_request(body, self.config.limits)
+            if envelope.request_id != task_id:
+                raise InvalidArgument("request_id does not match the message id")
         except InvalidArgument as exc:
             log.info("rejected request %s: %s", task_id, exc.message)
-            return self._error(task_id, exc, max(fallback_ttl, grace))
+            return self._error(task_id, exc, fallback)
         remaining = envelope.deadline_unix_ms - now
         if remaining <= 0:
             log.info("dropped request %s: deadline passed %d ms ago", task_id, -remaining)
             return None
-        ttl = remaining + grace
+        # Absolute: time spent serving the request does not extend the answer's life.
+        ttl = envelope.deadline_unix_ms + grace
         if remaining > self.lane.max_deadline_ms + CLOCK_SKEW_MS:
             error: RequestError = InvalidArgument(
                 f"deadline is {remaining} ms away; this lane allows {self.lane.max_deadline_ms} ms"
             )
-            return self._error(task_id, error, grace)
+            return self._error(task_id, error, now + grace)
         try:
             response = self._dispatch(envelope)
         except RequestError as exc:
@@ -101,7 +104,9 @@ class RequestHandler:
             return self._error(task_id, error, ttl, RETRY_POOL_BUSY_MS)
         except DBAPIError as exc:
             log.warning("database error on %s: %s", task_id, type(exc.orig).__name__)
-            if exc.connection_invalidated:
+            # OperationalError covers a lost connection, a refused one (server
+            # down, max_connections reached) and lock timeouts: all transient.
+            if exc.connection_invalidated or isinstance(exc, OperationalError):
                 error = error_for(StatusCode.UNAVAILABLE, "the database is unavailable")
                 return self._error(task_id, error, ttl, RETRY_DB_UNAVAILABLE_MS)
             return self._error(task_id, error_for(StatusCode.INTERNAL, "internal error"), ttl)
@@ -113,10 +118,10 @@ class RequestHandler:
         return Reply(response.SerializeToString(), ttl, StatusCode.OK)
 
     def _error(
-        self, task_id: str, error: RequestError, ttl_ms: int, retry_after_ms: int = 0
+        self, task_id: str, error: RequestError, expires_at_ms: int, retry_after_ms: int = 0
     ) -> Reply:
         envelope = codec.error_response(task_id, error.code, error.message, retry_after_ms)
-        return Reply(envelope.SerializeToString(), ttl_ms, error.code)
+        return Reply(envelope.SerializeToString(), expires_at_ms, error.code)
 
     def _dispatch(self, envelope: pb.RequestEnvelope) -> pb.ResponseEnvelope:
         operation = envelope.WhichOneof("operation")

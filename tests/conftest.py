@@ -39,6 +39,7 @@ TEST_DATABASE = "dataservice_test"
 SERVICE_USER = "ds_test"
 TEST_DATABASE_URL = f"mysql+mysqldb://{SERVICE_USER}:ds-test-pw@127.0.0.1:3306/{TEST_DATABASE}"
 ROOT_URL = "mysql+mysqldb://root@127.0.0.1:3306/"
+SHIPPED_CONFIG = Path(__file__).resolve().parents[1] / "queues.yml"
 
 
 def require(available: bool, what: str) -> None:
@@ -53,6 +54,7 @@ def require(available: bool, what: str) -> None:
 @pytest.fixture(scope="session")
 def settings() -> Settings:
     return Settings(
+        config_path=SHIPPED_CONFIG,
         broker_url=TEST_REDIS_URL,
         result_backend_url=TEST_REDIS_URL,
         redis_url=TEST_REDIS_URL,
@@ -165,6 +167,7 @@ def transport(settings: Settings, config: Config) -> Iterator[Transport]:
 @pytest.fixture(scope="session")
 def process_settings(settings: Settings) -> Settings:
     return Settings(
+        config_path=settings.config_path,
         broker_url=PROCESS_REDIS_URL,
         result_backend_url=PROCESS_REDIS_URL,
         redis_url=PROCESS_REDIS_URL,

@@ -29,9 +29,9 @@ def _deadline(seconds: float = 5.0) -> int:
     return int((time.time() + seconds) * 1000)
 
 
-def _envelope(**operation: Any) -> pb.RequestEnvelope:
+def _envelope(request_id: str, **operation: Any) -> pb.RequestEnvelope:
     return pb.RequestEnvelope(
-        caller="tests", request_id=uuid.uuid4().hex, deadline_unix_ms=_deadline(), **operation
+        caller="tests", request_id=request_id, deadline_unix_ms=_deadline(), **operation
     )
 
 
@@ -39,33 +39,38 @@ def _encoded(envelope: pb.RequestEnvelope) -> bytes:
     return envelope.SerializeToString()
 
 
-def _unknown_operation() -> bytes:
+def _unknown_operation(rid: str) -> bytes:
     # Field 20 is no operation this schema knows: a newer client's, say.
     unknown_field = b"\xa2\x01\x03abc"
-    return _encoded(_envelope()) + unknown_field
+    return _encoded(_envelope(rid)) + unknown_field
 
 
-BAD_BODIES: dict[str, Callable[[Config], bytes]] = {
-    "garbage bytes": lambda _: b"\xff\xfe\x00garbage\x17\x99",
-    "unspecified read mode": lambda _: _encoded(
-        _envelope(read=pb.ReadRecordRequest(scope="s", object_id="a"))
+# Each builds a body for (configuration, the message's request id).
+BAD_BODIES: dict[str, Callable[[Config, str], bytes]] = {
+    "garbage bytes": lambda _, __: b"\xff\xfe\x00garbage\x17\x99",
+    "unspecified read mode": lambda _, rid: _encoded(
+        _envelope(rid, read=pb.ReadRecordRequest(scope="s", object_id="a"))
     ),
-    "unknown read mode": lambda _: _encoded(
-        _envelope(read=pb.ReadRecordRequest(scope="s", object_id="a", mode=99))  # type: ignore[arg-type]
+    "unknown read mode": lambda _, rid: _encoded(
+        _envelope(rid, read=pb.ReadRecordRequest(scope="s", object_id="a", mode=99))  # type: ignore[arg-type]
     ),
-    "oversized payload": lambda config: _encoded(
+    "oversized payload": lambda config, rid: _encoded(
         _envelope(
+            rid,
             write=pb.WriteRecordRequest(
                 scope="s", object_id="big", payload=b"x" * (config.limits.max_payload_bytes + 1)
-            )
+            ),
         )
     ),
-    "oversized envelope": lambda config: b"\x0a" + b"\x00" * config.limits.max_request_bytes,
-    "missing object id": lambda _: _encoded(
-        _envelope(write=pb.WriteRecordRequest(scope="s", payload=b"x"))
+    "oversized envelope": lambda config, _: b"\x0a" + b"\x00" * config.limits.max_request_bytes,
+    "missing object id": lambda _, rid: _encoded(
+        _envelope(rid, write=pb.WriteRecordRequest(scope="s", payload=b"x"))
     ),
-    "unknown operation": lambda _: _unknown_operation(),
-    "no operation": lambda _: _encoded(_envelope()),
+    "unknown operation": lambda _, rid: _unknown_operation(rid),
+    "no operation": lambda _, rid: _encoded(_envelope(rid)),
+    "request id other than the message id": lambda _, rid: _encoded(
+        _envelope(rid[::-1], read=pb.ReadRecordRequest(scope="s", object_id="a", mode=1))  # type: ignore[arg-type]
+    ),
 }
 
 
@@ -77,8 +82,9 @@ def json_publisher(settings: Settings, config: Config) -> Iterator[Celery]:
     app.close()
 
 
-def _ask(transport: Transport, body: bytes) -> None:
+def _ask(transport: Transport, build: Callable[[str], bytes]) -> None:
     request_id = uuid.uuid4().hex
+    body = build(request_id)
     transport.publish(
         body, request_id=request_id, lane=LaneName.INTERACTIVE, deadline_ms=_deadline()
     )
@@ -95,7 +101,7 @@ def test_bad_envelope_is_invalid_argument_and_changes_nothing(
     rows, checksum = row_count(database), table_checksum(database)
     statements = statements_by(database, SERVICE_USER)
     with pytest.raises(InvalidArgument) as caught:
-        _ask(transport, BAD_BODIES[case](config))
+        _ask(transport, lambda rid: BAD_BODIES[case](config, rid))
     assert caught.value.message
     assert "Traceback" not in caught.value.message
     # Rejected before any SQL: the service ran no statement for it.
@@ -148,7 +154,9 @@ def test_late_request_is_dropped_without_database_work(
 ) -> None:
     before = statements_by(database, SERVICE_USER)
     request_id = uuid.uuid4().hex
-    late = _envelope(read=pb.ReadRecordRequest(scope="s", object_id="a", mode=pb.READ_MODE_PRIMARY))
+    late = _envelope(
+        request_id, read=pb.ReadRecordRequest(scope="s", object_id="a", mode=pb.READ_MODE_PRIMARY)
+    )
     late.deadline_unix_ms = _deadline(-1)
     transport.publish(
         late.SerializeToString(), request_id=request_id, lane=LaneName.INTERACTIVE,

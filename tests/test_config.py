@@ -11,12 +11,13 @@ import yaml
 from pydantic import ValidationError
 
 from dataservice import ConfigError, LaneName, Settings, load_config
-from dataservice.config import DEFAULT_CONFIG_PATH, parse_config
+from dataservice.config import parse_config
+from tests.conftest import SHIPPED_CONFIG
 
 
 @pytest.fixture
 def shipped() -> dict[str, Any]:
-    data = yaml.safe_load(DEFAULT_CONFIG_PATH.read_text())
+    data = yaml.safe_load(SHIPPED_CONFIG.read_text())
     assert isinstance(data, dict)
     return data
 

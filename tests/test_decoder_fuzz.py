@@ -20,6 +20,7 @@ example count really ran:
 from __future__ import annotations
 
 import base64
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -241,6 +242,54 @@ def valid_envelopes(draw: st.DrawFn) -> pb.RequestEnvelope:
     )
 
 
+# Valid envelopes with one or two fields replaced by arbitrary values (or the
+# operation dropped or switched), so every validation branch is reached, not
+# just the first check. Only fields the envelope's operation has are corrupted.
+oversized_payloads = st.sampled_from([1, 2, 1000]).map(
+    lambda extra: b"\xa5" * (LIMITS.max_payload_bytes + extra)
+)
+CORRUPTIONS: dict[str, st.SearchStrategy[Any]] = {
+    "caller": caller_text,
+    "request_id": request_id_text,
+    "deadline_unix_ms": int64s,
+    "idempotency_key": idempotency_text,
+    "operation": st.sampled_from([None, *OPERATION_FIELDS]),
+    "scope": scope_text,
+    "object_id": object_id_text,
+    "mode": read_modes,
+    "payload": st.one_of(payloads(), oversized_payloads),
+    "page_size": uint32s,
+    "cursor": cursors(st.one_of(valid_scope, scope_text)),
+}
+ENVELOPE_FIELDS = ["caller", "request_id", "deadline_unix_ms", "idempotency_key", "operation"]
+OPERATION_CORRUPTIONS = {
+    "read": ["scope", "object_id", "mode"],
+    "write": ["scope", "object_id", "payload"],
+    "delete": ["scope", "object_id"],
+    "list": ["scope", "page_size", "cursor"],
+}
+
+
+@st.composite
+def corrupted_envelopes(draw: st.DrawFn) -> pb.RequestEnvelope:
+    message = draw(valid_envelopes())
+    for _ in range(draw(st.integers(1, 2))):
+        operation = message.WhichOneof("operation")
+        fields = ENVELOPE_FIELDS + OPERATION_CORRUPTIONS.get(operation or "", [])
+        field = draw(st.sampled_from(fields))
+        value = draw(CORRUPTIONS[field])
+        if field == "operation":
+            if value is None:
+                message.ClearField("operation")
+            else:  # switch to an empty operation of that kind
+                getattr(message, value).SetInParent()
+        elif field in ENVELOPE_FIELDS:
+            setattr(message, field, value)
+        else:
+            setattr(getattr(message, operation or ""), field, value)
+    return message
+
+
 def unknown_fields(field_numbers: list[int] = FIELD_NUMBERS) -> st.SearchStrategy[bytes]:
     return st.builds(
         unknown_field,
@@ -333,8 +382,8 @@ def mutate(data: bytes, mutation: Mutation) -> bytes:
 
 mutated_envelopes = st.builds(
     lambda message, steps: _apply(message.SerializeToString(), steps),
-    st.one_of(arbitrary_envelopes(), valid_envelopes()),
-    st.lists(mutations, min_size=1, max_size=6),
+    st.one_of(valid_envelopes(), corrupted_envelopes(), arbitrary_envelopes()),
+    st.lists(mutations, min_size=1, max_size=4),
 )
 
 
@@ -346,19 +395,39 @@ def _apply(data: bytes, steps: list[Mutation]) -> bytes:
 
 # --- the property -----------------------------------------------------------------
 
+# The first word of each InvalidArgument message names the check that failed.
+FIELD_CHECKS = {
+    "caller",
+    "request_id",
+    "deadline_unix_ms",
+    "unknown",  # "unknown or missing operation"
+    "idempotency_key",
+    "scope",
+    "object_id",
+    "mode",
+    "payload",
+    "cursor",
+}
 
-def decoded_or_rejected(data: bytes) -> pb.RequestEnvelope | None:
-    """The decoded envelope, or None if the codec said InvalidArgument.
+
+def decode_or_rejection(data: bytes) -> pb.RequestEnvelope | InvalidArgument:
+    """The decoded envelope, or the InvalidArgument the codec raised.
 
     Any other exception propagates and fails the test with the input that
     caused it.
     """
     try:
         result = decode_request(data, LIMITS)
-    except InvalidArgument:
-        return None
+    except InvalidArgument as rejection:
+        return rejection
     assert isinstance(result, pb.RequestEnvelope)
     return result
+
+
+def outcome(result: pb.RequestEnvelope | InvalidArgument) -> str:
+    if isinstance(result, InvalidArgument):
+        return result.message.split()[0]
+    return "accepted"
 
 
 def run(examples: int, strategy: st.SearchStrategy[Any], check: Callable[[Any], None]) -> int:
@@ -378,41 +447,61 @@ def run(examples: int, strategy: st.SearchStrategy[Any], check: Callable[[Any], 
 
 def test_random_bytes_are_decoded_or_rejected() -> None:
     """300 random byte strings up to 512 bytes."""
-    ran = run(RANDOM_EXAMPLES, st.binary(max_size=512), decoded_or_rejected)
+    ran = run(RANDOM_EXAMPLES, st.binary(max_size=512), decode_or_rejection)
     assert ran >= RANDOM_EXAMPLES
 
 
 def test_mutated_envelopes_are_decoded_or_rejected() -> None:
-    """1,000 serialized envelopes (every operation) after 1-6 byte-level mutations."""
-    ran = run(MUTATED_EXAMPLES, mutated_envelopes, decoded_or_rejected)
+    """1,000 serialized envelopes (every operation) after 1-4 byte-level mutations."""
+    outcomes: Counter[str] = Counter()
+
+    def check(data: bytes) -> None:
+        outcomes[outcome(decode_or_rejection(data))] += 1
+
+    ran = run(MUTATED_EXAMPLES, mutated_envelopes, check)
     assert ran >= MUTATED_EXAMPLES
+    # Mutations reach past the parser: some inputs fail a field check, some pass.
+    assert outcomes["request"] < ran
+    assert outcomes["accepted"] > 0
+    assert outcomes.keys() & FIELD_CHECKS
 
 
 def test_structured_envelopes_are_decoded_unchanged_or_rejected() -> None:
-    """700 envelopes with arbitrary field values, some followed by unknown fields."""
+    """700 envelopes, every operation, with arbitrary field values, some followed by unknown fields.
+
+    Two thirds are valid envelopes with one or two fields corrupted, one third
+    have every field arbitrary. Together they must reach every field check of the codec.
+    """
+    outcomes: Counter[str] = Counter()
 
     def check(case: tuple[pb.RequestEnvelope, bytes]) -> None:
         message, trailer = case
-        decoded = decoded_or_rejected(message.SerializeToString() + trailer)
-        if decoded is not None:
+        result = decode_or_rejection(message.SerializeToString() + trailer)
+        outcomes[outcome(result)] += 1
+        if isinstance(result, pb.RequestEnvelope):
             # Unknown fields may ride along, but every known field must survive.
-            decoded.DiscardUnknownFields()
-            assert decoded == message
+            result.DiscardUnknownFields()
+            assert result == message
 
     trailer = st.one_of(st.just(b""), unknown_fields(UNUSED_FIELD_NUMBERS))
-    strategy = st.tuples(arbitrary_envelopes(), trailer)
-    ran = run(STRUCTURED_EXAMPLES, strategy, check)
+    envelopes = st.one_of(corrupted_envelopes(), corrupted_envelopes(), arbitrary_envelopes())
+    ran = run(STRUCTURED_EXAMPLES, st.tuples(envelopes, trailer), check)
     assert ran >= STRUCTURED_EXAMPLES
+    assert outcomes["accepted"] > 0
+    assert FIELD_CHECKS - outcomes.keys() == set(), f"field checks never reached: {outcomes}"
 
 
 def test_valid_envelopes_are_accepted_unchanged() -> None:
     """300 valid envelopes, every operation: accepted and decoded to the same message."""
+    operations: Counter[str | None] = Counter()
 
     def check(message: pb.RequestEnvelope) -> None:
+        operations[message.WhichOneof("operation")] += 1
         assert decode_request(message.SerializeToString(), LIMITS) == message
 
     ran = run(VALID_EXAMPLES, valid_envelopes(), check)
     assert ran >= VALID_EXAMPLES
+    assert set(operations) == set(OPERATION_FIELDS)
 
 
 def test_example_counts_add_up_to_at_least_two_thousand() -> None:

@@ -51,7 +51,7 @@ class LaneRuntime:
             expires_ms = None
         reply = self.handler.handle(task_id, body, expires_ms)
         if reply is not None:
-            self.results.put(task_id, reply.body, reply.ttl_ms)
+            self.results.put(task_id, reply.body, reply.expires_at_ms)
 
     def close(self) -> None:
         self.engine.dispose()
