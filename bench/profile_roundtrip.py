@@ -7,8 +7,11 @@ Same set-up as ``bench/roundtrip.py`` (same isolated Redis dbs and database,
 same worker subprocesses). For each system in turn it samples the caller
 process and the worker for ``--seconds`` while ``--callers`` threads send
 requests back to back, then prints the frames with the largest inclusive share
-of the samples (py-spy's default: threads waiting in a syscall are not
-sampled, so the shares are of CPU, not wall time). The raw collapsed stacks
+of the samples. Only the thread holding the GIL is sampled (``--gil``): both
+processes are GIL-bound, so the shares are of the Python work that limits
+them; without it, py-spy also counts threads that are runnable but waiting for
+a CPU or inside a loopback ``send()``, which on an oversubscribed 2-core
+machine inflates whatever frame issued the syscall. The raw collapsed stacks
 are kept in ``--out`` for flame graphs.
 """
 
@@ -38,11 +41,12 @@ def py_spy() -> str:
     return found
 
 
-def record(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
+def record(pid: int, seconds: float, out: Path, gil: bool) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [
             py_spy(),
             "record",
+            *(["--gil"] if gil else []),
             "--pid",
             str(pid),
             "--duration",
@@ -90,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     extra.add_argument("--seconds", type=float, default=8.0)
     extra.add_argument("--out", type=Path, default=Path("/tmp/dataservice-profile"))
     extra.add_argument("--top", type=int, default=30)
+    extra.add_argument(
+        "--no-gil",
+        action="store_true",
+        help="sample every running thread, not only the one holding the GIL",
+    )
     own_args, rest = extra.parse_known_args(argv)
     args = parse_args([*rest, "--callers", "1"] if "--callers" not in rest else rest)
     own_args.out.mkdir(parents=True, exist_ok=True)
@@ -103,8 +112,13 @@ def main(argv: list[str] | None = None) -> int:
                     "worker": own_args.out / f"{system}-worker.txt",
                 }
                 spies = [
-                    record(os.getpid(), own_args.seconds, files["caller"]),
-                    record(bench.workers[system].pid, own_args.seconds, files["worker"]),
+                    record(os.getpid(), own_args.seconds, files["caller"], not own_args.no_gil),
+                    record(
+                        bench.workers[system].pid,
+                        own_args.seconds,
+                        files["worker"],
+                        not own_args.no_gil,
+                    ),
                 ]
                 time.sleep(0.5)  # py-spy attaches
                 done = 0

@@ -274,7 +274,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--callers", type=int, default=16, help="concurrent caller threads")
     p.add_argument(
-        "--requests", type=int, default=2000, help="measured requests per system and phase"
+        "--requests", type=int, default=3200, help="measured requests per system and phase"
     )
     p.add_argument("--rounds", type=int, default=8, help="alternating rounds per phase")
     p.add_argument("--warmup", type=int, default=300, help="warm-up requests per system")
@@ -325,7 +325,9 @@ class Bench:
         service_url = _env.redis_url(args.redis_host, args.redis_port, args.service_db)
         bare_url = _env.redis_url(args.redis_host, args.redis_port, args.bare_db)
         environ = {k: v for k, v in os.environ.items() if not k.startswith("DATASERVICE_")}
+        config_path = _env.REPO / "queues.yml"
         environ.update(
+            DATASERVICE_CONFIG=str(config_path),
             DATASERVICE_BROKER_URL=service_url,
             DATASERVICE_RESULT_BACKEND_URL=service_url,
             DATASERVICE_REDIS_URL=service_url,
@@ -337,6 +339,7 @@ class Bench:
             ),
         )
         settings = Settings(
+            config_path=config_path,
             broker_url=service_url,
             result_backend_url=service_url,
             redis_url=service_url,
@@ -429,11 +432,11 @@ class Bench:
             per_caller = self.args.requests // self.args.rounds // len(group)
             for r in range(self.args.rounds):
                 order = SYSTEMS if r % 2 == 0 else SYSTEMS[::-1]
+                # No spinner while measuring: its refresh thread would compete
+                # for the GIL with the callers.
+                self.console.print(f"[dim]{phase}: round {r + 1}/{self.args.rounds}[/dim]")
                 for system in order:
-                    with self.console.status(
-                        f"{phase}: round {r + 1}/{self.args.rounds}, {system}"
-                    ):
-                        series[phase][system].runs.append(self.round(group, system, per_caller))
+                    series[phase][system].runs.append(self.round(group, system, per_caller))
         return series
 
     def report(self, series: dict[str, dict[str, Series]]) -> dict[str, Any]:

@@ -108,13 +108,15 @@ def decode_cursor(cursor: str, scope: str) -> str:
     if len(cursor) > MAX_CURSOR_CHARS:
         raise InvalidArgument("cursor is too long")
     try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        padded = cursor + "=" * (-len(cursor) % 4)
+        raw = base64.b64decode(padded, altchars=b"-_", validate=True)
         parsed = pb.ListCursor.FromString(raw)
     except (binascii.Error, ValueError, DecodeError):
         raise InvalidArgument("cursor is malformed") from None
     if parsed.scope != scope:
         raise InvalidArgument("cursor belongs to another scope")
-    _check(OBJECT_ID_RE, parsed.after_object_id, "cursor")
+    if not OBJECT_ID_RE.fullmatch(parsed.after_object_id):
+        raise InvalidArgument("cursor is malformed")
     return parsed.after_object_id
 
 

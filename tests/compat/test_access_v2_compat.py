@@ -21,13 +21,14 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import Descriptor, FileDescriptor
 from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
-from grpc_tools import protoc
+from grpc_tools import protoc  # type: ignore[import-untyped]
 
 from dataservice.codec import decode_cursor, decode_request, encode_cursor
 from dataservice.config import Limits, Settings
@@ -145,7 +146,8 @@ class Schema:
     def has(self, name: str) -> bool:
         return name in self.file.message_types_by_name
 
-    def message(self, name: str) -> type[Message]:
+    def message(self, name: str) -> Any:
+        """The class of ``access.v2.<name>`` in this revision (built at run time, untyped)."""
         descriptor = self.pool.FindMessageTypeByName(f"access.v2.{name}")
         return message_factory.GetMessageClass(descriptor)
 
@@ -180,7 +182,9 @@ def fixture_bytes(name: str) -> bytes:
 
 
 def unknown_fields(message: Message) -> dict[int, object]:
-    return {field.field_number: field.data for field in UnknownFieldSet(message)}
+    """Unknown field number -> value (the stubs give UnknownFieldSet no __iter__)."""
+    fields = UnknownFieldSet(message)
+    return {fields[i].field_number: fields[i].data for i in range(len(fields))}
 
 
 def known_field_mismatches(old: Message, new: Message, path: str = "") -> list[str]:
@@ -369,9 +373,13 @@ def test_older_reader_keeps_record_timestamp_as_unknown_field(r0: Schema, name: 
 # --- (c) older writer, today's reader ---------------------------------------------
 
 
-def _old_envelope(r0: Schema, **operation: Message) -> Message:
+def _old_envelope(r0: Schema, idempotency_key: str = "", **operation: Message) -> Any:
+    """An r0 RequestEnvelope with ``operation`` (e.g. ``read=...``) set."""
     envelope = r0.message("RequestEnvelope")(
-        caller="billing", request_id="req-old-1", deadline_unix_ms=_DEADLINE
+        caller="billing",
+        request_id="req-old-1",
+        deadline_unix_ms=_DEADLINE,
+        idempotency_key=idempotency_key,
     )
     for name, value in operation.items():
         getattr(envelope, name).CopyFrom(value)
@@ -411,8 +419,7 @@ def test_old_write_envelope_decodes_and_validates(r0: Schema, limits: Limits) ->
     old_write = r0.message("WriteRecordRequest")(
         scope="tenant-a", object_id="invoice:42", payload=_PAYLOAD
     )
-    old = _old_envelope(r0, write=old_write)
-    old.idempotency_key = "idem-old-1"
+    old = _old_envelope(r0, idempotency_key="idem-old-1", write=old_write)
 
     envelope = decode_request(old.SerializeToString(), limits)
 
