@@ -13,10 +13,12 @@ binary log on a free port, for tests and demos that read the change stream.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -71,6 +73,14 @@ def _binary(name: str) -> str:
     raise ServiceSetupError(
         f"{name} is not installed (Debian: apt-get install redis-server mariadb-server)"
     )
+
+
+def _traversable_by_others(path: Path) -> bool:
+    """Whether a user other than the owner (mariadbd's ``mysql``) can reach ``path``."""
+    for directory in (path.resolve(), *path.resolve().parents):
+        if not directory.stat().st_mode & stat.S_IXOTH:
+            return False
+    return True
 
 
 def _wait(check: object, what: str, log: Path | None = None) -> None:
@@ -130,18 +140,27 @@ class PrivateMariaDB:
     def _install(self) -> None:
         self.datadir.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
+            if not _traversable_by_others(self.directory.parent):
+                raise ServiceSetupError(
+                    f"the mysql user cannot reach {self.directory}: a parent directory is "
+                    "closed to other users (use a state directory outside it)"
+                )
             shutil.chown(self.directory, "mysql", "mysql")
             shutil.chown(self.datadir, "mysql", "mysql")
-        subprocess.run(
+        done = subprocess.run(
             [
                 _binary("mariadb-install-db"), "--no-defaults", *self._as_mysql_user(),
                 f"--datadir={self.datadir}", "--auth-root-authentication-method=normal",
                 "--skip-test-db",
             ],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            check=False, capture_output=True, text=True,
         )  # fmt: skip
+        if done.returncode != 0:
+            detail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+            raise ServiceSetupError("mariadb-install-db failed: " + " | ".join(detail))
 
-    def start(self) -> PrivateMariaDB:
+    def start(self, *, detach: bool = False) -> PrivateMariaDB:
+        """Start the server; with ``detach`` it outlives this process (stop it by pid file)."""
         if not (self.datadir / "mysql").is_dir():
             self._install()
         args = [
@@ -158,9 +177,16 @@ class PrivateMariaDB:
             ]  # fmt: skip
         # Its own session: Ctrl-C in the terminal that started it does not reach it.
         # Start-up chatter before --log-error takes effect is not worth showing.
-        self.process = subprocess.Popen(
-            args, start_new_session=True, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        if detach:
+            # The shell exits at once, so the server is nobody's child to reap.
+            subprocess.run(
+                ["sh", "-c", '"$@" </dev/null >/dev/null 2>&1 &', "sh", *args],
+                check=True, start_new_session=True,
+            )  # fmt: skip
+        else:
+            self.process = subprocess.Popen(
+                args, start_new_session=True, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
         _wait(self._ready, f"MariaDB on port {self.port}", self.log)
         return self
 
@@ -198,11 +224,24 @@ class TemporaryBinlogMariaDB(PrivateMariaDB):
 
     def __init__(self) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="dataservice-mariadb-")
-        super().__init__(Path(self._tmp.name), free_port(), binlog=True)
+        # The temporary directory itself is private; the server lives one level down.
+        Path(self._tmp.name).chmod(0o755)
+        super().__init__(Path(self._tmp.name) / "server", free_port(), binlog=True)
 
     def stop(self) -> None:
         super().stop()
         self._tmp.cleanup()
+
+
+def mariadb_dir(state_dir: Path) -> Path:
+    """Where ``up`` keeps its MariaDB: in the state directory if the server's
+    user can reach it (as root, mariadbd runs as ``mysql``), else in /var/tmp."""
+    if os.geteuid() != 0 or _traversable_by_others(state_dir):
+        return state_dir / "mariadb"
+    tag = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
+    fallback = Path("/var/tmp") / f"dataservice-{tag}"
+    fallback.mkdir(mode=0o755, exist_ok=True)
+    return fallback / "mariadb"
 
 
 def _local(host: str | None) -> bool:
@@ -228,7 +267,7 @@ def up(settings: Settings, state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
     ):
         if not _local(db.host):
             raise ServiceSetupError(f"MariaDB at {db.host}:{db.port} is unreachable")
-        PrivateMariaDB(state_dir / "mariadb", db.port or 3306).start()
+        PrivateMariaDB(mariadb_dir(state_dir), db.port or 3306).start(detach=True)
         started.append(f"mariadb on port {db.port or 3306}")
     return started
 
@@ -237,14 +276,23 @@ def down(state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
     """Stop the private instances that ``up`` started."""
     stopped = []
     for name, pidfile in (("redis", state_dir / "redis" / "redis.pid"),
-                          ("mariadb", state_dir / "mariadb" / "mariadb.pid")):  # fmt: skip
+                          ("mariadb", mariadb_dir(state_dir) / "mariadb.pid")):  # fmt: skip
         try:
             pid = int(pidfile.read_text().strip())
             os.kill(pid, signal.SIGTERM)
         except (OSError, ValueError):
             continue
+        _wait(lambda pid=pid: not _alive(pid), f"{name} (pid {pid}) to stop")
         stopped.append(name)
     return stopped
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:

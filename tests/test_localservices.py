@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import MySQLdb
 import pytest
 
-from dataservice.localservices import TemporaryBinlogMariaDB, mysql_reachable
+from dataservice.config import Settings
+from dataservice.localservices import (
+    TemporaryBinlogMariaDB,
+    down,
+    free_port,
+    mariadb_dir,
+    mysql_reachable,
+    redis_reachable,
+    up,
+)
 
 
 @pytest.mark.timeout(60)
@@ -28,3 +40,26 @@ def test_private_mariadb_writes_a_row_format_binlog_and_goes_away() -> None:
     }
     assert not mysql_reachable("127.0.0.1", server.port)
     assert not directory.exists()
+
+
+@pytest.mark.timeout(90)
+def test_up_starts_private_instances_only_where_nothing_answers(tmp_path: Path) -> None:
+    redis_port, mariadb_port = free_port(), free_port()
+    settings = Settings(
+        broker_url=f"redis://127.0.0.1:{redis_port}/0",
+        result_backend_url=f"redis://127.0.0.1:{redis_port}/0",
+        redis_url=f"redis://127.0.0.1:{redis_port}/0",
+        database_url=f"mysql+mysqldb://root@127.0.0.1:{mariadb_port}/dataservice",
+    )
+    state = tmp_path / "state"
+    state.mkdir()
+    try:
+        started = up(settings, state)
+        assert started == [f"redis on port {redis_port}", f"mariadb on port {mariadb_port}"]
+        assert redis_reachable(settings.broker_url)
+        assert mysql_reachable("127.0.0.1", mariadb_port)
+        assert up(settings, state) == []
+    finally:
+        stopped = down(state)
+        shutil.rmtree(mariadb_dir(state).parent, ignore_errors=True)
+    assert stopped == ["redis", "mariadb"]
