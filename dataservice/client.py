@@ -6,7 +6,6 @@ import builtins
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from google.protobuf.message import DecodeError
 
@@ -238,7 +237,6 @@ class Client:
         envelope = pb.RequestEnvelope(
             caller=self.caller, request_id=uuid.uuid4().hex, deadline_unix_ms=deadline_ms
         )
-        fields: dict[str, Any]
         if isinstance(operation, ReadOp):
             envelope.read.CopyFrom(
                 pb.ReadRecordRequest(
@@ -248,8 +246,11 @@ class Client:
                 )
             )
         elif isinstance(operation, WriteOp):
-            fields = {"scope": operation.scope, "object_id": operation.object_id}
-            envelope.write.CopyFrom(pb.WriteRecordRequest(payload=operation.payload, **fields))
+            envelope.write.CopyFrom(
+                pb.WriteRecordRequest(
+                    scope=operation.scope, object_id=operation.object_id, payload=operation.payload
+                )
+            )
             envelope.idempotency_key = operation.idempotency_key or uuid.uuid4().hex
         elif isinstance(operation, DeleteOp):
             envelope.delete.CopyFrom(

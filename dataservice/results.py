@@ -14,10 +14,15 @@ import time
 
 import redis
 
+from dataservice.errors import Unavailable
 from dataservice.keys import result_key
 
 # BLPOP treats 0 as "forever"; a wait is never shorter than this instead.
 _MIN_WAIT_S = 0.001
+# How long a caller may wait for a free connection to wait on; more concurrent
+# waiters than the pool holds is a caller-side overload, reported as such.
+_POOL_WAIT_S = 2.0
+RETRY_RESULTS_DOWN_S = 0.5
 
 
 class ResultStore:
@@ -33,7 +38,7 @@ class ResultStore:
         pool = redis.BlockingConnectionPool.from_url(
             url,
             max_connections=max_waiters,
-            timeout=longest_wait_s,
+            timeout=_POOL_WAIT_S,
             socket_timeout=longest_wait_s + 5,
             socket_connect_timeout=2,
             health_check_interval=30,
@@ -55,17 +60,27 @@ class ResultStore:
     def wait(self, request_id: str, timeout_s: float) -> bytes | None:
         """Take the answer, waiting up to ``timeout_s``; None if it did not come."""
         key = result_key(request_id)
-        if timeout_s <= 0:
-            value = self._redis.lpop(key)
-            return value if isinstance(value, bytes) else None
-        popped = self._redis.blpop([key], timeout=max(timeout_s, _MIN_WAIT_S))
+        try:
+            if timeout_s <= 0:
+                value = self._redis.lpop(key)
+                return value if isinstance(value, bytes) else None
+            popped = self._redis.blpop([key], timeout=max(timeout_s, _MIN_WAIT_S))
+        except redis.RedisError:
+            raise Unavailable(
+                "the result backend is unreachable", retry_after=RETRY_RESULTS_DOWN_S
+            ) from None
         if popped is None:
             return None
         value = popped[1]
         return value if isinstance(value, bytes) else None
 
     def pending(self, request_id: str) -> bool:
-        return bool(self._redis.exists(result_key(request_id)))
+        try:
+            return bool(self._redis.exists(result_key(request_id)))
+        except redis.RedisError:
+            raise Unavailable(
+                "the result backend is unreachable", retry_after=RETRY_RESULTS_DOWN_S
+            ) from None
 
     def close(self) -> None:
         self._redis.close()

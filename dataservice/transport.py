@@ -7,7 +7,6 @@ Celery tooling can read them); answers come back through
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -36,7 +35,6 @@ class Transport:
             max_waiters=max_waiters,
             longest_wait_s=config.longest_deadline_ms / 1000,
         )
-        self._lock = threading.Lock()
 
     def _options(
         self, request_id: str, lane: LaneName, deadline_ms: int, size: int

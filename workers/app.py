@@ -6,6 +6,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
+import redis
 from celery import Celery, Task
 
 from dataservice.config import Config, LaneName, Settings
@@ -50,8 +51,13 @@ class LaneRuntime:
         except ValueError:
             expires_ms = None
         reply = self.handler.handle(task_id, body, expires_ms)
-        if reply is not None:
+        if reply is None:
+            return
+        try:
             self.results.put(task_id, reply.body, reply.expires_at_ms)
+        except redis.RedisError as exc:
+            # The work is done; its caller will see DEADLINE_EXCEEDED and may retry.
+            log.warning("could not deliver the answer to %s: %s", task_id, type(exc).__name__)
 
     def close(self) -> None:
         self.engine.dispose()

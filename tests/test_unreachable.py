@@ -1,0 +1,33 @@
+"""A caller whose broker or result backend is down gets a fast, retryable error."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from dataservice import Client, RetryableError, Unavailable
+from dataservice.config import Config, Settings
+from dataservice.localservices import free_port
+
+
+@pytest.mark.timeout(30)
+def test_unreachable_broker_is_unavailable_within_a_bounded_time(
+    settings: Settings, config: Config
+) -> None:
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    unreachable = Settings(
+        config_path=settings.config_path,
+        broker_url=dead,
+        result_backend_url=dead,
+        redis_url=dead,
+        database_url=settings.database_url,
+    )
+    with Client("tests", unreachable, config) as client:
+        start = time.monotonic()
+        with pytest.raises(Unavailable) as caught:
+            client.read("s", "a", timeout=1.0)
+        elapsed = time.monotonic() - start
+    assert isinstance(caught.value, RetryableError)
+    assert caught.value.retry_after > 0
+    assert elapsed < 10, "the client must not hang on a dead broker"
