@@ -6,12 +6,19 @@ import builtins
 import time
 import uuid
 from collections.abc import Iterable, Mapping
+from typing import TypeVar
 
 from google.protobuf.message import DecodeError
 
 from dataservice import codec
 from dataservice.config import Config, LaneName, Settings
-from dataservice.errors import DeadlineExceeded, InternalError, InvalidArgument, error_for
+from dataservice.errors import (
+    DeadlineExceeded,
+    InternalError,
+    InvalidArgument,
+    ResultNotReady,
+    error_for,
+)
 from dataservice.proto import pb
 from dataservice.status import ReadMode, StatusCode
 from dataservice.transport import Transport
@@ -28,6 +35,8 @@ from dataservice.types import (
     WriteResult,
     from_unix_ms,
 )
+
+R = TypeVar("R", Record, WriteResult, DeleteResult, Page)
 
 
 def _now_ms() -> int:
@@ -77,6 +86,12 @@ def decode_response(body: bytes, request_id: str) -> Result:
     raise InternalError("the service sent an answer without a result", request_id=request_id)
 
 
+def _expect(result: Result, kind: type[R]) -> R:
+    if not isinstance(result, kind):
+        raise InternalError(f"the service answered with a {type(result).__name__}")
+    return result
+
+
 class Handle:
     """A submitted request. Await it with :meth:`result`, or drop it: an answer
     nobody collects expires with its deadline."""
@@ -94,7 +109,12 @@ class Handle:
         return self._result is not None or self._transport.results.pending(self.request_id)
 
     def result(self, timeout: float | None = None) -> Result:
-        """Wait for the answer, at most until the deadline (or ``timeout`` seconds)."""
+        """Wait for the answer, at most until the deadline (or ``timeout`` seconds).
+
+        Raises the answer's typed error, :class:`DeadlineExceeded` when no answer
+        came before the deadline, or :class:`ResultNotReady` when ``timeout``
+        ran out first (the request may still complete: call again).
+        """
         if self._result is not None:
             return self._result
         remaining = (self.deadline_ms - _now_ms()) / 1000
@@ -102,7 +122,7 @@ class Handle:
         body = self._transport.results.wait(self.request_id, wait)
         if body is None:
             if timeout is not None and timeout < remaining:
-                raise TimeoutError(f"no answer to {self.request_id} within {timeout} s")
+                raise ResultNotReady(f"no answer to {self.request_id} within {timeout} s")
             raise DeadlineExceeded("no answer before the deadline", request_id=self.request_id)
         self._result = decode_response(body, self.request_id)
         return self._result
@@ -149,9 +169,7 @@ class Client:
         mode: ReadMode = ReadMode.ALLOW_CACHED,
         timeout: float | None = None,
     ) -> Record:
-        result = self._call(ReadOp(scope, object_id, mode), timeout)
-        assert isinstance(result, Record)
-        return result
+        return _expect(self._call(ReadOp(scope, object_id, mode), timeout), Record)
 
     def write(
         self,
@@ -162,9 +180,9 @@ class Client:
         idempotency_key: str | None = None,
         timeout: float | None = None,
     ) -> WriteResult:
-        result = self._call(WriteOp(scope, object_id, payload, idempotency_key), timeout)
-        assert isinstance(result, WriteResult)
-        return result
+        return _expect(
+            self._call(WriteOp(scope, object_id, payload, idempotency_key), timeout), WriteResult
+        )
 
     def delete(
         self,
@@ -174,9 +192,9 @@ class Client:
         idempotency_key: str | None = None,
         timeout: float | None = None,
     ) -> DeleteResult:
-        result = self._call(DeleteOp(scope, object_id, idempotency_key), timeout)
-        assert isinstance(result, DeleteResult)
-        return result
+        return _expect(
+            self._call(DeleteOp(scope, object_id, idempotency_key), timeout), DeleteResult
+        )
 
     def list(
         self,
@@ -186,9 +204,7 @@ class Client:
         cursor: str | None = None,
         timeout: float | None = None,
     ) -> Page:
-        result = self._call(ListOp(scope, page_size, cursor), timeout)
-        assert isinstance(result, Page)
-        return result
+        return _expect(self._call(ListOp(scope, page_size, cursor), timeout), Page)
 
     # Batch lane -------------------------------------------------------------
 

@@ -4,6 +4,7 @@
 
     DataServiceError
     ├── ConfigError                 bad queues.yml or environment (names the key)
+    ├── ResultNotReady              Handle.result(timeout) ran out before the deadline
     ├── RequestError                the service answered with a non-OK status
     │   ├── InvalidArgument         INVALID_ARGUMENT: malformed or out-of-bounds input
     │   ├── Unauthenticated         UNAUTHENTICATED
@@ -35,6 +36,10 @@ class DataServiceError(Exception):
 
 class ConfigError(DataServiceError):
     """The configuration is invalid; the message names the offending key."""
+
+
+class ResultNotReady(DataServiceError, TimeoutError):
+    """No answer yet within the caller's wait; the request's deadline has not passed."""
 
 
 class ServiceSetupError(DataServiceError):

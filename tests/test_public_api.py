@@ -12,7 +12,8 @@ def test_public_api_is_pinned() -> None:
             "Client", "Config", "ConfigError", "Conflict", "DataServiceError", "DeadlineExceeded",
             "DeleteOp", "DeleteResult", "Handle", "InternalError", "InvalidArgument", "LaneName",
             "ListOp", "NotFound", "Operation", "Page", "PermissionDenied", "ReadMode", "ReadOp",
-            "Record", "RequestError", "ResourceExhausted", "RetryableError", "ServiceSetupError",
+            "Record", "RequestError", "ResourceExhausted", "ResultNotReady", "RetryableError",
+            "ServiceSetupError",
             "Settings", "StatusCode", "Unauthenticated", "Unavailable", "WriteOp", "WriteResult",
             "__version__", "load_config",
         ]
