@@ -59,6 +59,9 @@ SCOPE = "bench"
 PAYLOAD_BYTES = 1024
 TARGET_RATIO = 1.2
 CPU_COMPONENTS = ("client", "worker", "redis", "mariadb")
+# A caller gives up on a round after this many failed calls (a dead worker
+# would otherwise cost a full deadline per remaining request).
+MAX_ERRORS_PER_ROUND = 10
 
 Call = Callable[[], None]
 
@@ -86,6 +89,7 @@ class RunResult:
     window_count: int  # completions inside it
     wall_s: float
     errors: int
+    first_error: str | None
     cpu_s: dict[str, float | None]
 
 
@@ -110,6 +114,7 @@ class Series:
         return {
             "requests": len(lat),
             "errors": sum(run.errors for run in self.runs),
+            "first_error": next((run.first_error for run in self.runs if run.first_error), None),
             "p50_ms": percentile(lat, 50),
             "p95_ms": percentile(lat, 95),
             "p99_ms": percentile(lat, 99),
@@ -133,7 +138,15 @@ class Job:
     system: str
     count: int
     barrier: threading.Barrier
-    out: queue.Queue[tuple[list[int], list[int], int]]
+    out: queue.Queue[Outcome]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    latencies_ns: list[int]
+    ends_ns: list[int]
+    errors: int
+    first_error: str | None
 
 
 class Caller(threading.Thread):
@@ -165,19 +178,23 @@ class Caller(threading.Thread):
             latencies: list[int] = []
             ends: list[int] = []
             errors = 0
+            first_error: str | None = None
             clock = time.perf_counter_ns
             job.barrier.wait()
             for _ in range(job.count):
                 started = clock()
                 try:
                     call()
-                except Exception:
+                except Exception as exc:
                     errors += 1
+                    first_error = first_error or f"{type(exc).__name__}: {exc}"
+                    if errors >= MAX_ERRORS_PER_ROUND:
+                        break
                     continue
                 ended = clock()
                 latencies.append(ended - started)
                 ends.append(ended)
-            job.out.put((latencies, ends, errors))
+            job.out.put(Outcome(latencies, ends, errors, first_error))
 
 
 class Components:
@@ -200,7 +217,7 @@ class Components:
 def run_round(
     callers: list[Caller], system: str, per_caller: int, components: Components
 ) -> RunResult:
-    out: queue.Queue[tuple[list[int], list[int], int]] = queue.Queue()
+    out: queue.Queue[Outcome] = queue.Queue()
     barrier = threading.Barrier(len(callers) + 1)
     for caller in callers:
         caller.jobs.put(Job(system, per_caller, barrier, out))
@@ -209,8 +226,8 @@ def run_round(
     started = time.perf_counter_ns()
     results = [out.get() for _ in callers]
     after = components.snapshot(system)
-    latencies = [x for lat, _, _ in results for x in lat]
-    all_ends = [ends for _, ends, _ in results]
+    latencies = [x for r in results for x in r.latencies_ns]
+    all_ends = [r.ends_ns for r in results]
     first_done = min((ends[-1] for ends in all_ends if ends), default=started)
     last_done = max((ends[-1] for ends in all_ends if ends), default=started)
     cpu: dict[str, float | None] = {}
@@ -222,7 +239,8 @@ def run_round(
         window_s=(first_done - started) / 1e9,
         window_count=sum(1 for ends in all_ends for end in ends if end <= first_done),
         wall_s=(last_done - started) / 1e9,
-        errors=sum(e for _, _, e in results),
+        errors=sum(r.errors for r in results),
+        first_error=next((r.first_error for r in results if r.first_error), None),
         cpu_s=cpu,
     )
 
@@ -424,7 +442,10 @@ class Bench:
                     self.round(group, system, max(1, args.warmup // len(group)))
 
     def round(self, group: list[Caller], system: str, per_caller: int) -> RunResult:
-        return run_round(group, system, per_caller, self.components)
+        result = run_round(group, system, per_caller, self.components)
+        # A dead worker ends the run (with its log) instead of timing out every call.
+        self.workers[system].check_alive()
+        return result
 
     def measure(self) -> dict[str, dict[str, Series]]:
         """Alternating rounds (A B, B A, ...) of each phase."""
@@ -561,6 +582,13 @@ def _print_report(console: Console, report: dict[str, Any]) -> None:
             )
         table.add_section()
     console.print(table)
+    for phase, by_system in report["results"].items():
+        for system, r in by_system.items():
+            if r["errors"]:
+                console.print(
+                    f"[red]{phase}, {system}: {r['errors']} failed calls "
+                    f"(first: {r['first_error']})[/red]"
+                )
     ratios = Table(title=f"service / bare (target: p50 <= {TARGET_RATIO}x)")
     for column in ("phase", "p50", "p50 per round: median (range)", "p99", "throughput", "target"):
         ratios.add_column(column)

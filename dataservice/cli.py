@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from dataservice.config import LaneName, Settings
+from dataservice.config import Config, LaneName, Settings
 from dataservice.errors import DataServiceError
 
 DEMO_CALLER = "demo"
@@ -20,12 +20,18 @@ db = typer.Typer(no_args_is_help=True, help="Database schema.")
 app.add_typer(db, name="db")
 
 
-def _settings() -> Settings:
+def _fail(exc: DataServiceError, code: int) -> typer.Exit:
+    typer.echo(f"error: {exc}", err=True)
+    return typer.Exit(code)
+
+
+def _load() -> tuple[Settings, Config]:
+    """Settings and configuration, or exit 2 with the error that names the problem."""
     try:
-        return Settings.from_env()
+        settings = Settings.from_env()
+        return settings, settings.load()
     except DataServiceError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise _fail(exc, 2) from None
 
 
 @db.command("upgrade")
@@ -33,12 +39,11 @@ def db_upgrade(revision: str = typer.Argument("head", help="Target migration."))
     """Create the database if missing and migrate it to REVISION."""
     from dataservice.store.migrate import upgrade
 
-    settings = _settings()
+    settings, config = _load()
     try:
-        created = upgrade(settings.database_url, settings.load().database, revision)
+        created = upgrade(settings.database_url, config.database, revision)
     except DataServiceError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+        raise _fail(exc, 1) from None
     typer.echo(("created database; " if created else "") + f"schema at {revision}")
 
 
@@ -50,12 +55,7 @@ def worker(
     """Run one worker pool consuming only LANE's queue."""
     from workers.pools import run_worker
 
-    settings = _settings()
-    try:
-        config = settings.load()
-    except DataServiceError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+    settings, config = _load()
     logging.basicConfig(
         level=loglevel.upper(),
         stream=sys.stderr,
@@ -77,12 +77,7 @@ def run(
 
     from dataservice.supervisor import Supervisor
 
-    settings = _settings()
-    try:
-        config = settings.load()
-    except DataServiceError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+    settings, config = _load()
     if demo < 0:
         typer.echo("error: --demo must not be negative", err=True)
         raise typer.Exit(2)
@@ -102,8 +97,7 @@ def run(
     except KeyboardInterrupt:
         console.print("stopping: in-flight requests finish first")
     except DataServiceError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+        raise _fail(exc, 1) from None
     finally:
         supervisor.stop()
 
