@@ -14,10 +14,13 @@ task message in JSON cannot carry bytes and is answered ``INVALID_ARGUMENT``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from kombu.entity import Exchange, Queue
 from kombu.serialization import register
+from kombu.transport import redis as kombu_redis
 
 from dataservice.config import Config, Settings
 
@@ -45,6 +48,31 @@ def _decode(data: bytes | str) -> tuple[tuple[bytes], dict[str, Any], dict[str, 
 register(SERIALIZER, _encode, _decode, content_type=CONTENT_TYPE, content_encoding="binary")
 
 
+class _Channel(kombu_redis.Channel):
+    """kombu's Redis channel, with one ``redis.Redis`` client for its lifetime.
+
+    The stock channel builds a new client object on every publish and twice
+    per delivered message (the unacked bookkeeping and the ack): about a
+    quarter of a publish's CPU. The client sits on the channel's own
+    thread-safe connection pool, so sharing it changes nothing else.
+    """
+
+    _shared_client: Any = None
+
+    @contextmanager
+    def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
+        if client:
+            yield client
+            return
+        if self._shared_client is None:
+            self._shared_client = self._create_client()
+        yield self._shared_client
+
+
+class RedisTransport(kombu_redis.Transport):
+    Channel = _Channel
+
+
 def celery_settings(settings: Settings, config: Config) -> dict[str, Any]:
     """Celery configuration shared by publishers and workers."""
     queues = [
@@ -57,6 +85,10 @@ def celery_settings(settings: Settings, config: Config) -> dict[str, Any]:
     visibility_s = config.longest_deadline_ms // 1000 + 60
     return {
         "broker_url": settings.broker_url,
+        # Only for plain redis://: kombu derives TLS defaults from the scheme name.
+        "broker_transport": (
+            f"{__name__}:RedisTransport" if settings.broker_url.startswith("redis://") else None
+        ),
         "broker_connection_retry_on_startup": True,
         "broker_transport_options": {"visibility_timeout": visibility_s},
         "result_backend": None,
