@@ -1,6 +1,6 @@
 """Where the round trip's CPU goes: py-spy on the caller process and on each worker.
 
-    .venv/bin/pip install py-spy   # not a project dependency
+    (py-spy comes with the project's ``bench`` dependency group)
     .venv/bin/python bench/profile_roundtrip.py [--seconds 8] [--callers 1] [--out DIR]
 
 Same set-up as ``bench/roundtrip.py`` (same isolated Redis dbs and database,
@@ -37,7 +37,7 @@ from bench.roundtrip import SYSTEMS, Bench, parse_args, sigterm_as_exit
 def py_spy() -> str:
     found = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
     if found is None:
-        raise SystemExit("py-spy is not installed: .venv/bin/pip install py-spy")
+        raise SystemExit("py-spy is not installed: pip install -e . --group bench")
     return found
 
 
