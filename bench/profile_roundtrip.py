@@ -1,7 +1,8 @@
 """Where the round trip's CPU goes: py-spy on the caller process and on each worker.
 
-    (py-spy comes with the project's ``bench`` dependency group)
     .venv/bin/python bench/profile_roundtrip.py [--seconds 8] [--callers 1] [--out DIR]
+
+py-spy comes with the project's ``bench`` dependency group.
 
 Same set-up as ``bench/roundtrip.py`` (same isolated Redis dbs and database,
 same worker subprocesses). For each system in turn it samples the caller
