@@ -47,21 +47,47 @@ def db_upgrade(revision: str = typer.Argument("head", help="Target migration."))
     typer.echo(("created database; " if created else "") + f"schema at {revision}")
 
 
+@app.command("check-config")
+def check_config() -> None:
+    """Print the database budget arithmetic; exit 1 if any sum exceeds its bound."""
+    from dataservice.budget import check_budget
+
+    settings, config = _load()
+    check = check_budget(config)
+    typer.echo(f"{settings.config_path}:")
+    for line in check.lines:
+        typer.echo(f"  {line}")
+    for problem in check.problems:
+        typer.echo(f"over budget: {problem}", err=True)
+    if not check.ok:
+        raise typer.Exit(1)
+    typer.echo("within budget")
+
+
 @app.command()
 def worker(
     lane: LaneName = typer.Option(..., help="The lane whose queue this pool consumes."),
+    concurrency: int | None = typer.Option(
+        None, min=1, help="Worker threads (default: the lane's concurrency in queues.yml)."
+    ),
     loglevel: str = typer.Option("INFO", help="Log level."),
 ) -> None:
     """Run one worker pool consuming only LANE's queue."""
+    from dataservice.budget import require_within_budget
     from workers.pools import run_worker
 
     settings, config = _load()
+    threads = config.lanes[lane].concurrency if concurrency is None else concurrency
+    try:
+        require_within_budget(config, lane, threads)
+    except DataServiceError as exc:
+        raise _fail(exc, 2) from None
     logging.basicConfig(
         level=loglevel.upper(),
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    run_worker(settings, config, lane, loglevel=loglevel.upper())
+    run_worker(settings, config, lane, concurrency=threads, loglevel=loglevel.upper())
 
 
 @app.command()

@@ -37,9 +37,36 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
 
+class OperationClass(StrEnum):
+    """What a statement costs the database, for permit accounting."""
+
+    POINT_READ = "point_read"
+    POINT_WRITE = "point_write"
+    BOUNDED_LIST = "bounded_list"
+
+
+class ClassPermits(_Model):
+    point_read: PositiveInt
+    point_write: PositiveInt
+    bounded_list: PositiveInt
+
+    def __getitem__(self, op_class: OperationClass) -> int:
+        value: int = getattr(self, op_class.value)
+        return value
+
+
+class BudgetConfig(_Model):
+    database_active: PositiveInt
+    reserved: Annotated[int, Field(ge=0)]
+    max_replicas: PositiveInt
+    max_connections: PositiveInt
+
+
 class LaneConfig(_Model):
     queue: str = Field(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")
+    permits: Annotated[int, Field(gt=0, le=256)]
     concurrency: Annotated[int, Field(gt=0, le=256)]
+    classes: ClassPermits
     default_deadline_ms: PositiveInt
     max_deadline_ms: PositiveInt
 
@@ -100,6 +127,7 @@ class DatabaseConfig(_Model):
 
 
 class Config(_Model):
+    budget: BudgetConfig
     lanes: Lanes
     limits: Limits
     results: Results

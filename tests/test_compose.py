@@ -346,6 +346,17 @@ def test_worker_connections_plus_the_reserve_fit_within_mariadb_max_connections(
     )
 
 
+def test_mariadb_holds_the_whole_service_connection_budget_plus_the_reserve() -> None:
+    max_connections = int(_server_options(SERVICES["mariadb"])["max_connections"])
+    for name, service in SERVICES.items():
+        if not _built_from_project(service) or _parse(_command(service))[0] != "dataservice worker":
+            continue
+        budget = _mounted_config(service).budget
+        assert budget.max_connections + RESERVED_CONNECTIONS <= max_connections, name
+        replicas = int((service.get("deploy") or {}).get("replicas", 1))
+        assert replicas <= budget.max_replicas, f"{name}: {replicas} > budget.max_replicas"
+
+
 def test_mariadb_writes_a_row_based_binlog_with_full_images_and_metadata() -> None:
     options = _server_options(SERVICES["mariadb"])
     assert "log_bin" in options, "the binary log is not enabled (--log-bin)"

@@ -28,17 +28,18 @@ def _expires_ms(value: Any) -> int | None:
 class LaneRuntime:
     """What one worker process needs to serve a lane: handler, store and results."""
 
-    def __init__(self, settings: Settings, config: Config, lane: LaneName) -> None:
+    def __init__(
+        self, settings: Settings, config: Config, lane: LaneName, threads: int | None = None
+    ) -> None:
         lane_config = config.lanes[lane]
         self.lane = lane
+        threads = lane_config.concurrency if threads is None else threads
         # One connection per worker thread: a thread never waits for another's.
-        self.engine = create_store_engine(
-            settings.database_url, lane_config.concurrency, config.database
-        )
+        self.engine = create_store_engine(settings.database_url, threads, config.database)
         self.handler = RequestHandler(config, lane_config, RecordStore(self.engine))
         self.results = ResultStore.from_url(
             settings.result_backend_url,
-            max_waiters=lane_config.concurrency + 2,
+            max_waiters=threads + 2,
             longest_wait_s=1.0,
         )
 
@@ -76,10 +77,12 @@ def register_task(app: Celery, runtime: LaneRuntime) -> None:
         runtime.process(self.request.id, args, kwargs, self.request.expires)
 
 
-def create_app(settings: Settings, config: Config, lane: LaneName) -> tuple[Celery, LaneRuntime]:
+def create_app(
+    settings: Settings, config: Config, lane: LaneName, threads: int | None = None
+) -> tuple[Celery, LaneRuntime]:
     """A Celery app whose task serves ``lane``, and the runtime behind it."""
     app = Celery("dataservice", set_as_current=False)
     app.conf.update(celery_settings(settings, config))
-    runtime = LaneRuntime(settings, config, lane)
+    runtime = LaneRuntime(settings, config, lane, threads)
     register_task(app, runtime)
     return app, runtime

@@ -27,17 +27,25 @@ def node_name(lane: LaneName) -> str:
     return f"{lane.value}-{os.getpid()}@{socket.gethostname()}"
 
 
-def run_worker(settings: Settings, config: Config, lane: LaneName, loglevel: str = "INFO") -> None:
-    """Consume ``lane``'s queue until stopped (blocks)."""
-    app, runtime = create_app(settings, config, lane)
+def run_worker(
+    settings: Settings,
+    config: Config,
+    lane: LaneName,
+    *,
+    concurrency: int | None = None,
+    loglevel: str = "INFO",
+) -> None:
+    """Consume ``lane``'s queue until stopped (blocks). Callers check the budget first."""
     lane_config = config.lanes[lane]
+    threads = lane_config.concurrency if concurrency is None else concurrency
+    app, runtime = create_app(settings, config, lane, threads)
     for name in _CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
     worker = app.Worker(
         hostname=node_name(lane),
         queues=[lane_config.queue],
         pool="threads",
-        concurrency=lane_config.concurrency,
+        concurrency=threads,
         prefetch_multiplier=1,
         optimization="fair",
         loglevel=loglevel,

@@ -1,0 +1,103 @@
+"""Acceptance: the budget arithmetic is checked, printed, and enforced at start-up."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dataservice.budget import check_budget, require_within_budget
+from dataservice.config import ConfigError, LaneName, parse_config
+from tests.conftest import SHIPPED_CONFIG
+
+
+@pytest.fixture
+def shipped() -> dict[str, Any]:
+    data = yaml.safe_load(SHIPPED_CONFIG.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def _cli(*args: str, config: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DATASERVICE_CONFIG": str(config)}
+    return subprocess.run(
+        [sys.executable, "-m", "dataservice.cli", *args],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def _write(tmp_path: Path, data: dict[str, Any]) -> Path:
+    path = tmp_path / "queues.yml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_check_config_passes_on_the_shipped_file_and_prints_the_arithmetic() -> None:
+    result = _cli("check-config", config=SHIPPED_CONFIG)
+    assert result.returncode == 0, result.stderr
+    assert "120 active - 20 reserved = 100" in result.stdout
+    assert "10 replicas x 10 permits = 100 <= 100 ok" in result.stdout
+    assert "within budget" in result.stdout
+
+
+def test_check_config_fails_naming_the_numbers_with_twenty_replicas(
+    shipped: dict[str, Any], tmp_path: Path
+) -> None:
+    shipped["budget"]["max_replicas"] = 20
+    result = _cli("check-config", config=_write(tmp_path, shipped))
+    assert result.returncode == 1
+    assert "20 replicas x 10 permits = 200 exceeds 120 - 20 = 100" in result.stderr
+    assert "20 replicas x 10 connections = 200 exceeds budget.max_connections (150)" in (
+        result.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "named"),
+    [
+        (("lanes", "interactive", "concurrency"), 8, "lanes.interactive.concurrency (8) exceeds"),
+        (("lanes", "batch", "classes", "bounded_list"), 4, "lanes.batch.classes.bounded_list (4)"),
+        (("budget", "reserved"), 120, "leaves nothing"),
+        (("lanes", "interactive", "permits"), 9, "10 replicas x 12 permits = 120 exceeds"),
+    ],
+)
+def test_each_broken_bound_is_named(
+    shipped: dict[str, Any], path: tuple[str, ...], value: int, named: str
+) -> None:
+    data = copy.deepcopy(shipped)
+    node = data
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = value
+    check = check_budget(parse_config(data))
+    assert not check.ok
+    assert any(named in problem for problem in check.problems), check.problems
+
+
+def test_a_worker_refuses_more_threads_than_its_lane_share() -> None:
+    result = _cli("worker", "--lane", "interactive", "--concurrency", "8", config=SHIPPED_CONFIG)
+    assert result.returncode == 2
+    assert "--concurrency 8 exceeds" in result.stderr
+    assert "lanes.interactive.permits is 7" in result.stderr
+
+
+def test_a_worker_refuses_an_over_budget_configuration(
+    shipped: dict[str, Any], tmp_path: Path
+) -> None:
+    shipped["budget"]["max_replicas"] = 20
+    result = _cli("worker", "--lane", "batch", config=_write(tmp_path, shipped))
+    assert result.returncode == 2
+    assert "exceeds the database budget" in result.stderr
+
+
+def test_within_budget_start_up_check_accepts_the_lane_share(shipped: dict[str, Any]) -> None:
+    config = parse_config(shipped)
+    require_within_budget(config, LaneName.BATCH, 3)
+    with pytest.raises(ConfigError, match=r"lanes\.batch\.permits is 3"):
+        require_within_budget(config, LaneName.BATCH, 4)
