@@ -13,14 +13,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from dataservice import codec
-from dataservice.config import Config, LaneConfig
+from dataservice.config import Config, LaneConfig, OperationClass
 from dataservice.errors import InvalidArgument, NotFound, RequestError, error_for
+from dataservice.permits import LanePermits, PermitUnavailable
 from dataservice.proto import pb
 from dataservice.status import StatusCode
-from dataservice.store.records import DeleteRaced, RecordStore, StoredRecord
+from dataservice.store.connections import ConnectRateLimited
+from dataservice.store.records import (
+    Budget,
+    DeleteRaced,
+    RecordStore,
+    StatementTimeout,
+    StoredRecord,
+)
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +35,9 @@ log = logging.getLogger(__name__)
 # maximum plus this are absurd rather than skewed.
 CLOCK_SKEW_MS = 5_000
 RETRY_POOL_BUSY_MS = 50
+# The least time worth starting a statement with: a primary-key statement and
+# its round trip take well under this on a healthy database.
+MIN_STATEMENT_MS = 5
 RETRY_DB_UNAVAILABLE_MS = 250
 # Per-record framing inside a ListRecordsResponse, on top of id and payload.
 _RECORD_OVERHEAD = 32
@@ -63,11 +73,13 @@ class RequestHandler:
         config: Config,
         lane: LaneConfig,
         store: RecordStore,
+        permits: LanePermits,
         clock: Callable[[], int] = _now_ms,
     ) -> None:
         self.config = config
         self.lane = lane
         self.store = store
+        self.permits = permits
         self._clock = clock
 
     def handle(self, task_id: str, body: object, expires_ms: int | None = None) -> Reply | None:
@@ -96,12 +108,10 @@ class RequestHandler:
             )
             return self._error(task_id, error, now + grace)
         try:
-            response = self._dispatch(envelope)
-        except RequestError as exc:
-            return self._error(task_id, exc, ttl)
-        except PoolTimeout:
-            error = error_for(StatusCode.RESOURCE_EXHAUSTED, "the service is busy; retry later")
-            return self._error(task_id, error, ttl, RETRY_POOL_BUSY_MS)
+            response = self._with_permit(envelope)
+        except (RequestError, PermitUnavailable, StatementTimeout, ConnectRateLimited) as exc:
+            error, retry_after_ms = _refusal(exc)
+            return self._error(task_id, error, ttl, retry_after_ms)
         except DBAPIError as exc:
             log.warning("database error on %s: %s", task_id, type(exc.orig).__name__)
             # OperationalError covers a lost connection, a refused one (server
@@ -123,17 +133,38 @@ class RequestHandler:
         envelope = codec.error_response(task_id, error.code, error.message, retry_after_ms)
         return Reply(envelope.SerializeToString(), expires_at_ms, error.code)
 
-    def _dispatch(self, envelope: pb.RequestEnvelope) -> pb.ResponseEnvelope:
+    def _with_permit(self, envelope: pb.RequestEnvelope) -> pb.ResponseEnvelope:
+        """Run the operation under a permit, with the time the request has left.
+
+        The permit wait is bounded by the pool wait and by the deadline (less
+        the least a statement needs); the statement timeout is whatever is left
+        once the permit is held. Both checks happen before any SQL is sent.
+        """
         operation = envelope.WhichOneof("operation")
+        if operation is None:  # the codec rejects this; kept for the type checker
+            raise InvalidArgument("unknown or missing operation")
+        left = envelope.deadline_unix_ms - self._clock() - MIN_STATEMENT_MS
+        wait_ms = min(self.config.database.pool_timeout_ms, left)
+        if wait_ms <= 0:
+            raise error_for(StatusCode.DEADLINE_EXCEEDED, "too little time left to run")
+        with self.permits.acquire(OPERATION_CLASSES[operation], wait_ms / 1000) as permit:
+            timeout_ms = envelope.deadline_unix_ms - self._clock()
+            if timeout_ms < MIN_STATEMENT_MS:
+                raise error_for(StatusCode.DEADLINE_EXCEEDED, "too little time left to run")
+            return self._dispatch(envelope, operation, Budget(permit, timeout_ms))
+
+    def _dispatch(
+        self, envelope: pb.RequestEnvelope, operation: str, budget: Budget
+    ) -> pb.ResponseEnvelope:
         if operation == "read":
             read = envelope.read
-            stored = self.store.read(read.scope, read.object_id)
+            stored = self.store.read(read.scope, read.object_id, budget)
             if stored is None:
                 raise NotFound("no such record")
             return pb.ResponseEnvelope(read=pb.ReadRecordResponse(record=_record(stored)))
         if operation == "write":
             write = envelope.write
-            outcome = self.store.write(write.scope, write.object_id, write.payload)
+            outcome = self.store.write(write.scope, write.object_id, write.payload, budget)
             return pb.ResponseEnvelope(
                 write=pb.WriteRecordResponse(
                     object_id=write.object_id, revision=outcome.revision, created=outcome.created
@@ -142,7 +173,7 @@ class RequestHandler:
         if operation == "delete":
             delete = envelope.delete
             try:
-                revision = self.store.delete(delete.scope, delete.object_id)
+                revision = self.store.delete(delete.scope, delete.object_id, budget)
             except DeleteRaced:
                 raise error_for(
                     StatusCode.CONFLICT, "the record changed while it was being deleted"
@@ -152,24 +183,48 @@ class RequestHandler:
             return pb.ResponseEnvelope(
                 delete=pb.DeleteRecordResponse(object_id=delete.object_id, revision=revision)
             )
-        return pb.ResponseEnvelope(list=self._list(envelope.list))
+        return pb.ResponseEnvelope(list=self._list(envelope.list, budget))
 
-    def _list(self, request: pb.ListRecordsRequest) -> pb.ListRecordsResponse:
+    def _list(self, request: pb.ListRecordsRequest, budget: Budget) -> pb.ListRecordsResponse:
         limits = self.config.limits
         size = codec.page_size(request, limits)
         after = codec.decode_cursor(request.cursor, request.scope) if request.cursor else ""
         # One extra row tells whether another page follows.
-        rows = self.store.list(request.scope, after, size + 1)
+        rows = self.store.list(request.scope, after, size + 1, budget)
         response = pb.ListRecordsResponse()
-        budget = limits.max_response_bytes - _PAGE_OVERHEAD
+        room = limits.max_response_bytes - _PAGE_OVERHEAD
         for stored in rows[:size]:
             cost = len(stored.payload) + len(stored.object_id) + _RECORD_OVERHEAD
-            if response.records and cost > budget:
+            if response.records and cost > room:
                 break
-            budget -= cost
+            room -= cost
             response.records.append(_record(stored))
         if len(response.records) < len(rows):
             response.next_cursor = codec.encode_cursor(
                 request.scope, response.records[-1].object_id
             )
         return response
+
+
+OPERATION_CLASSES = {
+    "read": OperationClass.POINT_READ,
+    "write": OperationClass.POINT_WRITE,
+    # Its statements run one after another, so one permit covers them.
+    "delete": OperationClass.POINT_WRITE,
+    "list": OperationClass.BOUNDED_LIST,
+}
+
+
+def _refusal(
+    exc: RequestError | PermitUnavailable | StatementTimeout | ConnectRateLimited,
+) -> tuple[RequestError, int]:
+    """The caller's error, and its retry-after in ms, for a refusal or a timeout."""
+    if isinstance(exc, RequestError):
+        return exc, 0
+    if isinstance(exc, PermitUnavailable):
+        busy = error_for(StatusCode.RESOURCE_EXHAUSTED, "the service is at its database budget")
+        return busy, RETRY_POOL_BUSY_MS
+    if isinstance(exc, StatementTimeout):
+        return error_for(StatusCode.DEADLINE_EXCEEDED, "the statement ran out of time"), 0
+    ramp = error_for(StatusCode.UNAVAILABLE, "the service is reconnecting to the database")
+    return ramp, max(1, int(exc.retry_after * 1000))

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 from datetime import datetime
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import redis
 from celery import Celery, Task
+from celery.worker.control import inspect_command
 
 from dataservice.config import Config, LaneName, Settings
+from dataservice.permits import LanePermits
 from dataservice.results import ResultStore
 from dataservice.service import RequestHandler
 from dataservice.store import RecordStore, create_store_engine
@@ -35,8 +39,16 @@ class LaneRuntime:
         self.lane = lane
         threads = lane_config.concurrency if threads is None else threads
         # One connection per worker thread: a thread never waits for another's.
-        self.engine = create_store_engine(settings.database_url, threads, config.database)
-        self.handler = RequestHandler(config, lane_config, RecordStore(self.engine))
+        # The driver's read timeout outlasts the longest statement timeout of the lane.
+        self.engine = create_store_engine(
+            settings.database_url,
+            threads,
+            config.database,
+            read_timeout_s=lane_config.max_deadline_ms // 1000 + 2,
+        )
+        self.permits = LanePermits(lane_config)
+        store = RecordStore(self.engine, injected_delay_ms=config.database.injected_delay_ms)
+        self.handler = RequestHandler(config, lane_config, store, self.permits)
         self.results = ResultStore.from_url(
             settings.result_backend_url,
             max_waiters=threads + 2,
@@ -65,12 +77,28 @@ class LaneRuntime:
         self.results.close()
 
 
+# The runtime serving each app, for control commands (which receive the app).
+_RUNTIMES: WeakKeyDictionary[Celery, LaneRuntime] = WeakKeyDictionary()
+PERMITS_COMMAND = "dataservice_permits"
+
+
+@inspect_command(name=PERMITS_COMMAND)
+def _permits(state: Any) -> dict[str, Any]:
+    """The replica's permit gauge, over Celery's control channel."""
+    runtime = _RUNTIMES.get(state.consumer.app)
+    if runtime is None:
+        return {}
+    return {"lane": runtime.lane.value, **asdict(runtime.permits.snapshot())}
+
+
 def register_task(app: Celery, runtime: LaneRuntime) -> None:
     """Register the request task on ``app``, served by ``runtime``.
 
     The task takes any arguments (``typing=False``) so that a message of the
     wrong shape still reaches the handler and gets an INVALID_ARGUMENT answer.
     """
+
+    _RUNTIMES[app] = runtime
 
     @app.task(name=TASK_NAME, bind=True, typing=False, ignore_result=True)
     def handle(self: Task, *args: Any, **kwargs: Any) -> None:

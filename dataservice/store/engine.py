@@ -28,6 +28,7 @@ from sqlalchemy.pool import ConnectionPoolEntry
 
 from dataservice.config import DatabaseConfig
 from dataservice.errors import ServiceSetupError
+from dataservice.store.connections import ConnectRamp, install
 
 LIVENESS_IDLE_S = 1.0
 _IDLE_SINCE = "dataservice.idle_since"
@@ -48,7 +49,15 @@ def _on_checkout(dbapi_connection: Any, record: ConnectionPoolEntry, proxy: Any)
         raise DisconnectionError("connection failed its liveness check") from None
 
 
-def create_store_engine(url: str, pool_size: int, config: DatabaseConfig) -> Engine:
+def create_store_engine(
+    url: str, pool_size: int, config: DatabaseConfig, *, read_timeout_s: int = 60
+) -> Engine:
+    """The pool of one worker process: ``pool_size`` connections and no more.
+
+    ``read_timeout_s`` is the driver's backstop for a server that stops
+    answering; it must exceed the longest statement timeout, so that by the
+    time it fires the server has already given up on the statement.
+    """
     engine = create_engine(
         url,
         pool_size=pool_size,
@@ -57,10 +66,17 @@ def create_store_engine(url: str, pool_size: int, config: DatabaseConfig) -> Eng
         pool_recycle=config.pool_recycle_s,
         isolation_level="AUTOCOMMIT",
         skip_autocommit_rollback=True,
-        connect_args={"connect_timeout": config.connect_timeout_s, "charset": "utf8mb4"},
+        connect_args={
+            "connect_timeout": config.connect_timeout_s,
+            "read_timeout": read_timeout_s,
+            "write_timeout": read_timeout_s,
+            "charset": "utf8mb4",
+        },
     )
     event.listen(engine, "checkin", _on_checkin)
     event.listen(engine, "checkout", _on_checkout)
+    ramp = ConnectRamp(config.connect_rate_per_s, config.connect_burst)
+    install(engine, ramp, max_wait_s=config.pool_timeout_ms / 1000)
     return engine
 
 

@@ -2,17 +2,24 @@
 
 Each operation is one primary-key statement (or one key-range scan with a
 LIMIT), run in autocommit: no statement can touch an unbounded number of rows
-and no lock outlives its statement.
+and no lock outlives its statement. Each runs within a :class:`Budget`: the
+permit it holds learns which connection it uses, and every statement gets the
+request's remaining time as a server-side timeout.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Engine, bindparam, func, select
+from sqlalchemy import Connection, Engine, bindparam, func, select, text
 from sqlalchemy.dialects.mysql import insert
+from sqlalchemy.exc import OperationalError
 
+from dataservice.permits import Permit
+from dataservice.store.connections import CONNECTION_ID, STATEMENT_TIMEOUT_CODES, TIMEOUT_OPTION
 from dataservice.store.schema import records
 
 _MAX_DELETE_ATTEMPTS = 3
@@ -67,33 +74,82 @@ _UPSERT = _UPSERT.on_duplicate_key_update(
 )
 
 
-class RecordStore:
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """What one operation may spend: its permit, and its statements' time."""
 
-    def read(self, scope: str, object_id: str) -> StoredRecord | None:
+    permit: Permit | None = None
+    timeout_ms: int | None = None
+
+
+class StatementTimeout(Exception):
+    """The server stopped a statement that ran past the request's remaining time."""
+
+
+_UNBOUNDED = Budget()
+
+
+def _timed_out(exc: BaseException) -> bool:
+    orig = getattr(exc, "orig", None) if isinstance(exc, OperationalError) else None
+    return bool(orig is not None and orig.args and orig.args[0] in STATEMENT_TIMEOUT_CODES)
+
+
+_SLEEP = text("SELECT SLEEP(:seconds)")
+
+
+class RecordStore:
+    def __init__(self, engine: Engine, *, injected_delay_ms: int = 0) -> None:
+        self.engine = engine
+        self._delay_s = injected_delay_ms / 1000
+
+    @contextmanager
+    def _connection(self, budget: Budget) -> Iterator[Connection]:
+        """A pooled connection, bound to the budget; discarded on any failure.
+
+        After an error nothing is known for sure about the session (a
+        statement may have been cut off half way), so the connection is
+        invalidated, never returned to the pool.
+        """
         with self.engine.connect() as conn:
+            if budget.permit is not None:
+                budget.permit.connection_id = conn.info.get(CONNECTION_ID)
+            if budget.timeout_ms is not None:
+                conn.execution_options(**{TIMEOUT_OPTION: budget.timeout_ms})
+            try:
+                if self._delay_s:
+                    conn.execute(_SLEEP, {"seconds": self._delay_s})
+                yield conn
+            except BaseException as exc:
+                conn.invalidate()
+                if _timed_out(exc):
+                    raise StatementTimeout from None
+                raise
+
+    def read(self, scope: str, object_id: str, budget: Budget = _UNBOUNDED) -> StoredRecord | None:
+        with self._connection(budget) as conn:
             row = conn.execute(_READ, {"scope": scope, "object_id": object_id}).first()
         return None if row is None else StoredRecord(*row)
 
-    def write(self, scope: str, object_id: str, payload: bytes) -> WriteOutcome:
+    def write(
+        self, scope: str, object_id: str, payload: bytes, budget: Budget = _UNBOUNDED
+    ) -> WriteOutcome:
         params = {"scope": scope, "object_id": object_id, "payload": payload}
-        with self.engine.connect() as conn:
+        with self._connection(budget) as conn:
             result = conn.execute(_UPSERT, params)
         # rowcount is 1 for an insert and 2 for an update (MySQL's convention).
         if result.rowcount == 1:
             return WriteOutcome(revision=1, created=True)
         return WriteOutcome(revision=int(result.lastrowid), created=False)
 
-    def delete(self, scope: str, object_id: str) -> int | None:
+    def delete(self, scope: str, object_id: str, budget: Budget = _UNBOUNDED) -> int | None:
         """Delete and return the deleted revision, or None if there was no record.
 
         Optimistic: the delete names the revision just read, so a concurrent
         write makes it match nothing and the loop reads again; no lock is held
-        between the two statements.
+        between the statements, which run one after another under one permit.
         """
         key = {"scope": scope, "object_id": object_id}
-        with self.engine.connect() as conn:
+        with self._connection(budget) as conn:
             for _ in range(_MAX_DELETE_ATTEMPTS):
                 revision = conn.execute(_REVISION, key).scalar()
                 if revision is None:
@@ -102,8 +158,10 @@ class RecordStore:
                     return int(revision)
         raise DeleteRaced(object_id)
 
-    def list(self, scope: str, after: str, limit: int) -> list[StoredRecord]:
+    def list(
+        self, scope: str, after: str, limit: int, budget: Budget = _UNBOUNDED
+    ) -> list[StoredRecord]:
         """Up to ``limit`` records of ``scope`` with ids after ``after``, in id order."""
         params = {"scope": scope, "after": after, "limit": limit}
-        with self.engine.connect() as conn:
+        with self._connection(budget) as conn:
             return [StoredRecord(*row) for row in conn.execute(_LIST, params)]

@@ -1,0 +1,109 @@
+"""Database permits: how many operations one replica runs in the database at once.
+
+Each lane has ``permits`` per replica, and each operation class a cap within
+them (so, say, lists cannot take every permit from point reads). A permit is
+held from before the first statement until the database has stopped working
+for the request: the driver call has returned, or the connection has been
+discarded after the server-side statement timeout made sure the statement was
+gone. Release sits in ``finally``; nothing else can return a permit.
+
+The gauge (:meth:`LanePermits.snapshot`) also names the database connection
+each permit is using, so an operator (or a test) can match permits against the
+server's own process list.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from dataservice.config import LaneConfig, OperationClass
+
+
+class PermitUnavailable(Exception):
+    """No permit became free within the wait the request could afford."""
+
+
+@dataclass(slots=True)
+class Permit:
+    """One held permit; the store records which connection it runs on."""
+
+    op_class: OperationClass
+    acquired_at: float = field(default_factory=time.monotonic)
+    connection_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PermitSnapshot:
+    capacity: int
+    in_use: int
+    by_class: dict[str, int]
+    connection_ids: list[int]
+    acquired_total: int
+    released_total: int
+    refused_total: int
+
+
+class LanePermits:
+    """The permits of one lane in one replica (one worker process)."""
+
+    def __init__(self, lane: LaneConfig) -> None:
+        self.capacity = lane.permits
+        self._lane = threading.BoundedSemaphore(lane.permits)
+        self._classes = {c: threading.BoundedSemaphore(lane.classes[c]) for c in OperationClass}
+        self._lock = threading.Lock()
+        self._holders: dict[int, Permit] = {}
+        self._acquired = 0
+        self._released = 0
+        self._refused = 0
+
+    @contextmanager
+    def acquire(self, op_class: OperationClass, wait_s: float) -> Iterator[Permit]:
+        """Hold a permit of ``op_class`` for the block, waiting at most ``wait_s``."""
+        deadline = time.monotonic() + max(wait_s, 0.0)
+        class_slot = self._classes[op_class]
+        # The class cap first: a request that could not run anyway never
+        # occupies a lane permit while it waits.
+        if not class_slot.acquire(timeout=max(wait_s, 0.0)):
+            self._refuse()
+        try:
+            if not self._lane.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+                self._refuse()
+            permit = Permit(op_class)
+            with self._lock:
+                self._acquired += 1
+                self._holders[id(permit)] = permit
+            try:
+                yield permit
+            finally:
+                with self._lock:
+                    del self._holders[id(permit)]
+                    self._released += 1
+                self._lane.release()
+        finally:
+            class_slot.release()
+
+    def _refuse(self) -> None:
+        with self._lock:
+            self._refused += 1
+        raise PermitUnavailable
+
+    def snapshot(self) -> PermitSnapshot:
+        with self._lock:
+            holders = list(self._holders.values())
+            acquired, released, refused = self._acquired, self._released, self._refused
+        by_class = {c.value: 0 for c in OperationClass}
+        for permit in holders:
+            by_class[permit.op_class.value] += 1
+        return PermitSnapshot(
+            capacity=self.capacity,
+            in_use=len(holders),
+            by_class=by_class,
+            connection_ids=sorted(p.connection_id for p in holders if p.connection_id is not None),
+            acquired_total=acquired,
+            released_total=released,
+            refused_total=refused,
+        )

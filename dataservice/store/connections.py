@@ -1,0 +1,111 @@
+"""What happens to a connection on its way in and out of the pool.
+
+- **Ramp**: new connections per process pass a token bucket
+  (``database.connect_burst``, then ``database.connect_rate_per_s``), with a
+  random phase per wait, so a restarted database, or one whose connections were
+  all killed, sees a bounded reconnect ramp from every replica instead of a
+  synchronized storm.
+- **Identity**: each connection learns its server-side id once, so permits can
+  name the connection they use and be matched against the process list.
+- **Statement timeout**: a statement runs with the time its request has left,
+  enforced by the server (MariaDB ``SET STATEMENT max_statement_time=... FOR``,
+  MySQL's ``MAX_EXECUTION_TIME`` hint on SELECTs). Neither leaves anything on
+  the session.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Engine, event
+from sqlalchemy.pool import ConnectionPoolEntry
+
+CONNECTION_ID = "dataservice.connection_id"
+TIMEOUT_OPTION = "dataservice_timeout_ms"
+
+
+class ConnectRateLimited(Exception):
+    """Opening another connection now would exceed this process's reconnect ramp."""
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__(f"connection ramp exhausted; retry in {retry_after:.3f} s")
+        self.retry_after = retry_after
+
+
+class ConnectRamp:
+    """A token bucket for new connections, shared by one process's pool."""
+
+    def __init__(
+        self,
+        rate_per_s: float,
+        burst: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.rate = rate_per_s
+        self.burst = burst
+        self._tokens = float(burst)
+        self._stamp = clock()
+        self._clock = clock
+        self._sleep = sleep
+        self._lock = threading.Lock()
+
+    def take(self, max_wait_s: float) -> None:
+        """Take one token, waiting up to ``max_wait_s``; else raise ConnectRateLimited."""
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+            self._stamp = now
+            if self._tokens >= 1:
+                self._tokens -= 1
+                return
+            wait = (1 - self._tokens) / self.rate
+            if wait > max_wait_s:
+                raise ConnectRateLimited(wait)
+            # Reserve the token now (the balance goes negative) so that waiters
+            # queue up in order and the rate holds however many threads wait.
+            self._tokens -= 1
+        # Jitter spreads replicas that lost their connections at the same
+        # instant; it only ever lengthens a wait, so the rate bound holds.
+        self._sleep(wait + random.uniform(0, min(0.5 / self.rate, max_wait_s - wait)))
+
+
+def install(engine: Engine, ramp: ConnectRamp, max_wait_s: float) -> None:
+    """Attach the ramp, the identity lookup and the statement timeout to ``engine``."""
+
+    @event.listens_for(engine, "do_connect")
+    def _ramp(dialect: Any, record: Any, cargs: Any, cparams: Any) -> None:
+        ramp.take(max_wait_s)
+
+    @event.listens_for(engine, "connect")
+    def _identify(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("SELECT CONNECTION_ID()")
+            record.info[CONNECTION_ID] = int(cursor.fetchone()[0])
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "before_cursor_execute", retval=True)
+    def _bound(
+        conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool
+    ) -> tuple[str, Any]:
+        timeout_ms = context.execution_options.get(TIMEOUT_OPTION) if context else None
+        if timeout_ms is None:
+            return statement, parameters
+        if conn.dialect.is_mariadb:
+            return f"SET STATEMENT max_statement_time={timeout_ms / 1000:.3f} FOR {statement}", (
+                parameters
+            )
+        if statement.startswith("SELECT"):
+            return f"SELECT /*+ MAX_EXECUTION_TIME({int(timeout_ms)}) */{statement[6:]}", parameters
+        return statement, parameters
+
+
+# Server errors that mean "the statement ran out of its time".
+STATEMENT_TIMEOUT_CODES = frozenset({1969, 3024})
