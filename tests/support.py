@@ -26,3 +26,20 @@ def table_checksum(engine: Engine) -> int:
     with engine.connect() as conn:
         row = conn.execute(text("CHECKSUM TABLE records")).one()
     return int(row[1] or 0)
+
+
+def running_statements(engine: Engine, user: str) -> set[tuple[int, int]]:
+    """(connection id, query id) of every statement ``user`` has running now."""
+    query = text(
+        "SELECT ID, QUERY_ID FROM information_schema.PROCESSLIST"
+        " WHERE USER = :user AND COMMAND = 'Query'"
+    )
+    with engine.connect() as conn:
+        return {(int(r[0]), int(r[1])) for r in conn.execute(query, {"user": user})}
+
+
+def connection_ids(engine: Engine, user: str) -> set[int]:
+    """Every connection ``user`` has open now, busy or idle."""
+    query = text("SELECT ID FROM information_schema.PROCESSLIST WHERE USER = :user")
+    with engine.connect() as conn:
+        return {int(r[0]) for r in conn.execute(query, {"user": user})}
