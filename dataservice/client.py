@@ -21,7 +21,7 @@ from dataservice.errors import (
 )
 from dataservice.proto import pb
 from dataservice.status import ReadMode, StatusCode
-from dataservice.transport import Transport
+from dataservice.transport import Refused, Transport
 from dataservice.types import (
     DeleteOp,
     DeleteResult,
@@ -220,23 +220,30 @@ class Client:
         """
         deadline = self._deadline(LaneName.BATCH, timeout)
         prepared = [self._envelope(op, deadline) for op in operations]
-        self._transport.publish_many(
-            ((env.SerializeToString(), env.request_id, deadline) for env in prepared),
-            lane=LaneName.BATCH,
-        )
-        return [Handle(self._transport, env.request_id, deadline) for env in prepared]
+        handles = [Handle(self._transport, env.request_id, deadline) for env in prepared]
+        try:
+            self._transport.publish_many(
+                ((env.SerializeToString(), env.request_id, deadline) for env in prepared),
+                lane=LaneName.BATCH,
+            )
+        except Refused as refused:
+            raise refused.error(accepted=tuple(handles[: refused.sent])) from None
+        return handles
 
     # Internals --------------------------------------------------------------
 
     def _call(self, operation: Operation, timeout: float | None) -> Result:
         deadline = self._deadline(LaneName.INTERACTIVE, timeout)
         envelope = self._envelope(operation, deadline)
-        self._transport.publish(
-            envelope.SerializeToString(),
-            request_id=envelope.request_id,
-            lane=LaneName.INTERACTIVE,
-            deadline_ms=deadline,
-        )
+        try:
+            self._transport.publish(
+                envelope.SerializeToString(),
+                request_id=envelope.request_id,
+                lane=LaneName.INTERACTIVE,
+                deadline_ms=deadline,
+            )
+        except Refused as refused:
+            raise refused.error() from None
         return Handle(self._transport, envelope.request_id, deadline).result()
 
     def _deadline(self, lane: LaneName, timeout: float | None) -> int:

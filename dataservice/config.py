@@ -62,11 +62,17 @@ class BudgetConfig(_Model):
     max_connections: PositiveInt
 
 
+class AdmissionConfig(_Model):
+    max_messages: Annotated[int, Field(gt=0, le=10_000_000)]
+    max_bytes: Annotated[int, Field(gt=0, le=1 << 34)]
+
+
 class LaneConfig(_Model):
     queue: str = Field(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")
     permits: Annotated[int, Field(gt=0, le=256)]
     concurrency: Annotated[int, Field(gt=0, le=256)]
     classes: ClassPermits
+    admission: AdmissionConfig
     default_deadline_ms: PositiveInt
     max_deadline_ms: PositiveInt
 
@@ -146,6 +152,16 @@ class Config(_Model):
                 f"database.pool_timeout_ms ({self.database.pool_timeout_ms}) must be shorter "
                 f"than the shortest default deadline ({shortest} ms)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _a_request_fits_each_queue(self) -> Config:
+        for name, lane in (("interactive", self.lanes.interactive), ("batch", self.lanes.batch)):
+            if lane.admission.max_bytes < self.limits.max_request_bytes:
+                raise ValueError(
+                    f"lanes.{name}.admission.max_bytes ({lane.admission.max_bytes}) is below "
+                    f"limits.max_request_bytes ({self.limits.max_request_bytes})"
+                )
         return self
 
     @property

@@ -97,7 +97,21 @@ class RetryableError(RequestError):
 
 
 class ResourceExhausted(RetryableError):
+    """Overloaded or rate limited. From ``submit_many``, ``accepted`` holds the
+    handles of the operations enqueued before the refusal (the rest were not)."""
+
     code = StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        request_id: str = "",
+        retry_after: float = 0.0,
+        accepted: tuple[object, ...] = (),
+    ) -> None:
+        super().__init__(message, request_id=request_id, retry_after=retry_after)
+        self.accepted = accepted
 
 
 class Unavailable(RetryableError):

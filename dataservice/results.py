@@ -11,6 +11,8 @@ still found.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -23,6 +25,19 @@ _MIN_WAIT_S = 0.001
 # waiters than the pool holds is a caller-side overload, reported as such.
 _POOL_WAIT_S = 2.0
 RETRY_RESULTS_DOWN_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A request leaving its lane: its admission counters and envelope size."""
+
+    admission_key: str
+    size: int
+
+
+def _complete(pipe: Any, done: Completion) -> None:
+    pipe.hincrby(done.admission_key, "bytes", -done.size)
+    pipe.hincrby(done.admission_key, "done", 1)
 
 
 class ResultStore:
@@ -45,16 +60,32 @@ class ResultStore:
         )
         return cls(redis.Redis(connection_pool=pool))
 
-    def put(self, request_id: str, body: bytes, expires_at_ms: int) -> None:
-        """Leave an answer until ``expires_at_ms`` (Unix ms); a past expiry stores nothing."""
+    def put(
+        self, request_id: str, body: bytes, expires_at_ms: int, done: Completion | None = None
+    ) -> None:
+        """Leave an answer until ``expires_at_ms`` (Unix ms); a past expiry stores nothing.
+
+        ``done`` gives the request's bytes back to its lane's admission in the
+        same transaction, so the bound and the answer never disagree.
+        """
         ttl_ms = expires_at_ms - time.time_ns() // 1_000_000
         if ttl_ms <= 0:
+            if done is not None:
+                self.complete(done)
             return
         key = result_key(request_id)
         with self._redis.pipeline(transaction=True) as pipe:
             pipe.rpush(key, body)
             # A relative expiry: the Redis server's clock may differ from ours.
             pipe.pexpire(key, ttl_ms)
+            if done is not None:
+                _complete(pipe, done)
+            pipe.execute()
+
+    def complete(self, done: Completion) -> None:
+        """Give a request's bytes back to admission when it gets no answer."""
+        with self._redis.pipeline(transaction=True) as pipe:
+            _complete(pipe, done)
             pipe.execute()
 
     def wait(self, request_id: str, timeout_s: float) -> bytes | None:

@@ -14,12 +14,32 @@ from typing import Any
 from celery import Celery
 from kombu.exceptions import OperationalError as BrokerError
 
+from dataservice.admission import AdmissionRefused
 from dataservice.config import Config, LaneName, Settings
-from dataservice.errors import Unavailable
+from dataservice.errors import ResourceExhausted, Unavailable
 from dataservice.results import ResultStore
 from dataservice.wire import SERIALIZER, TASK_NAME, celery_settings
 
 RETRY_BROKER_DOWN_S = 0.5
+
+
+class Refused(Exception):
+    """Admission refused a message after ``sent`` others had been published."""
+
+    def __init__(self, sent: int, refusal: AdmissionRefused) -> None:
+        super().__init__(str(refusal))
+        self.sent = sent
+        self.refusal = refusal
+
+    def error(self, accepted: tuple[object, ...] = ()) -> ResourceExhausted:
+        reason = {"messages": "is full", "bytes": "holds too many bytes"}.get(
+            self.refusal.reason, "is too long to start before the deadline"
+        )
+        return ResourceExhausted(
+            f"the lane queue {reason}; retry later",
+            retry_after=self.refusal.retry_after_ms / 1000,
+            accepted=accepted,
+        )
 
 
 class Transport:
@@ -54,7 +74,10 @@ class Transport:
     def publish(self, body: bytes, *, request_id: str, lane: LaneName, deadline_ms: int) -> None:
         self.publish_many([(body, request_id, deadline_ms)], lane=lane)
 
-    def publish_many(self, items: Iterable[tuple[bytes, str, int]], *, lane: LaneName) -> None:
+    def publish_many(self, items: Iterable[tuple[bytes, str, int]], *, lane: LaneName) -> int:
+        """Publish in order; returns how many were sent. A refusal raises
+        ResourceExhausted whose ``accepted`` is left to the caller to fill."""
+        sent = 0
         try:
             with self._app.producer_or_acquire() as producer:
                 for body, request_id, deadline_ms in items:
@@ -64,10 +87,14 @@ class Transport:
                         producer=producer,
                         **self._options(request_id, lane, deadline_ms, len(body)),
                     )
+                    sent += 1
+        except AdmissionRefused as refusal:
+            raise Refused(sent, refusal) from None
         except BrokerError:
             raise Unavailable(
                 "the broker is unreachable", retry_after=RETRY_BROKER_DOWN_S
             ) from None
+        return sent
 
     def close(self) -> None:
         self.results.close()

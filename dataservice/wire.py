@@ -21,7 +21,9 @@ from typing import Any
 from kombu.entity import Exchange, Queue
 from kombu.serialization import register
 from kombu.transport import redis as kombu_redis
+from kombu.utils.json import dumps
 
+from dataservice.admission import LaneAdmission, admit, lane_admissions
 from dataservice.config import Config, Settings
 
 TASK_NAME = "dataservice.handle"
@@ -49,15 +51,33 @@ register(SERIALIZER, _encode, _decode, content_type=CONTENT_TYPE, content_encodi
 
 
 class _Channel(kombu_redis.Channel):
-    """kombu's Redis channel, with one ``redis.Redis`` client for its lifetime.
+    """kombu's Redis channel, with admission and one client for its lifetime.
 
-    The stock channel builds a new client object on every publish and twice
-    per delivered message (the unacked bookkeeping and the ack): about a
-    quarter of a publish's CPU. The client sits on the channel's own
-    thread-safe connection pool, so sharing it changes nothing else.
+    - A message for a lane queue is pushed by the admission script, which
+      refuses it when the queue is full or too long for its deadline (see
+      :mod:`dataservice.admission`); other messages (control replies) go as usual.
+    - The stock channel builds a new client object on every publish and twice
+      per delivered message (the unacked bookkeeping and the ack): about a
+      quarter of a publish's CPU. The client sits on the channel's own
+      thread-safe connection pool, so sharing it changes nothing else.
     """
 
     _shared_client: Any = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        options = self.connection.client.transport_options
+        lanes = options.get("dataservice_admission") or {}
+        self._admission = {queue: LaneAdmission(**lane) for queue, lane in lanes.items()}
+
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        lane = self._admission.get(queue)
+        if lane is None or kwargs.get("_publish_batch") is not None:
+            super()._put(queue, message, **kwargs)
+            return
+        key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
+        with self.conn_or_acquire() as client:
+            admit(client, key, lane, dumps(message), message)
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
@@ -90,7 +110,10 @@ def celery_settings(settings: Settings, config: Config) -> dict[str, Any]:
             f"{__name__}:RedisTransport" if settings.broker_url.startswith("redis://") else None
         ),
         "broker_connection_retry_on_startup": True,
-        "broker_transport_options": {"visibility_timeout": visibility_s},
+        "broker_transport_options": {
+            "visibility_timeout": visibility_s,
+            "dataservice_admission": lane_admissions(config),
+        },
         "result_backend": None,
         "task_ignore_result": True,
         "task_serializer": "json",

@@ -13,8 +13,9 @@ from celery import Celery, Task
 from celery.worker.control import inspect_command
 
 from dataservice.config import Config, LaneName, Settings
+from dataservice.keys import admission_key
 from dataservice.permits import LanePermits
-from dataservice.results import ResultStore
+from dataservice.results import Completion, ResultStore
 from dataservice.service import RequestHandler
 from dataservice.store import RecordStore, create_store_engine
 from dataservice.wire import TASK_NAME, celery_settings
@@ -47,6 +48,7 @@ class LaneRuntime:
             read_timeout_s=lane_config.max_deadline_ms // 1000 + 2,
         )
         self.permits = LanePermits(lane_config)
+        self.admission_key = admission_key(lane_config.queue)
         store = RecordStore(self.engine, injected_delay_ms=config.database.injected_delay_ms)
         self.handler = RequestHandler(config, lane_config, store, self.permits)
         self.results = ResultStore.from_url(
@@ -64,10 +66,12 @@ class LaneRuntime:
         except ValueError:
             expires_ms = None
         reply = self.handler.handle(task_id, body, expires_ms)
-        if reply is None:
-            return
+        done = Completion(self.admission_key, len(body) if isinstance(body, bytes) else 0)
         try:
-            self.results.put(task_id, reply.body, reply.expires_at_ms)
+            if reply is None:
+                self.results.complete(done)
+            else:
+                self.results.put(task_id, reply.body, reply.expires_at_ms, done)
         except redis.RedisError as exc:
             # The work is done; its caller will see DEADLINE_EXCEEDED and may retry.
             log.warning("could not deliver the answer to %s: %s", task_id, type(exc).__name__)

@@ -1,0 +1,113 @@
+"""Admission: a lane's queue is bounded by messages and bytes, and a request
+that could not start before its deadline is refused instead of joining it.
+
+The check and the push are one Lua script (``admit.lua``), run by the
+broker channel in place of kombu's plain LPUSH, so concurrent producers cannot
+overshoot: the queue never holds more than ``admission.max_messages``, and
+queued plus in-flight envelopes never exceed ``admission.max_bytes``, however
+many publish at once. A refusal is a fast, retryable ``RESOURCE_EXHAUSTED``
+whose retry-after is the time the queue needs to drain enough at its measured
+rate. Workers give the bytes back, and count the completion that the rate is
+measured from, in the same Redis transaction that stores the answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from importlib import resources
+from typing import Any
+
+import redis
+from redis.exceptions import NoScriptError
+
+from dataservice.config import Config
+from dataservice.keys import admission_key
+
+_ADMIT = resources.files(__package__).joinpath("admit.lua").read_text("utf-8")
+_ADMIT_SHA = hashlib.sha1(_ADMIT.encode()).hexdigest()
+
+
+def _run_admit(client: redis.Redis, keys: list[str], args: list[Any]) -> Any:
+    """EVALSHA, and EVAL (which also loads the script) the first time a server lacks it."""
+    try:
+        return client.evalsha(_ADMIT_SHA, len(keys), *keys, *args)
+    except NoScriptError:
+        return client.eval(_ADMIT, len(keys), *keys, *args)
+
+
+class AdmissionRefused(Exception):
+    """The lane's queue is full, or too long for the request's deadline."""
+
+    def __init__(self, reason: str, retry_after_ms: int) -> None:
+        super().__init__(f"lane queue refused the request ({reason})")
+        self.reason = reason
+        self.retry_after_ms = retry_after_ms
+
+
+@dataclass(frozen=True, slots=True)
+class LaneAdmission:
+    max_messages: int
+    max_bytes: int
+    max_deadline_ms: int
+    stats_key: str
+
+
+def lane_admissions(config: Config) -> dict[str, dict[str, Any]]:
+    """Admission bounds by queue name, as plain data: they travel in the broker's
+    transport options, which Celery reports (as JSON) to monitoring tools."""
+    return {
+        lane.queue: asdict(
+            LaneAdmission(
+                max_messages=lane.admission.max_messages,
+                max_bytes=lane.admission.max_bytes,
+                max_deadline_ms=lane.max_deadline_ms,
+                stats_key=admission_key(lane.queue),
+            )
+        )
+        for lane in (config.lanes.interactive, config.lanes.batch)
+    }
+
+
+def envelope_size(message: dict[str, Any]) -> int:
+    """The envelope's size, from the base64 body kombu stores (without decoding it)."""
+    body = message.get("body", "")
+    if message.get("properties", {}).get("body_encoding") != "base64" or not isinstance(body, str):
+        return len(body)
+    return len(body) * 3 // 4 - (len(body) - len(body.rstrip("=")))
+
+
+def remaining_ms(message: dict[str, Any], fallback_ms: int, now_ms: int) -> int:
+    expires = message.get("headers", {}).get("expires")
+    if not expires:
+        return fallback_ms
+    try:
+        moment = datetime.fromisoformat(str(expires))
+    except ValueError:
+        return fallback_ms
+    return int(moment.timestamp() * 1000) - now_ms
+
+
+def admit(
+    client: redis.Redis, queue_key: str, lane: LaneAdmission, encoded: str, message: dict[str, Any]
+) -> None:
+    """Push ``encoded`` onto the lane's queue, or raise AdmissionRefused."""
+    now = time.time_ns() // 1_000_000
+    answer = _run_admit(
+        client,
+        [queue_key, lane.stats_key],
+        [
+            encoded,
+            envelope_size(message),
+            lane.max_messages,
+            lane.max_bytes,
+            remaining_ms(message, lane.max_deadline_ms, now),
+            now,
+            lane.max_deadline_ms + 60_000,
+        ],
+    )
+    if int(answer[0]) != 1:
+        reason = answer[1].decode() if isinstance(answer[1], bytes) else str(answer[1])
+        raise AdmissionRefused(reason, int(answer[2]))

@@ -1,0 +1,157 @@
+"""Acceptance: a lane's queue is bounded by messages and bytes, under concurrent
+producers, and a request that cannot start in time is refused up front."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import yaml
+
+from dataservice import Client, ReadOp, ResourceExhausted
+from dataservice.config import Config, LaneName, Settings, load_config
+from dataservice.keys import admission_key
+from dataservice.localservices import redis_reachable
+from dataservice.transport import Refused, Transport
+from tests.conftest import SHIPPED_CONFIG, require
+
+# No worker consumes this database: whatever is admitted stays queued.
+UNSERVED_REDIS_URL = "redis://127.0.0.1:6379/11"
+MAX_MESSAGES = 100
+
+
+@pytest.fixture
+def bounded(settings: Settings, tmp_path: Path) -> Iterator[tuple[Settings, Config, redis.Redis]]:
+    require(redis_reachable(UNSERVED_REDIS_URL), "Redis at 127.0.0.1:6379")
+    data: dict[str, Any] = yaml.safe_load(SHIPPED_CONFIG.read_text())
+    data["lanes"]["interactive"]["admission"] = {"max_messages": MAX_MESSAGES, "max_bytes": 1 << 24}
+    data["lanes"]["batch"]["admission"] = {"max_messages": 10_000, "max_bytes": 3 * 70_000}
+    path = tmp_path / "queues.yml"
+    path.write_text(yaml.safe_dump(data))
+    bounded_settings = Settings(
+        config_path=path,
+        broker_url=UNSERVED_REDIS_URL,
+        result_backend_url=UNSERVED_REDIS_URL,
+        redis_url=UNSERVED_REDIS_URL,
+        database_url=settings.database_url,
+    )
+    broker = redis.Redis.from_url(UNSERVED_REDIS_URL)
+    broker.flushdb()
+    yield bounded_settings, load_config(path), broker
+    broker.flushdb()
+    broker.close()
+
+
+def _deadline(seconds: float) -> int:
+    return int((time.time() + seconds) * 1000)
+
+
+def test_concurrent_producers_never_overshoot_the_message_bound(
+    bounded: tuple[Settings, Config, redis.Redis],
+) -> None:
+    settings, config, broker = bounded
+    producers, each = 16, 20
+    admitted, refused = [0], [0]
+    reasons: set[str] = set()
+    lock = threading.Lock()
+    start = threading.Barrier(producers)
+
+    def produce() -> None:
+        transport = Transport(settings, config)
+        start.wait()
+        for _ in range(each):
+            try:
+                rid = uuid.uuid4().hex
+                transport.publish(b"x" * 100, request_id=rid, lane=LaneName.INTERACTIVE,
+                                  deadline_ms=_deadline(30))  # fmt: skip
+                outcome = admitted
+            except Refused as exc:
+                reasons.add(exc.refusal.reason)
+                outcome = refused
+            with lock:
+                outcome[0] += 1
+        transport.close()
+
+    threads = [threading.Thread(target=produce) for _ in range(producers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert broker.llen(config.lanes.interactive.queue) == MAX_MESSAGES
+    assert admitted[0] == MAX_MESSAGES
+    assert refused[0] == producers * each - MAX_MESSAGES
+    assert reasons == {"messages"}
+
+
+def test_a_full_lane_refuses_fast_and_retryably(
+    bounded: tuple[Settings, Config, redis.Redis],
+) -> None:
+    settings, config, broker = bounded
+    with Client("tests", settings, config) as client:
+        transport = Transport(settings, config)
+        for _ in range(MAX_MESSAGES):
+            transport.publish(b"x", request_id=uuid.uuid4().hex, lane=LaneName.INTERACTIVE,
+                              deadline_ms=_deadline(30))  # fmt: skip
+        transport.close()
+        start = time.monotonic()
+        with pytest.raises(ResourceExhausted) as caught:
+            client.read("s", "x", timeout=5)
+    assert time.monotonic() - start < 0.5, "a refusal must not wait for the deadline"
+    assert caught.value.retry_after > 0
+    assert broker.llen(config.lanes.interactive.queue) == MAX_MESSAGES
+
+
+def test_the_byte_bound_refuses_and_a_partial_batch_says_what_was_accepted(
+    bounded: tuple[Settings, Config, redis.Redis],
+) -> None:
+    from dataservice import WriteOp
+
+    settings, config, broker = bounded
+    big = b"\x07" * config.limits.max_payload_bytes
+    with Client("tests", settings, config) as client:
+        ops = [WriteOp("s", f"big{n}", big) for n in range(5)]
+        with pytest.raises(ResourceExhausted, match="bytes") as caught:
+            client.submit_many(ops, timeout=60)
+    # 3 x 70,000 bytes hold three envelopes of 64 KiB payload, not four.
+    assert len(caught.value.accepted) == 3
+    assert broker.llen(config.lanes.batch.queue) == 3
+    queued = int(broker.hget(admission_key(config.lanes.batch.queue), "bytes") or 0)
+    assert 3 * len(big) < queued <= 3 * 70_000
+
+
+def test_a_request_that_cannot_start_before_its_deadline_is_refused(
+    bounded: tuple[Settings, Config, redis.Redis],
+) -> None:
+    settings, config, broker = bounded
+    queue = config.lanes.batch.queue
+    with Client("tests", settings, config) as client:
+        client.submit_many([ReadOp("s", f"k{n}") for n in range(50)], timeout=600)
+        # The lane drains 10 messages a second (as measured by admission): the
+        # 51st waits about 5 s, so a 1 s deadline cannot be met, a 60 s one can.
+        broker.hset(admission_key(queue), mapping={"rate": 10, "rate_at": _deadline(0)})
+        with pytest.raises(ResourceExhausted, match="deadline") as caught:
+            client.submit(ReadOp("s", "late"), timeout=1)
+        assert 3.5 <= caught.value.retry_after <= 4.5
+        client.submit(ReadOp("s", "patient"), timeout=60)
+    assert broker.llen(queue) == 51
+
+
+@pytest.mark.usefixtures("interactive_worker")
+def test_answered_requests_give_their_bytes_back(
+    client: Client, redis_client: redis.Redis, config: Config, transport: Transport
+) -> None:
+    key = admission_key(config.lanes.interactive.queue)
+    for n in range(10):
+        client.write("admission", f"k{n}", b"y" * 1000)
+    # Garbage passes admission (it is only bytes) and is answered INVALID_ARGUMENT.
+    rid = uuid.uuid4().hex
+    transport.publish(b"\xff" * 500, request_id=rid, lane=LaneName.INTERACTIVE,
+                      deadline_ms=_deadline(5))  # fmt: skip
+    assert transport.results.wait(rid, 5.0) is not None
+    assert int(redis_client.hget(key, "bytes") or 0) == 0
