@@ -7,14 +7,19 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+import redis
 from sqlalchemy import Engine
 
+from dataservice import Client, InvalidArgument
+from dataservice.client import decode_response
 from dataservice.config import Config, LaneName, Settings
+from dataservice.keys import admission_key
 from dataservice.permits import LanePermits
 from dataservice.proto import pb
 from dataservice.service import RequestHandler
 from dataservice.status import StatusCode
 from dataservice.store import RecordStore, create_store_engine
+from dataservice.transport import Transport
 
 
 @pytest.fixture
@@ -77,3 +82,27 @@ def test_bad_deadlines_and_payloads_get_typed_errors_and_hold_no_permit(
     assert _code(handler, _now_ms() + 2000, b"x" * limit) is StatusCode.OK
     snapshot = handler.permits.snapshot()
     assert (snapshot.acquired_total, snapshot.released_total, snapshot.in_use) == (1, 1, 0)
+
+
+@pytest.mark.usefixtures("interactive_worker")
+def test_rejected_requests_hold_no_queue_slot_or_bytes(
+    client: Client, transport: Transport, redis_client: redis.Redis, config: Config
+) -> None:
+    queue = config.lanes.interactive.queue
+    key = admission_key(queue)
+    # Refused by the client: nothing is published.
+    with pytest.raises(InvalidArgument):
+        client.write("admission", "k", b"x", timeout=-1)
+    with pytest.raises(InvalidArgument):
+        client.write("admission", "k", b"x" * (config.limits.max_payload_bytes + 1))
+    # Published straight to the queue, refused by the worker: bytes come back.
+    for deadline in (-5, 16_725_225_600_000):
+        request_id, body = _write(deadline, b"x")
+        transport.publish(body, request_id=request_id, lane=LaneName.INTERACTIVE,
+                          deadline_ms=_now_ms() + 2000)  # fmt: skip
+        answer = transport.results.wait(request_id, 5.0)
+        assert answer is not None
+        with pytest.raises(InvalidArgument):
+            decode_response(answer, request_id)
+    assert redis_client.llen(queue) == 0
+    assert int(redis_client.hget(key, "bytes") or 0) == 0
