@@ -24,6 +24,7 @@ from dataservice import (
     Unavailable,
 )
 from dataservice.config import Config, LaneName, OperationClass, Settings, load_config
+from dataservice.localservices import redis_reachable
 from dataservice.permits import LanePermits
 from dataservice.store import RecordStore, create_store_engine
 from dataservice.store.records import Budget, StatementTimeout
@@ -57,7 +58,7 @@ def slow_worker(
     slow_settings: Settings, database: Engine, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Celery]:
     """One interactive replica whose every operation spends DELAY_MS in the database."""
-    require(redis_reachable_db(SLOW_REDIS_URL), "Redis at 127.0.0.1:6379")
+    require(redis_reachable(SLOW_REDIS_URL), "Redis at 127.0.0.1:6379")
     redis.Redis.from_url(SLOW_REDIS_URL).flushdb()
     config = load_config(slow_settings.config_path)
     supervisor = Supervisor(
@@ -72,12 +73,6 @@ def slow_worker(
     finally:
         control.close()
         supervisor.stop()
-
-
-def redis_reachable_db(url: str) -> bool:
-    from dataservice.localservices import redis_reachable
-
-    return redis_reachable(url)
 
 
 def _gauge(control: Celery) -> tuple[int, set[int]]:
