@@ -29,6 +29,7 @@ from dataservice.store.migrate import upgrade
 from dataservice.supervisor import Supervisor
 from dataservice.transport import Transport
 from dataservice.wire import celery_settings
+from tests.support import on_redis
 from workers.app import LaneRuntime, register_task
 
 TEST_REDIS_URL = "redis://127.0.0.1:6379/15"
@@ -166,13 +167,7 @@ def transport(settings: Settings, config: Config) -> Iterator[Transport]:
 
 @pytest.fixture(scope="session")
 def process_settings(settings: Settings) -> Settings:
-    return Settings(
-        config_path=settings.config_path,
-        broker_url=PROCESS_REDIS_URL,
-        result_backend_url=PROCESS_REDIS_URL,
-        redis_url=PROCESS_REDIS_URL,
-        database_url=settings.database_url,
-    )
+    return on_redis(settings, PROCESS_REDIS_URL)
 
 
 @pytest.fixture(scope="module")

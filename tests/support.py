@@ -1,8 +1,16 @@
-"""Helpers for tests that check the database itself rather than the service's word."""
+"""Helpers for tests: checks on the database itself rather than the service's
+word, and variations of the test configuration."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any
+
 from sqlalchemy import Engine, text
+
+from dataservice.config import Settings
 
 
 def row_count(engine: Engine, scope: str | None = None) -> int:
@@ -43,3 +51,24 @@ def connection_ids(engine: Engine, user: str) -> set[int]:
     query = text("SELECT ID FROM information_schema.PROCESSLIST WHERE USER = :user")
     with engine.connect() as conn:
         return {int(r[0]) for r in conn.execute(query, {"user": user})}
+
+
+def changed(data: dict[str, Any], path: tuple[str, ...], value: object) -> dict[str, Any]:
+    """A deep copy of a configuration document with one nested key set."""
+    result = copy.deepcopy(data)
+    node = result
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = value
+    return result
+
+
+def on_redis(settings: Settings, redis_url: str, config_path: Path | None = None) -> Settings:
+    """The same settings with broker, results and cache on another Redis database."""
+    return dataclasses.replace(
+        settings,
+        broker_url=redis_url,
+        result_backend_url=redis_url,
+        redis_url=redis_url,
+        config_path=config_path or settings.config_path,
+    )

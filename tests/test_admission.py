@@ -20,6 +20,7 @@ from dataservice.keys import admission_key
 from dataservice.localservices import redis_reachable
 from dataservice.transport import Refused, Transport
 from tests.conftest import SHIPPED_CONFIG, require
+from tests.support import on_redis
 
 # No worker consumes this database: whatever is admitted stays queued.
 UNSERVED_REDIS_URL = "redis://127.0.0.1:6379/11"
@@ -34,13 +35,7 @@ def bounded(settings: Settings, tmp_path: Path) -> Iterator[tuple[Settings, Conf
     data["lanes"]["batch"]["admission"] = {"max_messages": 10_000, "max_bytes": 3 * 70_000}
     path = tmp_path / "queues.yml"
     path.write_text(yaml.safe_dump(data))
-    bounded_settings = Settings(
-        config_path=path,
-        broker_url=UNSERVED_REDIS_URL,
-        result_backend_url=UNSERVED_REDIS_URL,
-        redis_url=UNSERVED_REDIS_URL,
-        database_url=settings.database_url,
-    )
+    bounded_settings = on_redis(settings, UNSERVED_REDIS_URL, path)
     broker = redis.Redis.from_url(UNSERVED_REDIS_URL)
     broker.flushdb()
     yield bounded_settings, load_config(path), broker

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import yaml
 from dataservice.budget import check_budget, require_within_budget
 from dataservice.config import ConfigError, LaneName, parse_config
 from tests.conftest import SHIPPED_CONFIG
+from tests.support import changed
 
 
 @pytest.fixture
@@ -70,11 +70,7 @@ def test_check_config_fails_naming_the_numbers_with_twenty_replicas(
 def test_each_broken_bound_is_named(
     shipped: dict[str, Any], path: tuple[str, ...], value: int, named: str
 ) -> None:
-    data = copy.deepcopy(shipped)
-    node = data
-    for part in path[:-1]:
-        node = node[part]
-    node[path[-1]] = value
+    data = changed(shipped, path, value)
     check = check_budget(parse_config(data))
     assert not check.ok
     assert any(named in problem for problem in check.problems), check.problems

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ from pydantic import ValidationError
 from dataservice import ConfigError, LaneName, Settings, load_config
 from dataservice.config import parse_config
 from tests.conftest import SHIPPED_CONFIG
+from tests.support import changed
 
 
 @pytest.fixture
@@ -50,28 +50,25 @@ def test_configuration_is_frozen(shipped: dict[str, Any]) -> None:
 def test_bad_key_or_value_is_an_error_naming_it(
     shipped: dict[str, Any], path: tuple[str, ...], value: object, named: str
 ) -> None:
-    data = copy.deepcopy(shipped)
-    node = data
-    for part in path[:-1]:
-        node = node[part]
-    node[path[-1]] = value
+    data = changed(shipped, path, value)
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
         parse_config(data)
 
 
-def test_inconsistent_numbers_are_rejected(shipped: dict[str, Any]) -> None:
-    data = copy.deepcopy(shipped)
-    data["lanes"]["interactive"]["default_deadline_ms"] = 60_000
-    with pytest.raises(ConfigError, match="default_deadline_ms"):
-        parse_config(data)
-    data = copy.deepcopy(shipped)
-    data["lanes"]["batch"]["queue"] = "interactive"
-    with pytest.raises(ConfigError, match="different queues"):
-        parse_config(data)
-    data = copy.deepcopy(shipped)
-    data["limits"]["max_request_bytes"] = data["limits"]["max_payload_bytes"]
-    with pytest.raises(ConfigError, match="max_request_bytes"):
-        parse_config(data)
+@pytest.mark.parametrize(
+    ("path", "value", "named"),
+    [
+        (("lanes", "interactive", "default_deadline_ms"), 60_000, "default_deadline_ms"),
+        (("lanes", "batch", "queue"), "interactive", "different queues"),
+        (("limits", "max_request_bytes"), 65_536, "max_request_bytes"),
+        (("lanes", "batch", "admission", "max_bytes"), 1_000, "admission.max_bytes"),
+    ],
+)
+def test_inconsistent_numbers_are_rejected(
+    shipped: dict[str, Any], path: tuple[str, ...], value: object, named: str
+) -> None:
+    with pytest.raises(ConfigError, match=named):
+        parse_config(changed(shipped, path, value))
 
 
 def test_unreadable_or_malformed_file_is_a_config_error(tmp_path: Path) -> None:

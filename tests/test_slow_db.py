@@ -31,7 +31,7 @@ from dataservice.store.records import Budget, StatementTimeout
 from dataservice.supervisor import Supervisor
 from dataservice.wire import celery_settings
 from tests.conftest import SERVICE_USER, SHIPPED_CONFIG, require
-from tests.support import connection_ids, running_statements
+from tests.support import connection_ids, on_redis, running_statements
 from workers.app import PERMITS_COMMAND
 
 SLOW_REDIS_URL = "redis://127.0.0.1:6379/13"
@@ -44,13 +44,7 @@ def slow_settings(settings: Settings, tmp_path_factory: pytest.TempPathFactory) 
     data["database"]["injected_delay_ms"] = DELAY_MS
     path: Path = tmp_path_factory.mktemp("slow") / "queues.yml"
     path.write_text(yaml.safe_dump(data))
-    return Settings(
-        config_path=path,
-        broker_url=SLOW_REDIS_URL,
-        result_backend_url=SLOW_REDIS_URL,
-        redis_url=SLOW_REDIS_URL,
-        database_url=settings.database_url,
-    )
+    return on_redis(settings, SLOW_REDIS_URL, path)
 
 
 @pytest.fixture(scope="module")

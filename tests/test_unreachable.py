@@ -9,6 +9,7 @@ import pytest
 from dataservice import Client, RetryableError, Unavailable
 from dataservice.config import Config, Settings
 from dataservice.localservices import free_port
+from tests.support import on_redis
 
 
 @pytest.mark.timeout(30)
@@ -16,13 +17,7 @@ def test_unreachable_broker_is_unavailable_within_a_bounded_time(
     settings: Settings, config: Config
 ) -> None:
     dead = f"redis://127.0.0.1:{free_port()}/0"
-    unreachable = Settings(
-        config_path=settings.config_path,
-        broker_url=dead,
-        result_backend_url=dead,
-        redis_url=dead,
-        database_url=settings.database_url,
-    )
+    unreachable = on_redis(settings, dead)
     with Client("tests", unreachable, config) as client:
         start = time.monotonic()
         with pytest.raises(Unavailable) as caught:
