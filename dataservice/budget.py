@@ -106,6 +106,14 @@ def require_within_budget(config: Config, lane: LaneName, concurrency: int) -> N
             "the configuration exceeds the database budget: " + "; ".join(check.problems)
         )
     permits = config.lanes[lane].permits
+    others = sum(config.lanes[other].concurrency for other in LaneName if other is not lane)
+    connections = config.budget.max_replicas * (concurrency + others)
+    if connections > config.budget.max_connections:
+        raise ConfigError(
+            f"--concurrency {concurrency} makes {config.budget.max_replicas} replicas x "
+            f"{concurrency + others} connections = {connections}, over "
+            f"budget.max_connections ({config.budget.max_connections})"
+        )
     if concurrency > permits:
         raise ConfigError(
             f"--concurrency {concurrency} exceeds this lane's share of the database budget: "

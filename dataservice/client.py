@@ -250,8 +250,8 @@ class Client:
         lane_config = self.config.lanes[lane]
         if timeout is None:
             budget_ms = lane_config.default_deadline_ms
-        elif timeout <= 0:
-            raise InvalidArgument("timeout must be positive")
+        elif timeout < 0.001:
+            raise InvalidArgument("timeout must be at least 1 ms")
         else:
             budget_ms = min(int(timeout * 1000), lane_config.max_deadline_ms)
         return _now_ms() + budget_ms

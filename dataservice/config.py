@@ -130,6 +130,7 @@ class DatabaseConfig(_Model):
     connect_timeout_s: Annotated[int, Field(gt=0, le=60)]
     pool_timeout_ms: PositiveInt
     pool_recycle_s: PositiveInt
+    max_statement_ms: Annotated[int, Field(ge=10, le=600_000)]
     connect_rate_per_s: Annotated[float, Field(gt=0, le=10_000)]
     connect_burst: Annotated[int, Field(gt=0, le=10_000)]
     injected_delay_ms: Annotated[int, Field(ge=0, le=60_000)]

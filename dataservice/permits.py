@@ -72,16 +72,18 @@ class LanePermits:
         try:
             if not self._lane.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
                 self._refuse()
-            permit = Permit(op_class)
-            with self._lock:
-                self._acquired += 1
-                self._holders[id(permit)] = permit
             try:
-                yield permit
-            finally:
+                permit = Permit(op_class)
                 with self._lock:
-                    del self._holders[id(permit)]
-                    self._released += 1
+                    self._acquired += 1
+                    self._holders[id(permit)] = permit
+                try:
+                    yield permit
+                finally:
+                    with self._lock:
+                        del self._holders[id(permit)]
+                        self._released += 1
+            finally:
                 self._lane.release()
         finally:
             class_slot.release()

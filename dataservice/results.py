@@ -21,6 +21,8 @@ from dataservice.keys import result_key
 
 # BLPOP treats 0 as "forever"; a wait is never shorter than this instead.
 _MIN_WAIT_S = 0.001
+# The longest single BLPOP; a longer wait is a series of them.
+_WAIT_SLICE_S = 2.0
 # How long a caller may wait for a free connection to wait on; more concurrent
 # waiters than the pool holds is a caller-side overload, reported as such.
 _POOL_WAIT_S = 2.0
@@ -45,16 +47,14 @@ class ResultStore:
         self._redis = client
 
     @classmethod
-    def from_url(
-        cls, url: str, *, max_waiters: int = 64, longest_wait_s: float = 60.0
-    ) -> ResultStore:
-        # The socket timeout must outlast the longest BLPOP, or redis-py would
-        # cut a legitimate wait short.
+    def from_url(cls, url: str, *, max_waiters: int = 64) -> ResultStore:
+        # Waits are cut into slices, so the socket timeout only needs to outlast
+        # one slice; a half-open connection then costs seconds, not a deadline.
         pool = redis.BlockingConnectionPool.from_url(
             url,
             max_connections=max_waiters,
             timeout=_POOL_WAIT_S,
-            socket_timeout=longest_wait_s + 5,
+            socket_timeout=_WAIT_SLICE_S + 3,
             socket_connect_timeout=2,
             health_check_interval=30,
         )
@@ -91,19 +91,23 @@ class ResultStore:
     def wait(self, request_id: str, timeout_s: float) -> bytes | None:
         """Take the answer, waiting up to ``timeout_s``; None if it did not come."""
         key = result_key(request_id)
+        until = time.monotonic() + timeout_s
         try:
             if timeout_s <= 0:
                 value = self._redis.lpop(key)
                 return value if isinstance(value, bytes) else None
-            popped = self._redis.blpop([key], timeout=max(timeout_s, _MIN_WAIT_S))
+            while (left := until - time.monotonic()) > 0:
+                popped = self._redis.blpop(
+                    [key], timeout=max(min(left, _WAIT_SLICE_S), _MIN_WAIT_S)
+                )
+                if popped is not None:
+                    value = popped[1]
+                    return value if isinstance(value, bytes) else None
         except redis.RedisError:
             raise Unavailable(
                 "the result backend is unreachable", retry_after=RETRY_RESULTS_DOWN_S
             ) from None
-        if popped is None:
-            return None
-        value = popped[1]
-        return value if isinstance(value, bytes) else None
+        return None
 
     def pending(self, request_id: str) -> bool:
         try:

@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from dataservice import codec
 from dataservice.config import Config, LaneConfig, OperationClass
@@ -20,12 +21,15 @@ from dataservice.errors import InvalidArgument, NotFound, RequestError, error_fo
 from dataservice.permits import LanePermits, PermitUnavailable
 from dataservice.proto import pb
 from dataservice.status import StatusCode
-from dataservice.store.connections import ConnectRateLimited
+from dataservice.store.connections import (
+    MIN_STATEMENT_MS,
+    ConnectRateLimited,
+    StatementTimeout,
+)
 from dataservice.store.records import (
     Budget,
     DeleteRaced,
     RecordStore,
-    StatementTimeout,
     StoredRecord,
 )
 
@@ -35,9 +39,6 @@ log = logging.getLogger(__name__)
 # maximum plus this are absurd rather than skewed.
 CLOCK_SKEW_MS = 5_000
 RETRY_POOL_BUSY_MS = 50
-# The least time worth starting a statement with: a primary-key statement and
-# its round trip take well under this on a healthy database.
-MIN_STATEMENT_MS = 5
 RETRY_DB_UNAVAILABLE_MS = 250
 # Per-record framing inside a ListRecordsResponse, on top of id and payload.
 _RECORD_OVERHEAD = 32
@@ -82,13 +83,18 @@ class RequestHandler:
         self.permits = permits
         self._clock = clock
 
-    def handle(self, task_id: str, body: object, expires_ms: int | None = None) -> Reply | None:
+    def internal_error(self, task_id: str, deadline_ms: int | None) -> Reply:
+        now = self._clock()
+        expires = max(deadline_ms or now, now) + self.config.results.grace_ms
+        return self._error(task_id, error_for(StatusCode.INTERNAL, "internal error"), expires)
+
+    def handle(self, task_id: str, body: object, deadline_ms: int | None = None) -> Reply | None:
         """Answer one request; None when its caller has already given up."""
         now = self._clock()
         grace = self.config.results.grace_ms
-        # Until the envelope is decoded, the message's own expiry (or the lane
-        # maximum) bounds how long an error answer is worth keeping.
-        fallback = max(expires_ms or now + self.lane.max_deadline_ms, now) + grace
+        # Until the envelope is decoded, the message's deadline header (or the
+        # lane maximum) bounds how long an error answer is worth keeping.
+        fallback = max(deadline_ms or now + self.lane.max_deadline_ms, now) + grace
         try:
             envelope = codec.decode_request(body, self.config.limits)
             if envelope.request_id != task_id:
@@ -113,13 +119,14 @@ class RequestHandler:
             error, retry_after_ms = _refusal(exc)
             return self._error(task_id, error, ttl, retry_after_ms)
         except DBAPIError as exc:
-            log.warning("database error on %s: %s", task_id, type(exc.orig).__name__)
-            # OperationalError covers a lost connection, a refused one (server
-            # down, max_connections reached) and lock timeouts: all transient.
-            if exc.connection_invalidated or isinstance(exc, OperationalError):
-                error = error_for(StatusCode.UNAVAILABLE, "the database is unavailable")
-                return self._error(task_id, error, ttl, RETRY_DB_UNAVAILABLE_MS)
-            return self._error(task_id, error_for(StatusCode.INTERNAL, "internal error"), ttl)
+            errno = exc.orig.args[0] if exc.orig is not None and exc.orig.args else None
+            log.warning("database error %s on %s: %s", errno, task_id, type(exc.orig).__name__)
+            mutation = envelope.WhichOneof("operation") in codec.MUTATIONS
+            error, retry_after_ms = _database_error(errno, exc.connection_invalidated, mutation)
+            return self._error(task_id, error, ttl, retry_after_ms)
+        except PoolTimeout:
+            busy = error_for(StatusCode.RESOURCE_EXHAUSTED, "the service is at its database budget")
+            return self._error(task_id, busy, ttl, RETRY_POOL_BUSY_MS)
         except SQLAlchemyError as exc:
             log.error("store error on %s: %s", task_id, type(exc).__name__)
             return self._error(task_id, error_for(StatusCode.INTERNAL, "internal error"), ttl)
@@ -148,10 +155,8 @@ class RequestHandler:
         if wait_ms <= 0:
             raise error_for(StatusCode.DEADLINE_EXCEEDED, "too little time left to run")
         with self.permits.acquire(OPERATION_CLASSES[operation], wait_ms / 1000) as permit:
-            timeout_ms = envelope.deadline_unix_ms - self._clock()
-            if timeout_ms < MIN_STATEMENT_MS:
-                raise error_for(StatusCode.DEADLINE_EXCEEDED, "too little time left to run")
-            return self._dispatch(envelope, operation, Budget(permit, timeout_ms))
+            # Each statement's timeout is what is left when it is sent.
+            return self._dispatch(envelope, operation, Budget(permit, envelope.deadline_unix_ms))
 
     def _dispatch(
         self, envelope: pb.RequestEnvelope, operation: str, budget: Budget
@@ -228,3 +233,32 @@ def _refusal(
         return error_for(StatusCode.DEADLINE_EXCEEDED, "the statement ran out of time"), 0
     ramp = error_for(StatusCode.UNAVAILABLE, "the service is reconnecting to the database")
     return ramp, max(1, int(exc.retry_after * 1000))
+
+
+# MySQL/MariaDB error numbers, by what they mean for the caller.
+_CANNOT_CONNECT = frozenset({2002, 2003, 2005, 1053, 1927, 4031})  # nothing was sent
+_TOO_MANY_CONNECTIONS = frozenset({1040, 1203})
+_ROLLED_BACK = frozenset({1205, 1213})  # lock wait timeout, deadlock: nothing applied
+_LOST_MID_STATEMENT = frozenset({2006, 2013, 2055})
+
+
+def _database_error(
+    errno: object, connection_lost: bool, mutation: bool
+) -> tuple[RequestError, int]:
+    """The caller's error for a database failure: retryable only when retrying is safe."""
+    if errno in _TOO_MANY_CONNECTIONS:
+        busy = error_for(StatusCode.RESOURCE_EXHAUSTED, "the database has no connection to spare")
+        return busy, RETRY_DB_UNAVAILABLE_MS
+    if errno in _CANNOT_CONNECT or errno in _ROLLED_BACK:
+        return error_for(StatusCode.UNAVAILABLE, "the database is unavailable"), (
+            RETRY_DB_UNAVAILABLE_MS
+        )
+    if connection_lost or errno in _LOST_MID_STATEMENT:
+        if mutation:
+            # The change may or may not have been applied: not safe to retry blindly.
+            lost = "the database connection was lost; the outcome is unknown"
+            return error_for(StatusCode.DEADLINE_EXCEEDED, lost), 0
+        return error_for(StatusCode.UNAVAILABLE, "the database is unavailable"), (
+            RETRY_DB_UNAVAILABLE_MS
+        )
+    return error_for(StatusCode.INTERNAL, "internal error"), 0

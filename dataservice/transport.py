@@ -8,13 +8,12 @@ Celery tooling can read them); answers come back through
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import UTC, datetime
 from typing import Any
 
 from celery import Celery
 from kombu.exceptions import OperationalError as BrokerError
 
-from dataservice.admission import AdmissionRefused
+from dataservice.admission import DEADLINE_HEADER, AdmissionRefused
 from dataservice.config import Config, LaneName, Settings
 from dataservice.errors import ResourceExhausted, Unavailable
 from dataservice.results import ResultStore
@@ -53,7 +52,6 @@ class Transport:
         self.results = ResultStore.from_url(
             settings.result_backend_url,
             max_waiters=max_waiters,
-            longest_wait_s=config.longest_deadline_ms / 1000,
         )
 
     def _options(
@@ -63,7 +61,7 @@ class Transport:
             "task_id": request_id,
             "queue": self.config.lanes[lane].queue,
             "serializer": SERIALIZER,
-            "expires": datetime.fromtimestamp(deadline_ms / 1000, tz=UTC),
+            "headers": {DEADLINE_HEADER: deadline_ms},
             "ignore_result": True,
             # Celery would otherwise put repr(args) (the payload) into the
             # headers, where monitoring tools display it.

@@ -63,6 +63,8 @@ class _Channel(kombu_redis.Channel):
     """
 
     _shared_client: Any = None
+    # kombu's batch publishing would push with a plain LPUSH, past admission.
+    supports_batch_publish = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -84,7 +86,8 @@ class _Channel(kombu_redis.Channel):
         if client:
             yield client
             return
-        if self._shared_client is None:
+        # kombu replaces its pool on disconnect; a client on the old one is stale.
+        if self._shared_client is None or self._shared_client.connection_pool is not self.pool:
             self._shared_client = self._create_client()
         yield self._shared_client
 

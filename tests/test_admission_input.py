@@ -26,7 +26,8 @@ from dataservice.transport import Transport
 def handler(settings: Settings, config: Config, database: Engine) -> Iterator[RequestHandler]:
     engine = create_store_engine(settings.database_url, 2, config.database)
     lane = config.lanes[LaneName.INTERACTIVE]
-    yield RequestHandler(config, lane, RecordStore(engine), LanePermits(lane))
+    store = RecordStore(engine, max_statement_ms=config.database.max_statement_ms)
+    yield RequestHandler(config, lane, store, LanePermits(lane))
     engine.dispose()
 
 
@@ -105,4 +106,19 @@ def test_rejected_requests_hold_no_queue_slot_or_bytes(
         with pytest.raises(InvalidArgument):
             decode_response(answer, request_id)
     assert redis_client.llen(queue) == 0
+    assert int(redis_client.hget(key, "bytes") or 0) == 0
+
+
+@pytest.mark.usefixtures("interactive_worker")
+def test_a_request_dropped_as_late_gives_its_bytes_back(
+    transport: Transport, redis_client: redis.Redis, config: Config
+) -> None:
+    key = admission_key(config.lanes.interactive.queue)
+    # Late by the time a worker sees it: dropped unanswered, and still counted as done.
+    request_id, body = _write(_now_ms() - 1, b"late")
+    done_before = int(redis_client.hget(key, "done") or 0)
+    transport.publish(body, request_id=request_id, lane=LaneName.INTERACTIVE,
+                      deadline_ms=_now_ms() + 2000)  # fmt: skip
+    assert transport.results.wait(request_id, 1.0) is None
+    assert int(redis_client.hget(key, "done") or 0) == done_before + 1
     assert int(redis_client.hget(key, "bytes") or 0) == 0

@@ -27,7 +27,8 @@ from dataservice.config import Config, LaneName, OperationClass, Settings, load_
 from dataservice.localservices import redis_reachable
 from dataservice.permits import LanePermits
 from dataservice.store import RecordStore, create_store_engine
-from dataservice.store.records import Budget, StatementTimeout
+from dataservice.store.connections import StatementTimeout, now_ms
+from dataservice.store.records import Budget
 from dataservice.supervisor import Supervisor
 from dataservice.wire import celery_settings
 from tests.conftest import SERVICE_USER, SHIPPED_CONFIG, require
@@ -164,21 +165,22 @@ def test_a_timed_out_statement_leaves_with_its_connection(
     settings: Settings, config: Config, database: Engine
 ) -> None:
     engine = create_store_engine(settings.database_url, 1, config.database)
-    slow = RecordStore(engine, injected_delay_ms=300)
+    limit = config.database.max_statement_ms
+    slow = RecordStore(engine, max_statement_ms=limit, injected_delay_ms=300)
     permits = LanePermits(config.lanes.interactive)
 
     try:
         with permits.acquire(OperationClass.POINT_READ, 1.0) as permit:
             with pytest.raises(StatementTimeout):
-                slow.read("s", "a", Budget(permit, timeout_ms=50))
+                slow.read("s", "a", Budget(permit, deadline_ms=now_ms() + 50))
             killed = permit.connection_id
         assert killed is not None
         assert permits.snapshot().in_use == 0
         # The server no longer has the connection, and the pool made a new one.
         assert killed not in connection_ids(database, SERVICE_USER)
-        fresh = RecordStore(engine)
+        fresh = RecordStore(engine, max_statement_ms=limit)
         with permits.acquire(OperationClass.POINT_READ, 1.0) as permit:
-            fresh.read("s", "a", Budget(permit, timeout_ms=1000))
+            fresh.read("s", "a", Budget(permit, deadline_ms=now_ms() + 1000))
             assert permit.connection_id not in (None, killed)
     finally:
         engine.dispose()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict
-from datetime import datetime
 from typing import Any
 from weakref import WeakKeyDictionary
 
@@ -12,6 +11,7 @@ import redis
 from celery import Celery, Task
 from celery.worker.control import inspect_command
 
+from dataservice.admission import DEADLINE_HEADER
 from dataservice.config import Config, LaneName, Settings
 from dataservice.keys import admission_key
 from dataservice.permits import LanePermits
@@ -23,11 +23,8 @@ from dataservice.wire import TASK_NAME, celery_settings
 log = logging.getLogger(__name__)
 
 
-def _expires_ms(value: Any) -> int | None:
-    if not value:
-        return None
-    moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
-    return int(moment.timestamp() * 1000)
+def _deadline_ms(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class LaneRuntime:
@@ -40,41 +37,43 @@ class LaneRuntime:
         self.lane = lane
         threads = lane_config.concurrency if threads is None else threads
         # One connection per worker thread: a thread never waits for another's.
-        # The driver's read timeout outlasts the longest statement timeout of the lane.
-        self.engine = create_store_engine(
-            settings.database_url,
-            threads,
-            config.database,
-            read_timeout_s=lane_config.max_deadline_ms // 1000 + 2,
-        )
+        self.engine = create_store_engine(settings.database_url, threads, config.database)
         self.permits = LanePermits(lane_config)
         self.admission_key = admission_key(lane_config.queue)
-        store = RecordStore(self.engine, injected_delay_ms=config.database.injected_delay_ms)
+        store = RecordStore(
+            self.engine,
+            max_statement_ms=config.database.max_statement_ms,
+            injected_delay_ms=config.database.injected_delay_ms,
+        )
         self.handler = RequestHandler(config, lane_config, store, self.permits)
         self.results = ResultStore.from_url(
             settings.result_backend_url,
             max_waiters=threads + 2,
-            longest_wait_s=1.0,
         )
 
     def process(
-        self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any], expires: Any
+        self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any], deadline: Any
     ) -> None:
+        """Answer one message; whatever happens, its bytes go back to admission."""
         body: object = args[0] if len(args) == 1 and not kwargs else None
-        try:
-            expires_ms = _expires_ms(expires)
-        except ValueError:
-            expires_ms = None
-        reply = self.handler.handle(task_id, body, expires_ms)
         done = Completion(self.admission_key, len(body) if isinstance(body, bytes) else 0)
+        reply = None
         try:
-            if reply is None:
-                self.results.complete(done)
-            else:
-                self.results.put(task_id, reply.body, reply.expires_at_ms, done)
-        except redis.RedisError as exc:
-            # The work is done; its caller will see DEADLINE_EXCEEDED and may retry.
-            log.warning("could not deliver the answer to %s: %s", task_id, type(exc).__name__)
+            reply = self.handler.handle(task_id, body, _deadline_ms(deadline))
+        except Exception as exc:
+            # A bug, not a request's fault: answer INTERNAL rather than leave
+            # the caller waiting for its deadline.
+            log.error("unexpected %s on %s", type(exc).__name__, task_id, exc_info=True)
+            reply = self.handler.internal_error(task_id, _deadline_ms(deadline))
+        finally:
+            try:
+                if reply is None:
+                    self.results.complete(done)
+                else:
+                    self.results.put(task_id, reply.body, reply.expires_at_ms, done)
+            except redis.RedisError as exc:
+                # The work is done; its caller sees DEADLINE_EXCEEDED and may retry.
+                log.warning("could not deliver the answer to %s: %s", task_id, type(exc).__name__)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -106,7 +105,7 @@ def register_task(app: Celery, runtime: LaneRuntime) -> None:
 
     @app.task(name=TASK_NAME, bind=True, typing=False, ignore_result=True)
     def handle(self: Task, *args: Any, **kwargs: Any) -> None:
-        runtime.process(self.request.id, args, kwargs, self.request.expires)
+        runtime.process(self.request.id, args, kwargs, getattr(self.request, DEADLINE_HEADER, None))
 
 
 def create_app(

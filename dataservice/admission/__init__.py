@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import asdict, dataclass
-from datetime import datetime
 from importlib import resources
 from typing import Any
 
@@ -25,6 +24,11 @@ from redis.exceptions import NoScriptError
 
 from dataservice.config import Config
 from dataservice.keys import admission_key
+
+# The request's deadline (Unix ms) as a message header. Celery's own `expires`
+# is not used: a message Celery drops as expired never reaches the handler, so
+# its bytes would never be given back to admission.
+DEADLINE_HEADER = "ds_deadline_ms"
 
 _ADMIT = resources.files(__package__).joinpath("admit.lua").read_text("utf-8")
 _ADMIT_SHA = hashlib.sha1(_ADMIT.encode()).hexdigest()
@@ -51,6 +55,7 @@ class AdmissionRefused(Exception):
 class LaneAdmission:
     max_messages: int
     max_bytes: int
+    default_deadline_ms: int
     max_deadline_ms: int
     stats_key: str
 
@@ -63,6 +68,7 @@ def lane_admissions(config: Config) -> dict[str, dict[str, Any]]:
             LaneAdmission(
                 max_messages=lane.admission.max_messages,
                 max_bytes=lane.admission.max_bytes,
+                default_deadline_ms=lane.default_deadline_ms,
                 max_deadline_ms=lane.max_deadline_ms,
                 stats_key=admission_key(lane.queue),
             )
@@ -79,22 +85,18 @@ def envelope_size(message: dict[str, Any]) -> int:
     return len(body) * 3 // 4 - (len(body) - len(body.rstrip("=")))
 
 
-def remaining_ms(message: dict[str, Any], fallback_ms: int, now_ms: int) -> int:
-    expires = message.get("headers", {}).get("expires")
-    if not expires:
+def remaining_ms(message: dict[str, Any], fallback_ms: int) -> int:
+    """The time the request has left, from its deadline header, else ``fallback_ms``."""
+    value = message.get("headers", {}).get(DEADLINE_HEADER)
+    if not isinstance(value, int) or isinstance(value, bool):
         return fallback_ms
-    try:
-        moment = datetime.fromisoformat(str(expires))
-    except ValueError:
-        return fallback_ms
-    return int(moment.timestamp() * 1000) - now_ms
+    return value - time.time_ns() // 1_000_000
 
 
 def admit(
     client: redis.Redis, queue_key: str, lane: LaneAdmission, encoded: str, message: dict[str, Any]
 ) -> None:
     """Push ``encoded`` onto the lane's queue, or raise AdmissionRefused."""
-    now = time.time_ns() // 1_000_000
     answer = _run_admit(
         client,
         [queue_key, lane.stats_key],
@@ -103,8 +105,8 @@ def admit(
             envelope_size(message),
             lane.max_messages,
             lane.max_bytes,
-            remaining_ms(message, lane.max_deadline_ms, now),
-            now,
+            remaining_ms(message, lane.max_deadline_ms),
+            lane.default_deadline_ms,
             lane.max_deadline_ms + 60_000,
         ],
     )

@@ -4,44 +4,58 @@
 -- KEYS[2]  the lane's admission hash:
 --            bytes    envelope bytes queued or in flight (workers subtract on completion)
 --            done     completed requests (workers add on completion)
---            rate     completions per second, measured here over windows of >= 1 s
---            rate_at  when the current window began (ms)
+--            rate     completions per second while the queue was busy
+--            rate_at  when the current measuring window began (server time, ms)
 --            done_at  `done` when the current window began
 -- ARGV[1]  the message, as kombu stores it in the list
 -- ARGV[2]  the request envelope's size in bytes
 -- ARGV[3]  the most messages that may wait in the queue
 -- ARGV[4]  the most envelope bytes that may be queued or in flight
--- ARGV[5]  the request's remaining time (ms)
--- ARGV[6]  now (ms)
--- ARGV[7]  expiry of the admission hash (ms): an idle lane starts afresh
+-- ARGV[5]  the request's remaining time (ms, measured by the caller)
+-- ARGV[6]  the longest retry-after worth suggesting (ms)
+-- ARGV[7]  expiry of the admission hash (ms): a lane idle that long starts afresh
 --
 -- Returns {1} when the message was pushed, or {0, reason, retry_after_ms}:
 -- reason is 'messages', 'bytes' or 'wait' (it could not start before its deadline).
 
 local depth = redis.call('LLEN', KEYS[1])
 local h = redis.call('HMGET', KEYS[2], 'bytes', 'done', 'rate', 'rate_at', 'done_at')
+-- Workers only subtract; a negative balance (a completion counted twice after
+-- a redelivery) must not become room beyond the bound.
 local bytes = math.max(tonumber(h[1]) or 0, 0)
 local done = tonumber(h[2]) or 0
 local rate = tonumber(h[3]) or 0
 local rate_at = tonumber(h[4])
 local done_at = tonumber(h[5]) or 0
 local size = tonumber(ARGV[2])
-local now = tonumber(ARGV[6])
+local remaining = tonumber(ARGV[5])
+local cap = tonumber(ARGV[6])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-if rate_at == nil or now < rate_at then
+redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[7]))
+if rate_at == nil then
   redis.call('HSET', KEYS[2], 'rate_at', now, 'done_at', done)
 elseif now - rate_at >= 1000 then
-  local measured = (done - done_at) * 1000 / (now - rate_at)
-  if rate > 0 then rate = (rate + measured) / 2 else rate = measured end
+  -- Only a busy window measures what the lane can drain; an idle one says
+  -- nothing about capacity, so it keeps the last measurement.
+  if depth > 0 then
+    local measured = (done - done_at) * 1000 / (now - rate_at)
+    if rate > 0 then rate = (rate + measured) / 2 else rate = measured end
+    if rate < 0.01 then rate = 0 end
+  end
   redis.call('HSET', KEYS[2], 'rate', tostring(rate), 'rate_at', now, 'done_at', done)
 end
 
 -- How long until the queue drains by `n` messages at the measured rate.
 local function drain_ms(n)
   if rate <= 0 then return 100 end
-  return math.max(10, math.ceil(n * 1000 / rate))
+  return math.min(cap, math.max(10, math.ceil(n * 1000 / rate)))
 end
 
+if remaining <= 0 then
+  return {0, 'wait', 10}
+end
 if depth + 1 > tonumber(ARGV[3]) then
   return {0, 'messages', drain_ms(depth + 1 - tonumber(ARGV[3]))}
 end
@@ -50,13 +64,11 @@ if bytes + size > tonumber(ARGV[4]) then
 end
 if rate > 0 then
   local wait = depth * 1000 / rate
-  local remaining = tonumber(ARGV[5])
   if wait > remaining then
-    return {0, 'wait', math.max(10, math.ceil(wait - remaining))}
+    return {0, 'wait', math.min(cap, math.max(10, math.ceil(wait - remaining)))}
   end
 end
 
 redis.call('LPUSH', KEYS[1], ARGV[1])
-redis.call('HINCRBY', KEYS[2], 'bytes', size)
-redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[7]))
+redis.call('HSET', KEYS[2], 'bytes', bytes + size)
 return {1}

@@ -25,7 +25,20 @@ from sqlalchemy import Engine, event
 from sqlalchemy.pool import ConnectionPoolEntry
 
 CONNECTION_ID = "dataservice.connection_id"
-TIMEOUT_OPTION = "dataservice_timeout_ms"
+DEADLINE_OPTION = "dataservice_deadline_ms"
+# The least time worth starting a statement with: a primary-key statement and
+# its round trip take well under this on a healthy database.
+MIN_STATEMENT_MS = 5
+# Server errors that mean "the statement ran out of its time".
+STATEMENT_TIMEOUT_CODES = frozenset({1969, 3024})
+
+
+class StatementTimeout(Exception):
+    """A statement ran, or would have run, past its request's remaining time."""
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 class ConnectRateLimited(Exception):
@@ -75,8 +88,14 @@ class ConnectRamp:
         self._sleep(wait + random.uniform(0, min(0.5 / self.rate, max_wait_s - wait)))
 
 
-def install(engine: Engine, ramp: ConnectRamp, max_wait_s: float) -> None:
-    """Attach the ramp, the identity lookup and the statement timeout to ``engine``."""
+def install(engine: Engine, ramp: ConnectRamp, max_wait_s: float, max_statement_ms: int) -> None:
+    """Attach the ramp, the identity lookup and the statement timeout to ``engine``.
+
+    Each statement's timeout is computed when it is sent, from the request's
+    absolute deadline (the ``DEADLINE_OPTION`` execution option), capped at
+    ``max_statement_ms``; one that could no longer get ``MIN_STATEMENT_MS`` is
+    not sent at all.
+    """
 
     @event.listens_for(engine, "do_connect")
     def _ramp(dialect: Any, record: Any, cargs: Any, cparams: Any) -> None:
@@ -95,9 +114,12 @@ def install(engine: Engine, ramp: ConnectRamp, max_wait_s: float) -> None:
     def _bound(
         conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool
     ) -> tuple[str, Any]:
-        timeout_ms = context.execution_options.get(TIMEOUT_OPTION) if context else None
-        if timeout_ms is None:
+        deadline_ms = context.execution_options.get(DEADLINE_OPTION) if context else None
+        if deadline_ms is None:
             return statement, parameters
+        timeout_ms = min(deadline_ms - now_ms(), max_statement_ms)
+        if timeout_ms < MIN_STATEMENT_MS:
+            raise StatementTimeout
         if conn.dialect.is_mariadb:
             return f"SET STATEMENT max_statement_time={timeout_ms / 1000:.3f} FOR {statement}", (
                 parameters
@@ -105,7 +127,3 @@ def install(engine: Engine, ramp: ConnectRamp, max_wait_s: float) -> None:
         if statement.startswith("SELECT"):
             return f"SELECT /*+ MAX_EXECUTION_TIME({int(timeout_ms)}) */{statement[6:]}", parameters
         return statement, parameters
-
-
-# Server errors that mean "the statement ran out of its time".
-STATEMENT_TIMEOUT_CODES = frozenset({1969, 3024})

@@ -17,6 +17,7 @@ error, which invalidates the pool's older connections and is answered
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -49,15 +50,14 @@ def _on_checkout(dbapi_connection: Any, record: ConnectionPoolEntry, proxy: Any)
         raise DisconnectionError("connection failed its liveness check") from None
 
 
-def create_store_engine(
-    url: str, pool_size: int, config: DatabaseConfig, *, read_timeout_s: int = 60
-) -> Engine:
+def create_store_engine(url: str, pool_size: int, config: DatabaseConfig) -> Engine:
     """The pool of one worker process: ``pool_size`` connections and no more.
 
-    ``read_timeout_s`` is the driver's backstop for a server that stops
-    answering; it must exceed the longest statement timeout, so that by the
+    The driver's read timeout is a backstop for a server that stops answering;
+    it exceeds the longest statement timeout (``max_statement_ms``), so by the
     time it fires the server has already given up on the statement.
     """
+    read_timeout_s = math.ceil(config.max_statement_ms / 1000) + 2
     engine = create_engine(
         url,
         pool_size=pool_size,
@@ -76,7 +76,7 @@ def create_store_engine(
     event.listen(engine, "checkin", _on_checkin)
     event.listen(engine, "checkout", _on_checkout)
     ramp = ConnectRamp(config.connect_rate_per_s, config.connect_burst)
-    install(engine, ramp, max_wait_s=config.pool_timeout_ms / 1000)
+    install(engine, ramp, config.pool_timeout_ms / 1000, config.max_statement_ms)
     return engine
 
 

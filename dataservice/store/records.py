@@ -9,6 +9,7 @@ request's remaining time as a server-side timeout.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,10 +17,16 @@ from datetime import datetime
 
 from sqlalchemy import Connection, Engine, bindparam, func, select, text
 from sqlalchemy.dialects.mysql import insert
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from dataservice.permits import Permit
-from dataservice.store.connections import CONNECTION_ID, STATEMENT_TIMEOUT_CODES, TIMEOUT_OPTION
+from dataservice.store.connections import (
+    CONNECTION_ID,
+    DEADLINE_OPTION,
+    STATEMENT_TIMEOUT_CODES,
+    StatementTimeout,
+    now_ms,
+)
 from dataservice.store.schema import records
 
 _MAX_DELETE_ATTEMPTS = 3
@@ -76,17 +83,15 @@ _UPSERT = _UPSERT.on_duplicate_key_update(
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    """What one operation may spend: its permit, and its statements' time."""
+    """What one operation may spend: its permit, and time until ``deadline_ms`` (Unix ms)."""
 
     permit: Permit | None = None
-    timeout_ms: int | None = None
-
-
-class StatementTimeout(Exception):
-    """The server stopped a statement that ran past the request's remaining time."""
+    deadline_ms: int | None = None
 
 
 _UNBOUNDED = Budget()
+# Slack after the server-side bound before a lost statement is taken as gone.
+_SERVER_BOUND_SLACK_S = 0.1
 
 
 def _timed_out(exc: BaseException) -> bool:
@@ -98,8 +103,11 @@ _SLEEP = text("SELECT SLEEP(:seconds)")
 
 
 class RecordStore:
-    def __init__(self, engine: Engine, *, injected_delay_ms: int = 0) -> None:
+    def __init__(
+        self, engine: Engine, *, max_statement_ms: int, injected_delay_ms: int = 0
+    ) -> None:
         self.engine = engine
+        self._max_statement_ms = max_statement_ms
         self._delay_s = injected_delay_ms / 1000
 
     @contextmanager
@@ -113,8 +121,8 @@ class RecordStore:
         with self.engine.connect() as conn:
             if budget.permit is not None:
                 budget.permit.connection_id = conn.info.get(CONNECTION_ID)
-            if budget.timeout_ms is not None:
-                conn.execution_options(**{TIMEOUT_OPTION: budget.timeout_ms})
+            if budget.deadline_ms is not None:
+                conn.execution_options(**{DEADLINE_OPTION: budget.deadline_ms})
             try:
                 if self._delay_s:
                     conn.execute(_SLEEP, {"seconds": self._delay_s})
@@ -123,7 +131,24 @@ class RecordStore:
                 conn.invalidate()
                 if _timed_out(exc):
                     raise StatementTimeout from None
+                if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+                    self._outlast_server_bound(budget)
                 raise
+
+    def _outlast_server_bound(self, budget: Budget) -> None:
+        """After losing a connection mid-statement, wait until the server has
+        certainly stopped the statement (its own timeout), so that the permit
+        is never released while the database still works for the request.
+
+        A statement started at t with timeout min(deadline - t, cap) is over by
+        min(deadline, now + cap): wait until then.
+        """
+        bound_ms = now_ms() + self._max_statement_ms
+        if budget.deadline_ms is not None:
+            bound_ms = min(bound_ms, budget.deadline_ms)
+        wait_s = (bound_ms - now_ms()) / 1000 + _SERVER_BOUND_SLACK_S
+        if wait_s > 0:
+            time.sleep(wait_s)
 
     def read(self, scope: str, object_id: str, budget: Budget = _UNBOUNDED) -> StoredRecord | None:
         with self._connection(budget) as conn:
