@@ -150,3 +150,32 @@ def test_answered_requests_give_their_bytes_back(
                       deadline_ms=_deadline(5))  # fmt: skip
     assert transport.results.wait(rid, 5.0) is not None
     assert int(redis_client.hget(key, "bytes") or 0) == 0
+
+
+def test_a_request_already_past_its_deadline_is_not_admitted(
+    bounded: tuple[Settings, Config, redis.Redis],
+) -> None:
+    settings, config, broker = bounded
+    transport = Transport(settings, config)
+    try:
+        with pytest.raises(Refused) as caught:
+            transport.publish(b"x", request_id=uuid.uuid4().hex, lane=LaneName.BATCH,
+                              deadline_ms=_deadline(-1))  # fmt: skip
+    finally:
+        transport.close()
+    assert caught.value.refusal.reason == "wait"
+    assert broker.llen(config.lanes.batch.queue) == 0
+
+
+def test_a_negative_byte_balance_is_never_room_beyond_the_bound(
+    bounded: tuple[Settings, Config, redis.Redis],
+) -> None:
+    from dataservice import WriteOp
+
+    settings, config, broker = bounded
+    # As after a completion counted twice: the balance went below zero.
+    broker.hset(admission_key(config.lanes.batch.queue), "bytes", -10_000_000)
+    big = b"\x07" * config.limits.max_payload_bytes
+    with Client("tests", settings, config) as client, pytest.raises(ResourceExhausted):
+        client.submit_many([WriteOp("s", f"big{n}", big) for n in range(5)], timeout=60)
+    assert broker.llen(config.lanes.batch.queue) == 3
