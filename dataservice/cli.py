@@ -141,6 +141,50 @@ def _run_demo(console: Any, settings: Settings, supervisor: Any, records: int) -
     return 0 if ok else 1
 
 
+@app.command()
+def loadtest(
+    scenario: str = typer.Option(
+        ...,
+        help="steady, overload, overlap, reconnect-burst, slow-db or batch-flood.",
+    ),
+    system: str = typer.Option(
+        "service",
+        help="service, naive (bench/naive/) or both (same offered load, one after the other).",
+    ),
+    duration: float = typer.Option(20.0, min=2.0, help="Seconds of offered load."),
+    rate: float | None = typer.Option(
+        None, min=1.0, help="Interactive capacity in requests/s (default: a closed-loop probe)."
+    ),
+    replicas: int = typer.Option(3, min=1, help="Worker replicas per lane."),
+    db_delay_ms: int = typer.Option(
+        0, min=0, help="Statement time injected in the database for every scenario (ms)."
+    ),
+    out: Path | None = typer.Option(
+        None, help="Output directory (default .state/loadtest/<time>)."
+    ),
+    live: bool = typer.Option(True, help="Show the live display."),
+) -> None:
+    """Offer a scenario's open-loop load to isolated replicas; write a JSON report and a chart."""
+    from rich.console import Console
+
+    from dataservice.loadtest.cli import run_loadtest
+
+    settings, _ = _load()
+    code = run_loadtest(
+        Console(),
+        scenario=scenario,
+        system=system,
+        duration=duration,
+        rate=rate,
+        replicas=replicas,
+        db_delay_ms=db_delay_ms,
+        out=out,
+        live=live,
+        base_config=settings.config_path,
+    )
+    raise typer.Exit(code)
+
+
 def main() -> None:
     app()
 

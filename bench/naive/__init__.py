@@ -1,0 +1,1 @@
+"""The naive baseline for ``dataservice loadtest --system naive``: see app.py."""

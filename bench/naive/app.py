@@ -1,0 +1,147 @@
+"""The naive baseline: the same record operations as a plain Celery app.
+
+What a team would write first, with library defaults:
+
+- JSON task messages (payloads base64-encoded) and Celery's Redis result
+  backend, awaited with ``AsyncResult.get(timeout=...)``;
+- one SQLAlchemy engine per worker process with ``create_engine`` defaults
+  (``QueuePool``: 5 connections plus 10 overflow, a transaction per call);
+- Celery's default worker options (prefetch multiplier 4, early
+  acknowledgement), the threads pool with the same thread count as the
+  service's lane so both have the same raw parallelism;
+- no deadline on the message, no admission, no permits, no connection-rate
+  limit.
+
+``--delay-ms`` runs ``SELECT SLEEP`` on the same connection before each
+operation, as the service's slow-db hook does, so both systems face the same
+database.
+
+Worker: ``python -m bench.naive.app --url redis://.../7 --database-url ...
+--queue interactive --concurrency 7``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import logging
+import os
+import socket
+import sys
+import threading
+from typing import Any
+
+from celery import Celery
+from sqlalchemy import Engine, create_engine, func, select, text
+from sqlalchemy.dialects.mysql import insert
+
+from dataservice.store.schema import records
+
+READ_TASK = "naive.read"
+WRITE_TASK = "naive.write"
+
+
+class _Process:
+    """Per-process state: the engine (made on first use) and the injected delay."""
+
+    engine: Engine | None = None
+    lock = threading.Lock()
+    delay_s = 0.0
+
+
+def engine() -> Engine:
+    """The process's engine, created on first use with the library defaults."""
+    with _Process.lock:
+        if _Process.engine is None:
+            _Process.engine = create_engine(os.environ["NAIVE_DATABASE_URL"])
+        return _Process.engine
+
+
+def _maybe_sleep(conn: Any) -> None:
+    if _Process.delay_s > 0:
+        conn.execute(text("SELECT SLEEP(:s)"), {"s": _Process.delay_s})
+
+
+def read(scope: str, object_id: str) -> dict[str, Any] | None:
+    with engine().begin() as conn:
+        _maybe_sleep(conn)
+        row = conn.execute(
+            select(records.c.revision, records.c.payload).where(
+                records.c.scope == scope, records.c.object_id == object_id
+            )
+        ).first()
+    if row is None:
+        return None
+    return {"revision": row.revision, "payload": base64.b64encode(row.payload).decode()}
+
+
+def write(scope: str, object_id: str, payload_b64: str) -> int:
+    payload = base64.b64decode(payload_b64)
+    now = func.utc_timestamp(6)
+    statement = insert(records).values(
+        scope=scope,
+        object_id=object_id,
+        revision=1,
+        payload=payload,
+        created_at=now,
+        updated_at=now,
+    )
+    statement = statement.on_duplicate_key_update(
+        revision=records.c.revision + 1, payload=statement.inserted.payload, updated_at=now
+    )
+    with engine().begin() as conn:
+        _maybe_sleep(conn)
+        conn.execute(statement)
+        revision = conn.execute(
+            select(records.c.revision).where(
+                records.c.scope == scope, records.c.object_id == object_id
+            )
+        ).scalar_one()
+    return int(revision)
+
+
+def make_app(url: str) -> Celery:
+    app = Celery("naive", set_as_current=False)
+    app.conf.update(
+        broker_url=url,
+        result_backend=url,
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        worker_redirect_stdouts=False,
+        result_expires=300,
+    )
+    app.task(name=READ_TASK)(read)
+    app.task(name=WRITE_TASK)(write)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--url", required=True, help="Redis URL: broker and result backend")
+    parser.add_argument("--database-url", required=True)
+    parser.add_argument("--queue", required=True)
+    parser.add_argument("--concurrency", type=int, required=True)
+    parser.add_argument("--delay-ms", type=int, default=0)
+    args = parser.parse_args(argv)
+    os.environ["NAIVE_DATABASE_URL"] = args.database_url
+    _Process.delay_s = args.delay_ms / 1000
+    logging.basicConfig(level="INFO", stream=sys.stderr)
+    # Celery's per-task lines would drown the log at these rates.
+    for name in ("celery.worker.strategy", "celery.app.trace"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    app = make_app(args.url)
+    worker = app.Worker(
+        hostname=f"naive-{args.queue}-{os.getpid()}@{socket.gethostname()}",
+        queues=[args.queue],
+        pool="threads",
+        concurrency=args.concurrency,
+        loglevel="INFO",
+    )
+    worker.start()
+
+
+if __name__ == "__main__":
+    main()

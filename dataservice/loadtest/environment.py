@@ -1,0 +1,285 @@
+"""What a load run sets up: its database and MariaDB user, its Redis db, the
+scenario's configuration file, and the worker replica processes.
+
+Each system under test connects as a MariaDB user of its own, so the rows of
+``information_schema.PROCESSLIST`` with that user are exactly its connections.
+Only the harness's own Redis db numbers are flushed and only its own databases
+are dropped.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import redis
+import yaml
+from sqlalchemy import create_engine, func, insert, text
+from sqlalchemy.engine import URL, make_url
+
+from dataservice.config import Config, LaneName, Settings, load_config
+from dataservice.errors import ServiceSetupError
+
+ROOT_URL = "mysql+mysqldb://root@127.0.0.1:3306/"
+REDIS_BASE = "redis://127.0.0.1:6379"
+SCOPE = "load"
+PAYLOAD_BYTES = 1024
+# A process that exited may still show in PROCESSLIST for a moment while the
+# server notices the closed socket; its share is counted this much longer.
+EXIT_GRACE_S = 0.5
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One system under test: its MariaDB user, database and Redis db."""
+
+    system: str
+    user: str
+    password: str
+    database: str
+    redis_db: int
+
+    @property
+    def redis_url(self) -> str:
+        return f"{REDIS_BASE}/{self.redis_db}"
+
+    def database_url(self, root_url: str = ROOT_URL) -> str:
+        root = make_url(root_url)
+        url = URL.create(
+            "mysql+mysqldb",
+            username=self.user,
+            password=self.password,
+            host=root.host,
+            port=root.port,
+            database=self.database,
+        )
+        return url.render_as_string(hide_password=False)
+
+
+SERVICE = Target("service", "ds_load", "ds-load-pw", "dataservice_load", 6)
+NAIVE = Target("naive", "ds_naive", "ds-naive-pw", "dataservice_naive", 7)
+TARGETS = {t.system: t for t in (SERVICE, NAIVE)}
+
+
+def flush_redis(url: str) -> None:
+    client = redis.Redis.from_url(url)
+    try:
+        if client.connection_pool.connection_kwargs.get("db", 0) == 0:
+            raise ServiceSetupError("refusing to flush Redis db 0")
+        client.flushdb()
+    finally:
+        client.close()
+
+
+def prepare_database(target: Target, config: Config, records: int, root_url: str) -> list[str]:
+    """Recreate the target's database and user, migrate it, seed it; the seeded ids."""
+    from dataservice.store.migrate import upgrade
+    from dataservice.store.schema import records as records_table
+
+    if not target.database.startswith("dataservice_") or target.database == "dataservice_test":
+        raise ServiceSetupError(f"refusing to recreate database {target.database!r}")
+    server = create_engine(root_url, isolation_level="AUTOCOMMIT")
+    try:
+        with server.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS `{target.database}`"))
+            conn.execute(text(f"CREATE DATABASE `{target.database}` CHARACTER SET utf8mb4"))
+            for host in ("localhost", "127.0.0.1"):
+                conn.execute(text(f"DROP USER IF EXISTS '{target.user}'@'{host}'"))
+                conn.execute(
+                    text(f"CREATE USER '{target.user}'@'{host}' IDENTIFIED BY :pw"),
+                    {"pw": target.password},
+                )
+                conn.execute(
+                    text(f"GRANT ALL ON `{target.database}`.* TO '{target.user}'@'{host}'")
+                )
+            # Per-user connection totals (USER_STATISTICS) count new connections exactly.
+            # (Never flushed: other users' figures belong to others; the sampler takes deltas.)
+            conn.execute(text("SET GLOBAL userstat = 1"))
+    finally:
+        server.dispose()
+    upgrade(target.database_url(root_url), config.database)
+    ids = [f"obj-{n:06d}" for n in range(records)]
+    now = func.utc_timestamp(6)
+    seeder = create_engine(make_url(root_url).set(database=target.database))
+    try:
+        with seeder.begin() as conn:
+            for start in range(0, records, 500):
+                rows = [
+                    {
+                        "scope": SCOPE,
+                        "object_id": i,
+                        "revision": 1,
+                        "payload": os.urandom(PAYLOAD_BYTES),
+                    }
+                    for i in ids[start : start + 500]
+                ]
+                conn.execute(insert(records_table).values(created_at=now, updated_at=now), rows)
+    finally:
+        seeder.dispose()
+    return ids
+
+
+def scenario_config(base: Path, out_dir: Path, injected_delay_ms: int) -> tuple[Path, Config]:
+    """A copy of ``base`` with the scenario's database delay, validated."""
+    data = yaml.safe_load(base.read_text(encoding="utf-8"))
+    data["database"]["injected_delay_ms"] = injected_delay_ms
+    path = out_dir / "queues.yml"
+    path.write_text(
+        "# Written by dataservice loadtest for one run.\n" + yaml.safe_dump(data, sort_keys=False),
+        encoding="utf-8",
+    )
+    return path, load_config(path)
+
+
+def service_settings(target: Target, config_path: Path, root_url: str) -> Settings:
+    return Settings(
+        config_path=config_path,
+        broker_url=target.redis_url,
+        result_backend_url=target.redis_url,
+        redis_url=target.redis_url,
+        database_url=target.database_url(root_url),
+    )
+
+
+@dataclass
+class Replica:
+    lane: LaneName
+    generation: int
+    process: subprocess.Popen[bytes]
+    log: IO[bytes]
+    started_at: float
+    ended_at: float | None = None
+
+
+ArgvFor = Callable[[LaneName], list[str]]
+
+
+@dataclass
+class Fleet:
+    """Worker replica processes, by lane and generation, and the budget share they hold."""
+
+    argv_for: ArgvFor
+    environ: dict[str, str]
+    log_dir: Path
+    config: Config
+    replicas: list[Replica] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self, per_lane: int, generation: int) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for lane in LaneName:
+            for n in range(per_lane):
+                log = (self.log_dir / f"{lane.value}-g{generation}-{n}.log").open("ab")
+                process = subprocess.Popen(
+                    self.argv_for(lane),
+                    env=self.environ,
+                    cwd=REPO,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                with self._lock:
+                    self.replicas.append(Replica(lane, generation, process, log, time.monotonic()))
+
+    def terminate(self, generation: int) -> None:
+        """SIGTERM: Celery's warm shutdown (in-flight requests finish first)."""
+        for replica in self._of(generation):
+            if replica.process.poll() is None:
+                replica.process.send_signal(signal.SIGTERM)
+
+    def _of(self, generation: int) -> list[Replica]:
+        with self._lock:
+            return [r for r in self.replicas if r.generation == generation]
+
+    def refresh(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for replica in self.replicas:
+                if replica.ended_at is None and replica.process.poll() is not None:
+                    replica.ended_at = now
+
+    def holding(self, now: float) -> list[Replica]:
+        """Replicas that may hold database connections at ``now``."""
+        self.refresh()
+        with self._lock:
+            return [
+                r for r in self.replicas if r.ended_at is None or now - r.ended_at < EXIT_GRACE_S
+            ]
+
+    def share(self, now: float) -> tuple[int, int]:
+        """(active statements, connections) the live replicas may hold by the budget."""
+        live = self.holding(now)
+        active = sum(self.config.lanes[r.lane].permits for r in live)
+        conns = sum(self.config.lanes[r.lane].concurrency for r in live)
+        return active, conns
+
+    def pids(self, generation: int | None = None) -> set[int]:
+        with self._lock:
+            return {
+                r.process.pid
+                for r in self.replicas
+                if generation is None or r.generation == generation
+            }
+
+    def alive(self) -> int:
+        self.refresh()
+        with self._lock:
+            return sum(1 for r in self.replicas if r.ended_at is None)
+
+    def check(self) -> None:
+        """Fail with the log's tail when a replica died on its own."""
+        self.refresh()
+        for replica in list(self.replicas):
+            code = replica.process.returncode
+            if replica.ended_at is not None and code not in (0, -signal.SIGTERM):
+                tail = Path(replica.log.name).read_text(errors="replace").splitlines()[-15:]
+                raise ServiceSetupError(
+                    f"{replica.lane.value} replica exited with {code}:\n" + "\n".join(tail)
+                )
+
+    def stop(self, timeout: float = 15.0) -> None:
+        for generation in {r.generation for r in self.replicas}:
+            self.terminate(generation)
+        deadline = time.monotonic() + timeout
+        for replica in self.replicas:
+            try:
+                replica.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                replica.process.kill()
+                replica.process.wait()
+            replica.log.close()
+
+
+def wait_ready(fleet: Fleet, ping: Callable[[], set[int]], timeout: float = 60.0) -> float:
+    """Wait until every replica answers a control ping; seconds it took."""
+    started = time.monotonic()
+    expected = fleet.pids()
+    while time.monotonic() - started < timeout:
+        fleet.check()
+        if expected <= ping():
+            return time.monotonic() - started
+        time.sleep(0.2)
+    raise ServiceSetupError(f"replicas not ready within {timeout:.0f} s; logs in {fleet.log_dir}")
+
+
+def python_env(settings_env: dict[str, str]) -> dict[str, str]:
+    """This process's environment minus other DATASERVICE_* values, plus the run's."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DATASERVICE_")}
+    environ.update(settings_env)
+    # The replicas run this source tree, even when the package is installed elsewhere.
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return environ
+
+
+def service_argv(lane: LaneName) -> list[str]:
+    return [sys.executable, "-m", "dataservice.cli", "worker", "--lane", lane.value]

@@ -1,0 +1,230 @@
+"""Figures from one run: per-lane outcomes and latency, the database's view,
+per-second series, the verdicts, and the JSON report and PNG chart."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from dataservice.config import LaneName
+from dataservice.loadtest.sampler import Sample
+from dataservice.loadtest.traffic import Outcome, RequestRecord
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile (q in 0..100); None without samples."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def _r(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def lane_stats(
+    records: Iterable[RequestRecord], lane: LaneName, start: float, end: float
+) -> dict[str, Any]:
+    """Outcomes of the lane's requests scheduled in [start, end) seconds of the run."""
+    mine = [r for r in records if r.lane is lane and start <= r.scheduled < end]
+    span = max(end - start, 1e-9)
+    counts = {o.value: sum(1 for r in mine if r.outcome is o) for o in Outcome}
+    ok_ms = [r.latency_ms for r in mine if r.outcome is Outcome.OK]
+    attempts = len(mine)
+    return {
+        "window_s": [round(start, 2), round(end, 2)],
+        "attempts": attempts,
+        "completions": attempts - counts[Outcome.TIMEOUT.value],
+        **counts,
+        "offered_per_s": round(attempts / span, 1),
+        "goodput_per_s": round(counts[Outcome.OK.value] / span, 1),
+        "rejection_rate": round(counts[Outcome.REJECTED.value] / attempts, 4) if attempts else 0,
+        "timeout_rate": round(counts[Outcome.TIMEOUT.value] / attempts, 4) if attempts else 0,
+        "error_rate": round(counts[Outcome.ERROR.value] / attempts, 4) if attempts else 0,
+        "p50_ms": _r(percentile(ok_ms, 50)),
+        "p95_ms": _r(percentile(ok_ms, 95)),
+        "p99_ms": _r(percentile(ok_ms, 99)),
+        "max_ms": _r(max(ok_ms) if ok_ms else None),
+    }
+
+
+def per_second(records: Sequence[RequestRecord], seconds: int) -> dict[str, Any]:
+    """Per second of completion: ok answers and ok latency p50/p99, per lane."""
+    series: dict[str, Any] = {"t": list(range(seconds))}
+    for lane in LaneName:
+        buckets: list[list[float]] = [[] for _ in range(seconds)]
+        offered = [0] * seconds
+        for r in records:
+            if r.lane is not lane:
+                continue
+            if 0 <= int(r.scheduled) < seconds:
+                offered[int(r.scheduled)] += 1
+            second = int(r.done)
+            if r.outcome is Outcome.OK and 0 <= second < seconds:
+                buckets[second].append(r.latency_ms)
+        series[lane.value] = {
+            "offered": offered,
+            "goodput": [len(b) for b in buckets],
+            "p50_ms": [_r(percentile(b, 50)) for b in buckets],
+            "p99_ms": [_r(percentile(b, 99)) for b in buckets],
+        }
+    return series
+
+
+def database_stats(samples: Sequence[Sample], seconds: int) -> dict[str, Any]:
+    """Peaks, share violations and new connections per second, from the samples."""
+    if not samples:
+        return {"samples": 0}
+    over_conns = [s for s in samples if s.connections > s.share_connections]
+    over_active = [s for s in samples if s.active > s.share_active]
+    opened_at: list[int] = [0] * seconds
+    max_conns = [0] * seconds
+    max_active = [0] * seconds
+    share_active = [0] * seconds
+    share_conns = [0] * seconds
+    previous = 0
+    for s in samples:
+        second = math.floor(s.t)
+        if not 0 <= second < seconds:
+            continue
+        opened_at[second] += s.opened_total - previous
+        previous = s.opened_total
+        max_conns[second] = max(max_conns[second], s.connections)
+        max_active[second] = max(max_active[second], s.active)
+        share_active[second] = max(share_active[second], s.share_active)
+        share_conns[second] = max(share_conns[second], s.share_connections)
+    span = samples[-1].t - samples[0].t
+    return {
+        "samples": len(samples),
+        "sample_hz": round((len(samples) - 1) / span, 1) if span > 0 else 0.0,
+        "peak_connections": max(s.connections for s in samples),
+        "peak_active": max(s.active for s in samples),
+        "peak_share_connections": max(s.share_connections for s in samples),
+        "peak_share_active": max(s.share_active for s in samples),
+        "samples_over_connection_share": len(over_conns),
+        "samples_over_active_share": len(over_active),
+        "new_connections_total": samples[-1].opened_total,
+        "peak_new_connections_per_s": max(opened_at),
+        "series": {
+            "new_connections": opened_at,
+            "max_connections": max_conns,
+            "max_active": max_active,
+            "share_active": share_active,
+            "share_connections": share_conns,
+        },
+    }
+
+
+def reconnect_ramp(
+    samples: Sequence[Sample],
+    kill_t: float,
+    processes: int,
+    burst: int,
+    rate_per_s: float,
+    tolerance: int,
+) -> dict[str, Any]:
+    """New connections after the kill against the limiter's bound.
+
+    Each process's token bucket holds at most ``burst`` tokens and refills at
+    ``rate_per_s``, so by ``s`` seconds after the kill all processes together
+    may have opened at most ``processes * (burst + rate_per_s * s)``.
+    """
+    after = [s for s in samples if s.t >= kill_t]
+    if not after:
+        return {"checked": False}
+    base = after[0].opened_total
+    worst_margin = math.inf
+    worst_at = 0.0
+    per_second: list[int] = []
+    for s in after:
+        elapsed = s.t - kill_t
+        opened = s.opened_total - base
+        bound = processes * (burst + rate_per_s * elapsed) + tolerance
+        if bound - opened < worst_margin:
+            worst_margin, worst_at = bound - opened, elapsed
+        second = int(elapsed)
+        while len(per_second) <= second:
+            per_second.append(0)
+        per_second[second] = opened - sum(per_second[:second])
+    return {
+        "checked": True,
+        "processes": processes,
+        "bound": f"{processes} x ({burst} + {rate_per_s:g}/s x t) + {tolerance}",
+        "opened_after_kill": after[-1].opened_total - base,
+        "new_connections_per_s_after_kill": per_second,
+        "within_bound": worst_margin >= 0,
+        "tightest_margin": round(worst_margin, 1),
+        "tightest_at_s": round(worst_at, 2),
+    }
+
+
+def recovery_s(series: dict[str, Any], lane: LaneName, kill_t: float, seconds: int) -> float | None:
+    """Seconds after the kill until a second's goodput is back to 90% of the seconds before."""
+    goodput = series[lane.value]["goodput"]
+    offered = series[lane.value]["offered"]
+    before = [g for t, g in enumerate(goodput) if 1 <= t < int(kill_t)]
+    if not before:
+        return None
+    target = 0.9 * sum(before) / len(before)
+    for t in range(int(kill_t) + 1, seconds):
+        if goodput[t] >= target and offered[t] > 0:
+            return round(t + 1 - kill_t, 2)
+    return None
+
+
+def write_json(path: Path, report: dict[str, Any]) -> None:
+    path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+
+
+def write_chart(path: Path, report: dict[str, Any], title: str) -> None:
+    """Three panels over time: goodput per lane, latency per lane, the database's view."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = report["series"]
+    db = report["database"].get("series", {})
+    t = series["t"]
+    fig, (top, mid, bottom) = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    colours = {LaneName.INTERACTIVE.value: "tab:blue", LaneName.BATCH.value: "tab:orange"}
+    for lane, colour in colours.items():
+        top.plot(t, series[lane]["offered"], color=colour, linestyle=":", label=f"{lane} offered")
+        top.plot(t, series[lane]["goodput"], color=colour, label=f"{lane} goodput")
+        p50 = [math.nan if v is None else v for v in series[lane]["p50_ms"]]
+        p99 = [math.nan if v is None else v for v in series[lane]["p99_ms"]]
+        mid.plot(t, p50, color=colour, linestyle="--", label=f"{lane} p50")
+        mid.plot(t, p99, color=colour, label=f"{lane} p99")
+    top.set_ylabel("requests/s")
+    top.legend(fontsize="small", ncol=2)
+    mid.set_ylabel("latency ms (ok)")
+    mid.set_yscale("log")
+    mid.legend(fontsize="small", ncol=2)
+    if db:
+        bottom.plot(t, db["max_connections"][: len(t)], color="tab:green", label="connections")
+        bottom.plot(t, db["max_active"][: len(t)], color="tab:red", label="active statements")
+        bottom.step(
+            t, db["share_active"][: len(t)], where="post", color="black", label="share (active)"
+        )
+        bottom.plot(t, db["new_connections"][: len(t)], color="tab:purple", label="new conns/s")
+        whole = report["budget"]["service_share_active"]
+        bottom.axhline(whole, color="grey", linestyle="--", label=f"whole-service share {whole}")
+        bottom.set_ylim(0, max(whole, *db["max_connections"], *db["new_connections"], 1) * 1.1)
+    bottom.set_ylabel("database (sampled)")
+    bottom.set_xlabel("seconds")
+    bottom.legend(fontsize="small", ncol=3)
+    for event, at in report.get("events", {}).items():
+        for axis in (top, mid, bottom):
+            axis.axvline(at, color="grey", linewidth=0.8)
+        top.annotate(event, (at, 0), fontsize="x-small", rotation=90, va="bottom")
+    fig.suptitle(title, fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)

@@ -1,0 +1,99 @@
+"""The scenarios: offered load per lane over time, and what happens mid-run.
+
+Offered load is a multiple of each lane's capacity (requests per second the
+lane completes when saturated, measured by a closed-loop probe or given with
+``--rate``). A scenario is a list of segments per lane (from, to, factor), as
+fractions of the run, plus the events the runner performs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dataservice.config import LaneName
+
+# (start fraction, end fraction, multiple of the lane's capacity)
+Segment = tuple[float, float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    description: str
+    segments: dict[LaneName, tuple[Segment, ...]]
+    # Start as many replicas again at this fraction of the run, then warm-stop
+    # the first generation at ``overlap_stop``: a rolling deploy.
+    overlap_start: float | None = None
+    overlap_stop: float | None = None
+    # KILL every service connection (as root) at this fraction of the run.
+    kill_at: float | None = None
+    # Extra statement time injected in the database (queues.yml database.injected_delay_ms).
+    extra_delay_ms: int = 0
+    # Compare interactive latency before and after this fraction (batch-flood).
+    compare_at: float | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def factor(self, lane: LaneName, fraction: float) -> float:
+        for start, end, factor in self.segments.get(lane, ()):
+            if start <= fraction < end:
+                return factor
+        return 0.0
+
+
+def _both(interactive: float, batch: float) -> dict[LaneName, tuple[Segment, ...]]:
+    return {
+        LaneName.INTERACTIVE: ((0.0, 1.0, interactive),),
+        LaneName.BATCH: ((0.0, 1.0, batch),),
+    }
+
+
+SLOW_DB_EXTRA_MS = 50
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            "steady",
+            "both lanes at 60% of capacity",
+            _both(0.6, 0.6),
+        ),
+        Scenario(
+            "overload",
+            "both lanes offered 3x capacity",
+            _both(3.0, 3.0),
+            notes=("peak throughput = the closed-loop capacity probe's goodput",),
+        ),
+        Scenario(
+            "overlap",
+            "2x capacity; a second generation of replicas starts at 1/3 of the run and the "
+            "first is warm-stopped (SIGTERM) at 2/3: twice the replicas during the deploy",
+            _both(2.0, 2.0),
+            overlap_start=1 / 3,
+            overlap_stop=2 / 3,
+        ),
+        Scenario(
+            "reconnect-burst",
+            "both lanes at 60% of capacity; every service connection is killed at 40%",
+            _both(0.6, 0.6),
+            kill_at=0.4,
+        ),
+        Scenario(
+            "slow-db",
+            f"the steady rates, with every statement slowed by {SLOW_DB_EXTRA_MS} ms "
+            "in the database",
+            _both(0.6, 0.6),
+            extra_delay_ms=SLOW_DB_EXTRA_MS,
+        ),
+        Scenario(
+            "batch-flood",
+            "interactive at 50% of capacity throughout; batch idle in the first half, "
+            "then offered 5x its capacity",
+            {
+                LaneName.INTERACTIVE: ((0.0, 1.0, 0.5),),
+                LaneName.BATCH: ((0.5, 1.0, 5.0),),
+            },
+            compare_at=0.5,
+            notes=("interactive p99 of the second half is compared with the first half",),
+        ),
+    )
+}
