@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import redis
-from sqlalchemy import create_engine, func, insert, text
+from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 REPO = Path(__file__).resolve().parent.parent
@@ -75,27 +75,9 @@ def drop_database(url: str) -> None:
 
 def seed_records(url: str, scope: str, count: int, payload_bytes: int) -> list[str]:
     """Insert ``count`` records of random ``payload_bytes`` payloads; their ids."""
-    from dataservice.store.schema import records
+    from dataservice.loadtest.environment import seed_records as seed
 
-    ids = [f"obj-{i:06d}" for i in range(count)]
-    now = func.utc_timestamp(6)
-    engine = create_engine(url)
-    try:
-        with engine.begin() as conn:
-            for start in range(0, count, 500):
-                rows = [
-                    {
-                        "scope": scope,
-                        "object_id": object_id,
-                        "revision": 1,
-                        "payload": os.urandom(payload_bytes),
-                    }
-                    for object_id in ids[start : start + 500]
-                ]
-                conn.execute(insert(records).values(created_at=now, updated_at=now), rows)
-    finally:
-        engine.dispose()
-    return ids
+    return seed(url, scope, count, payload_bytes)
 
 
 def database_version(url: str) -> str:

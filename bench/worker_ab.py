@@ -1,6 +1,6 @@
 """A/B of two service *worker* source trees, same callers, alternating rounds.
 
-    .venv/bin/python bench/worker_ab.py /work/main /tmp/scratch-copy [--rounds 12]
+    .venv/bin/python bench/worker_ab.py TREE_A TREE_B [--rounds 12]
 
 Measures a worker-side change before it is applied: copy the repository,
 change ``dataservice/`` or ``workers/`` in the copy, and pass both trees. Each

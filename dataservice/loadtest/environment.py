@@ -83,7 +83,6 @@ def flush_redis(url: str) -> None:
 def prepare_database(target: Target, config: Config, records: int, root_url: str) -> list[str]:
     """Recreate the target's database and user, migrate it, seed it; the seeded ids."""
     from dataservice.store.migrate import upgrade
-    from dataservice.store.schema import records as records_table
 
     if not target.database.startswith("dataservice_") or target.database == "dataservice_test":
         raise ServiceSetupError(f"refusing to recreate database {target.database!r}")
@@ -107,21 +106,25 @@ def prepare_database(target: Target, config: Config, records: int, root_url: str
     finally:
         server.dispose()
     upgrade(target.database_url(root_url), config.database)
-    ids = [f"obj-{n:06d}" for n in range(records)]
+    url = make_url(root_url).set(database=target.database).render_as_string(hide_password=False)
+    return seed_records(url, SCOPE, records, PAYLOAD_BYTES)
+
+
+def seed_records(url: str, scope: str, count: int, payload_bytes: int) -> list[str]:
+    """Insert ``count`` records with random payloads of ``payload_bytes``; their ids."""
+    from dataservice.store.schema import records as records_table
+
+    ids = [f"obj-{n:06d}" for n in range(count)]
     now = func.utc_timestamp(6)
-    seeder = create_engine(make_url(root_url).set(database=target.database))
+    seeder = create_engine(url)
     try:
         with seeder.begin() as conn:
-            for start in range(0, records, 500):
+            for start in range(0, count, 500):
                 rows = [
-                    {
-                        "scope": SCOPE,
-                        "object_id": i,
-                        "revision": 1,
-                        "payload": os.urandom(PAYLOAD_BYTES),
-                    }
+                    {"scope": scope, "object_id": i, "revision": 1,
+                     "payload": os.urandom(payload_bytes)}
                     for i in ids[start : start + 500]
-                ]
+                ]  # fmt: skip
                 conn.execute(insert(records_table).values(created_at=now, updated_at=now), rows)
     finally:
         seeder.dispose()
