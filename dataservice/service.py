@@ -17,6 +17,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from dataservice import codec
 from dataservice.config import Config, LaneConfig, OperationClass
+from dataservice.durations import RecentDurations
 from dataservice.errors import InvalidArgument, NotFound, RequestError, error_for
 from dataservice.permits import LanePermits, PermitUnavailable
 from dataservice.proto import pb
@@ -81,6 +82,7 @@ class RequestHandler:
         self.lane = lane
         self.store = store
         self.permits = permits
+        self.durations = RecentDurations()
         self._clock = clock
 
     def internal_error(self, task_id: str, deadline_ms: int | None) -> Reply:
@@ -150,13 +152,24 @@ class RequestHandler:
         operation = envelope.WhichOneof("operation")
         if operation is None:  # the codec rejects this; kept for the type checker
             raise InvalidArgument("unknown or missing operation")
-        left = envelope.deadline_unix_ms - self._clock() - MIN_STATEMENT_MS
+        op_class = OPERATION_CLASSES[operation]
+        # What the operation usually needs, so that a request that would only
+        # run into its statement timeout does not take the database's time.
+        needed = max(MIN_STATEMENT_MS, self.durations.p90(op_class))
+        left = envelope.deadline_unix_ms - self._clock() - needed
         wait_ms = min(self.config.database.pool_timeout_ms, left)
         if wait_ms <= 0:
             raise error_for(StatusCode.DEADLINE_EXCEEDED, "too little time left to run")
-        with self.permits.acquire(OPERATION_CLASSES[operation], wait_ms / 1000) as permit:
+        with self.permits.acquire(op_class, wait_ms / 1000) as permit:
+            started = time.monotonic()
+            if envelope.deadline_unix_ms - self._clock() < needed:
+                raise error_for(StatusCode.DEADLINE_EXCEEDED, "too little time left to run")
             # Each statement's timeout is what is left when it is sent.
-            return self._dispatch(envelope, operation, Budget(permit, envelope.deadline_unix_ms))
+            response = self._dispatch(
+                envelope, operation, Budget(permit, envelope.deadline_unix_ms)
+            )
+            self.durations.record(op_class, (time.monotonic() - started) * 1000)
+            return response
 
     def _dispatch(
         self, envelope: pb.RequestEnvelope, operation: str, budget: Budget
