@@ -122,3 +122,16 @@ def test_a_request_dropped_as_late_gives_its_bytes_back(
     assert transport.results.wait(request_id, 1.0) is None
     assert int(redis_client.hget(key, "done") or 0) == done_before + 1
     assert int(redis_client.hget(key, "bytes") or 0) == 0
+
+
+def test_a_request_with_less_time_than_its_operation_needs_never_reaches_the_database(
+    handler: RequestHandler,
+) -> None:
+    from dataservice.config import OperationClass
+
+    # Writes have recently taken about 400 ms in the database.
+    for _ in range(20):
+        handler.durations.record(OperationClass.POINT_WRITE, 400.0)
+    assert _code(handler, _now_ms() + 200) is StatusCode.DEADLINE_EXCEEDED
+    assert handler.permits.snapshot().acquired_total == 0
+    assert _code(handler, _now_ms() + 2000) is StatusCode.OK
