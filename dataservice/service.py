@@ -145,9 +145,11 @@ class RequestHandler:
     def _with_permit(self, envelope: pb.RequestEnvelope) -> pb.ResponseEnvelope:
         """Run the operation under a permit, with the time the request has left.
 
-        The permit wait is bounded by the pool wait and by the deadline (less
-        the least a statement needs); the statement timeout is whatever is left
-        once the permit is held. Both checks happen before any SQL is sent.
+        The permit wait is bounded by the pool wait and by the deadline, less
+        what the operation class has recently needed in the database (its p90,
+        at least ``MIN_STATEMENT_MS``); a request that cannot have that much is
+        answered DEADLINE_EXCEEDED before any SQL. Each statement's timeout is
+        what is left when it is sent.
         """
         operation = envelope.WhichOneof("operation")
         if operation is None:  # the codec rejects this; kept for the type checker
