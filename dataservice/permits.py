@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 
 from dataservice.config import LaneConfig, OperationClass
 
+# The Celery control command that reports a replica's gauge.
+PERMITS_COMMAND = "dataservice_permits"
+
 
 class PermitUnavailable(Exception):
     """No permit became free within the wait the request could afford."""

@@ -2,8 +2,9 @@
 
 The supervisor starts one worker process per lane, restarts a pool that dies
 (with a back-off, so a crash loop cannot spin), and shows each lane's queue
-depth, live workers and completed requests, sampled from the broker and from
-Celery's control channel rather than from the workers' own logs.
+depth, live workers, database permits in use (and refused), and completed
+requests, sampled from the broker and from Celery's control channel rather
+than from the workers' own logs.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rich.table import Table
 
 from dataservice.config import Config, LaneName, Settings
 from dataservice.errors import ServiceSetupError
+from dataservice.permits import PERMITS_COMMAND
 from dataservice.wire import TASK_NAME, celery_settings
 
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
@@ -42,6 +44,9 @@ class LaneStats:
     workers: int = 0
     processed: int = 0
     rate: float = 0.0
+    permits_in_use: int = 0
+    permits: int = 0
+    refused: int = 0
 
 
 @dataclass
@@ -110,13 +115,21 @@ class Supervisor:
 
     def snapshot(self) -> Snapshot:
         snap = Snapshot(at=time.monotonic())
-        stats = self._control.control.inspect(timeout=0.5).stats() or {}
+        # `limit`: stop waiting as soon as every pool has answered.
+        inspect = self._control.control.inspect(timeout=0.5, limit=len(self.pools))
+        stats = inspect.stats() or {}
+        gauges = inspect._request(PERMITS_COMMAND) or {}
         for lane in (pool.lane for pool in self.pools):
             lane_stats = LaneStats(depth=int(self._broker.llen(self.config.lanes[lane].queue)))
             for node, info in stats.items():
                 if node.startswith(f"{lane.value}-"):
                     lane_stats.workers += 1
                     lane_stats.processed += int(info.get("total", {}).get(TASK_NAME, 0))
+            for gauge in gauges.values():
+                if gauge.get("lane") == lane.value:
+                    lane_stats.permits_in_use += int(gauge["in_use"])
+                    lane_stats.permits += int(gauge["capacity"])
+                    lane_stats.refused += int(gauge["refused_total"])
             previous = self._last.lanes.get(lane) if self._last else None
             if previous is not None and self._last is not None and snap.at > self._last.at:
                 done = max(lane_stats.processed - previous.processed, 0)
@@ -127,7 +140,8 @@ class Supervisor:
 
     def table(self, snap: Snapshot) -> Table:
         table = Table(title="dataservice", caption="Ctrl-C stops the service")
-        for column in ("lane", "queued", "workers", "threads", "done", "per s", "restarts"):
+        columns = ("lane", "queued", "workers", "permits", "refused", "done", "per s", "restarts")
+        for column in columns:
             table.add_column(column, justify="right" if column != "lane" else "left")
         for pool in self.pools:
             stats = snap.lanes[pool.lane]
@@ -136,7 +150,8 @@ class Supervisor:
                 pool.lane.value,
                 str(stats.depth),
                 str(stats.workers) if alive else "[red]down[/red]",
-                str(self.config.lanes[pool.lane].concurrency),
+                f"{stats.permits_in_use}/{stats.permits}",
+                str(stats.refused),
                 str(stats.processed),
                 f"{stats.rate:.0f}",
                 str(pool.restarts),

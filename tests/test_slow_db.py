@@ -25,7 +25,7 @@ from dataservice import (
 )
 from dataservice.config import Config, LaneName, OperationClass, Settings, load_config
 from dataservice.localservices import redis_reachable
-from dataservice.permits import LanePermits
+from dataservice.permits import PERMITS_COMMAND, LanePermits
 from dataservice.store import RecordStore, create_store_engine
 from dataservice.store.connections import StatementTimeout, now_ms
 from dataservice.store.records import Budget
@@ -33,7 +33,6 @@ from dataservice.supervisor import Supervisor
 from dataservice.wire import celery_settings
 from tests.conftest import SERVICE_USER, SHIPPED_CONFIG, require
 from tests.support import connection_ids, on_redis, running_statements
-from workers.app import PERMITS_COMMAND
 
 SLOW_REDIS_URL = "redis://127.0.0.1:6379/13"
 DELAY_MS = 150

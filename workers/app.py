@@ -14,7 +14,7 @@ from celery.worker.control import inspect_command
 from dataservice.admission import DEADLINE_HEADER
 from dataservice.config import Config, LaneName, Settings
 from dataservice.keys import admission_key
-from dataservice.permits import LanePermits
+from dataservice.permits import PERMITS_COMMAND, LanePermits
 from dataservice.results import Completion, ResultStore
 from dataservice.service import RequestHandler
 from dataservice.store import RecordStore, create_store_engine
@@ -82,7 +82,6 @@ class LaneRuntime:
 
 # The runtime serving each app, for control commands (which receive the app).
 _RUNTIMES: WeakKeyDictionary[Celery, LaneRuntime] = WeakKeyDictionary()
-PERMITS_COMMAND = "dataservice_permits"
 
 
 @inspect_command(name=PERMITS_COMMAND)
