@@ -127,7 +127,3 @@ def error_response(
         request_id=request_id,
         status=pb.Status(code=int(code), message=message, retry_after_ms=retry_after_ms),  # type: ignore[arg-type]
     )
-
-
-def ok_status() -> pb.Status:
-    return pb.Status(code=pb.STATUS_CODE_OK)

@@ -11,6 +11,8 @@ still found.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +42,17 @@ class Completion:
 def _complete(pipe: Any, done: Completion) -> None:
     pipe.hincrby(done.admission_key, "bytes", -done.size)
     pipe.hincrby(done.admission_key, "done", 1)
+
+
+@contextmanager
+def _backend_errors() -> Iterator[None]:
+    """A caller's view of a Redis failure: retryable, and without Redis's detail."""
+    try:
+        yield
+    except redis.RedisError:
+        raise Unavailable(
+            "the result backend is unreachable", retry_after=RETRY_RESULTS_DOWN_S
+        ) from None
 
 
 class ResultStore:
@@ -92,7 +105,7 @@ class ResultStore:
         """Take the answer, waiting up to ``timeout_s``; None if it did not come."""
         key = result_key(request_id)
         until = time.monotonic() + timeout_s
-        try:
+        with _backend_errors():
             if timeout_s <= 0:
                 value = self._redis.lpop(key)
                 return value if isinstance(value, bytes) else None
@@ -103,19 +116,11 @@ class ResultStore:
                 if popped is not None:
                     value = popped[1]
                     return value if isinstance(value, bytes) else None
-        except redis.RedisError:
-            raise Unavailable(
-                "the result backend is unreachable", retry_after=RETRY_RESULTS_DOWN_S
-            ) from None
         return None
 
     def pending(self, request_id: str) -> bool:
-        try:
+        with _backend_errors():
             return bool(self._redis.exists(result_key(request_id)))
-        except redis.RedisError:
-            raise Unavailable(
-                "the result backend is unreachable", retry_after=RETRY_RESULTS_DOWN_S
-            ) from None
 
     def close(self) -> None:
         self._redis.close()

@@ -117,7 +117,13 @@ class RequestHandler:
             return self._error(task_id, error, now + grace)
         try:
             response = self._with_permit(envelope)
-        except (RequestError, PermitUnavailable, StatementTimeout, ConnectRateLimited) as exc:
+        except (
+            RequestError,
+            PermitUnavailable,
+            PoolTimeout,
+            StatementTimeout,
+            ConnectRateLimited,
+        ) as exc:
             error, retry_after_ms = _refusal(exc)
             return self._error(task_id, error, ttl, retry_after_ms)
         except DBAPIError as exc:
@@ -126,9 +132,6 @@ class RequestHandler:
             mutation = envelope.WhichOneof("operation") in codec.MUTATIONS
             error, retry_after_ms = _database_error(errno, exc.connection_invalidated, mutation)
             return self._error(task_id, error, ttl, retry_after_ms)
-        except PoolTimeout:
-            busy = error_for(StatusCode.RESOURCE_EXHAUSTED, "the service is at its database budget")
-            return self._error(task_id, busy, ttl, RETRY_POOL_BUSY_MS)
         except SQLAlchemyError as exc:
             log.error("store error on %s: %s", task_id, type(exc).__name__)
             return self._error(task_id, error_for(StatusCode.INTERNAL, "internal error"), ttl)
@@ -236,12 +239,12 @@ OPERATION_CLASSES = {
 
 
 def _refusal(
-    exc: RequestError | PermitUnavailable | StatementTimeout | ConnectRateLimited,
+    exc: RequestError | PermitUnavailable | PoolTimeout | StatementTimeout | ConnectRateLimited,
 ) -> tuple[RequestError, int]:
     """The caller's error, and its retry-after in ms, for a refusal or a timeout."""
     if isinstance(exc, RequestError):
         return exc, 0
-    if isinstance(exc, PermitUnavailable):
+    if isinstance(exc, PermitUnavailable | PoolTimeout):
         busy = error_for(StatusCode.RESOURCE_EXHAUSTED, "the service is at its database budget")
         return busy, RETRY_POOL_BUSY_MS
     if isinstance(exc, StatementTimeout):
