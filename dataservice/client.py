@@ -1,8 +1,20 @@
-"""The caller's API: awaited calls on the interactive lane, handles on the batch lane."""
+"""The caller's API: awaited calls on the interactive lane, handles on the batch lane.
+
+Every request is signed with the caller's key (:mod:`dataservice.auth`).
+Interactive calls retry a retryable answer (``RESOURCE_EXHAUSTED``,
+``UNAVAILABLE``) within their one deadline: at most
+``client.retry.max_attempts`` attempts, each wait the answer's retry-after
+plus a random share of an exponentially growing cap ("full jitter"), so
+callers refused together do not come back together. Every attempt is a new
+message with a new request id; a write or delete keeps its idempotency key
+across attempts (the client always sets one), so a retry never applies a
+change twice.
+"""
 
 from __future__ import annotations
 
 import builtins
+import random
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -11,12 +23,15 @@ from typing import TypeVar
 from google.protobuf.message import DecodeError
 
 from dataservice import codec
+from dataservice.auth import sign
+from dataservice.callers import CallerKey, load_keyring
 from dataservice.config import Config, LaneName, Settings
 from dataservice.errors import (
     DeadlineExceeded,
     InternalError,
     InvalidArgument,
     ResultNotReady,
+    RetryableError,
     error_for,
 )
 from dataservice.proto import pb
@@ -96,17 +111,22 @@ class Handle:
     """A submitted request. Await it with :meth:`result`, or drop it: an answer
     nobody collects expires with its deadline."""
 
-    __slots__ = ("_result", "_transport", "deadline_ms", "request_id")
+    __slots__ = ("_result", "_transport", "caller", "deadline_ms", "request_id")
 
-    def __init__(self, transport: Transport, request_id: str, deadline_ms: int) -> None:
+    def __init__(
+        self, transport: Transport, caller: str, request_id: str, deadline_ms: int
+    ) -> None:
         self._transport = transport
+        self.caller = caller
         self.request_id = request_id
         self.deadline_ms = deadline_ms
         self._result: Result | None = None
 
     def done(self) -> bool:
         """True once the answer has arrived (it may still be an error)."""
-        return self._result is not None or self._transport.results.pending(self.request_id)
+        return self._result is not None or self._transport.results.pending(
+            self.caller, self.request_id
+        )
 
     def result(self, timeout: float | None = None) -> Result:
         """Wait for the answer, at most until the deadline (or ``timeout`` seconds).
@@ -119,7 +139,7 @@ class Handle:
             return self._result
         remaining = (self.deadline_ms - _now_ms()) / 1000
         wait = remaining if timeout is None else min(timeout, remaining)
-        body = self._transport.results.wait(self.request_id, wait)
+        body = self._transport.results.wait(self.caller, self.request_id, wait)
         if body is None:
             if timeout is not None and timeout < remaining:
                 raise ResultNotReady(f"no answer to {self.request_id} within {timeout} s")
@@ -137,9 +157,16 @@ class Client:
     batch lane and return :class:`Handle` objects.
     """
 
-    def __init__(self, caller: str, settings: Settings, config: Config) -> None:
+    def __init__(
+        self, caller: str, settings: Settings, config: Config, *, key: CallerKey | None = None
+    ) -> None:
+        """``key`` signs the requests; by default, the caller's first key in the
+        callers file (``DATASERVICE_CALLERS_FILE``)."""
         if not codec.CALLER_RE.fullmatch(caller):
             raise InvalidArgument(f"caller name is malformed (allowed: {codec.CALLER_RE.pattern})")
+        self._key = load_keyring(settings.callers_file).signing_key(caller) if key is None else key
+        if self._key.caller != caller:
+            raise InvalidArgument("the signing key belongs to another caller")
         self.caller = caller
         self.config = config
         self._transport = Transport(settings, config)
@@ -178,11 +205,11 @@ class Client:
         payload: bytes,
         *,
         idempotency_key: str | None = None,
+        expected_revision: int = 0,
         timeout: float | None = None,
     ) -> WriteResult:
-        return _expect(
-            self._call(WriteOp(scope, object_id, payload, idempotency_key), timeout), WriteResult
-        )
+        operation = WriteOp(scope, object_id, payload, idempotency_key, expected_revision)
+        return _expect(self._call(operation, timeout), WriteResult)
 
     def delete(
         self,
@@ -190,11 +217,11 @@ class Client:
         object_id: str,
         *,
         idempotency_key: str | None = None,
+        expected_revision: int = 0,
         timeout: float | None = None,
     ) -> DeleteResult:
-        return _expect(
-            self._call(DeleteOp(scope, object_id, idempotency_key), timeout), DeleteResult
-        )
+        operation = DeleteOp(scope, object_id, idempotency_key, expected_revision)
+        return _expect(self._call(operation, timeout), DeleteResult)
 
     def list(
         self,
@@ -219,11 +246,13 @@ class Client:
         All are validated before any is sent: one bad operation enqueues none.
         """
         deadline = self._deadline(LaneName.BATCH, timeout)
-        prepared = [self._envelope(op, deadline) for op in operations]
-        handles = [Handle(self._transport, env.request_id, deadline) for env in prepared]
+        prepared = [self._envelope(op, deadline, _idempotency_key(op)) for op in operations]
+        handles = [
+            Handle(self._transport, self.caller, env.request_id, deadline) for env in prepared
+        ]
         try:
             self._transport.publish_many(
-                ((env.SerializeToString(), env.request_id, deadline) for env in prepared),
+                ((self._sign(env), env.request_id, deadline) for env in prepared),
                 lane=LaneName.BATCH,
             )
         except Refused as refused:
@@ -234,17 +263,37 @@ class Client:
 
     def _call(self, operation: Operation, timeout: float | None) -> Result:
         deadline = self._deadline(LaneName.INTERACTIVE, timeout)
-        envelope = self._envelope(operation, deadline)
+        key = _idempotency_key(operation)
+        retry = self.config.client.retry
+        attempt = 1
+        while True:
+            try:
+                return self._attempt(operation, deadline, key)
+            except RetryableError as exc:
+                if attempt >= retry.max_attempts:
+                    raise
+                cap_ms = min(retry.backoff_max_ms, retry.backoff_base_ms << (attempt - 1))
+                delay_ms = exc.retry_after * 1000 + random.uniform(0, cap_ms)
+                if _now_ms() + delay_ms >= deadline:
+                    raise
+                time.sleep(delay_ms / 1000)
+                attempt += 1
+
+    def _attempt(self, operation: Operation, deadline: int, idempotency_key: str) -> Result:
+        envelope = self._envelope(operation, deadline, idempotency_key)
         try:
             self._transport.publish(
-                envelope.SerializeToString(),
+                self._sign(envelope),
                 request_id=envelope.request_id,
                 lane=LaneName.INTERACTIVE,
                 deadline_ms=deadline,
             )
         except Refused as refused:
             raise refused.error() from None
-        return Handle(self._transport, envelope.request_id, deadline).result()
+        return Handle(self._transport, self.caller, envelope.request_id, deadline).result()
+
+    def _sign(self, envelope: pb.RequestEnvelope) -> bytes:
+        return sign(envelope.SerializeToString(), self._key)
 
     def _deadline(self, lane: LaneName, timeout: float | None) -> int:
         lane_config = self.config.lanes[lane]
@@ -256,9 +305,15 @@ class Client:
             budget_ms = min(int(timeout * 1000), lane_config.max_deadline_ms)
         return _now_ms() + budget_ms
 
-    def _envelope(self, operation: Operation, deadline_ms: int) -> pb.RequestEnvelope:
+    def _envelope(
+        self, operation: Operation, deadline_ms: int, idempotency_key: str
+    ) -> pb.RequestEnvelope:
         envelope = pb.RequestEnvelope(
-            caller=self.caller, request_id=uuid.uuid4().hex, deadline_unix_ms=deadline_ms
+            caller=self.caller,
+            request_id=uuid.uuid4().hex,
+            deadline_unix_ms=deadline_ms,
+            issued_at_unix_ms=_now_ms(),
+            idempotency_key=idempotency_key,
         )
         if isinstance(operation, ReadOp):
             envelope.read.CopyFrom(
@@ -269,17 +324,26 @@ class Client:
                 )
             )
         elif isinstance(operation, WriteOp):
+            if operation.expected_revision < 0:
+                raise InvalidArgument("expected_revision must not be negative")
             envelope.write.CopyFrom(
                 pb.WriteRecordRequest(
-                    scope=operation.scope, object_id=operation.object_id, payload=operation.payload
+                    scope=operation.scope,
+                    object_id=operation.object_id,
+                    payload=operation.payload,
+                    expected_revision=operation.expected_revision,
                 )
             )
-            envelope.idempotency_key = operation.idempotency_key or uuid.uuid4().hex
         elif isinstance(operation, DeleteOp):
+            if operation.expected_revision < 0:
+                raise InvalidArgument("expected_revision must not be negative")
             envelope.delete.CopyFrom(
-                pb.DeleteRecordRequest(scope=operation.scope, object_id=operation.object_id)
+                pb.DeleteRecordRequest(
+                    scope=operation.scope,
+                    object_id=operation.object_id,
+                    expected_revision=operation.expected_revision,
+                )
             )
-            envelope.idempotency_key = operation.idempotency_key or uuid.uuid4().hex
         elif isinstance(operation, ListOp):
             if operation.page_size < 0:
                 raise InvalidArgument("page_size must not be negative")
@@ -295,3 +359,10 @@ class Client:
         # Fail fast, before anything is sent, with the same rules the worker applies.
         codec.validate_request(envelope, self.config.limits)
         return envelope
+
+
+def _idempotency_key(operation: Operation) -> str:
+    """The key a mutation keeps across its attempts; reads and lists have none."""
+    if isinstance(operation, WriteOp | DeleteOp):
+        return operation.idempotency_key or uuid.uuid4().hex
+    return ""

@@ -60,13 +60,15 @@ def validate_request(envelope: pb.RequestEnvelope, limits: Limits) -> None:
     _check(REQUEST_ID_RE, envelope.request_id, "request_id")
     if envelope.deadline_unix_ms <= 0:
         raise InvalidArgument("deadline_unix_ms is missing")
+    if envelope.issued_at_unix_ms <= 0:
+        raise InvalidArgument("issued_at_unix_ms is missing")
     operation = envelope.WhichOneof("operation")
     if operation is None:
         raise InvalidArgument("unknown or missing operation")
-    if envelope.idempotency_key:
-        if operation not in MUTATIONS:
-            raise InvalidArgument("idempotency_key is only allowed on write and delete")
+    if operation in MUTATIONS:
         _check(IDEMPOTENCY_KEY_RE, envelope.idempotency_key, "idempotency_key")
+    elif envelope.idempotency_key:
+        raise InvalidArgument("idempotency_key is only allowed on write and delete")
     if operation == "read":
         read = envelope.read
         _check(SCOPE_RE, read.scope, "scope")

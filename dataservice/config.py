@@ -11,8 +11,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -136,12 +137,58 @@ class DatabaseConfig(_Model):
     injected_delay_ms: Annotated[int, Field(ge=0, le=60_000)]
 
 
+OperationName = Literal["read", "write", "delete", "list"]
+LaneId = Literal["interactive", "batch"]
+# A scope name, or a prefix followed by "*"; "*" alone allows every scope.
+_SCOPE_PATTERN = r"^(\*|[a-z0-9][a-z0-9_.-]{0,63}\*?)$"
+CALLER_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+
+
+class CallerPolicy(_Model):
+    """What one caller may do, and how much. Its keys live elsewhere
+    (``DATASERVICE_CALLERS_FILE``), never in ``queues.yml``."""
+
+    scopes: Annotated[
+        tuple[Annotated[str, Field(pattern=_SCOPE_PATTERN)], ...],
+        Field(strict=False, min_length=1),
+    ]
+    operations: Annotated[tuple[OperationName, ...], Field(strict=False, min_length=1)]
+    lanes: Annotated[tuple[LaneId, ...], Field(strict=False, min_length=1)]
+    rate_per_s: Annotated[float, Field(gt=0, le=1_000_000)]
+    burst: Annotated[int, Field(gt=0, le=1_000_000)]
+    # Interactive requests of this caller being served at once, service-wide.
+    max_interactive: Annotated[int, Field(gt=0, le=10_000)]
+
+    def allows_scope(self, scope: str) -> bool:
+        return any(fnmatchcase(scope, pattern) for pattern in self.scopes)
+
+
+class AuthConfig(_Model):
+    # How far a caller's clock may be from ours, either way.
+    max_clock_skew_ms: Annotated[int, Field(ge=0, le=300_000)]
+
+
+class RetryConfig(_Model):
+    """How a client retries a retryable answer, inside the request's one deadline."""
+
+    max_attempts: Annotated[int, Field(gt=0, le=20)]
+    backoff_base_ms: PositiveInt
+    backoff_max_ms: PositiveInt
+
+
+class ClientConfig(_Model):
+    retry: RetryConfig
+
+
 class Config(_Model):
     budget: BudgetConfig
     lanes: Lanes
     limits: Limits
     results: Results
     database: DatabaseConfig
+    auth: AuthConfig
+    client: ClientConfig
+    callers: dict[Annotated[str, Field(pattern=CALLER_NAME_PATTERN)], CallerPolicy]
 
     @model_validator(mode="after")
     def _pool_wait_below_deadlines(self) -> Config:
@@ -216,7 +263,11 @@ _ENV_FIELDS = {
     "DATASERVICE_RESULT_BACKEND_URL": "result_backend_url",
     "DATASERVICE_REDIS_URL": "redis_url",
     "DATASERVICE_DATABASE_URL": "database_url",
+    "DATASERVICE_CALLERS_FILE": "callers_file",
 }
+
+
+_PATH_FIELDS = frozenset({"config_path", "callers_file"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +279,8 @@ class Settings:
     result_backend_url: str = DEFAULT_REDIS_URL
     redis_url: str = DEFAULT_REDIS_URL
     database_url: str = DEFAULT_DATABASE_URL
+    # Caller keys (and Redis passwords); see dataservice.callers. None: not configured.
+    callers_file: Path | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -242,7 +295,7 @@ class Settings:
                 continue
             if not value.strip():
                 raise ConfigError(f"{name} is set but empty")
-            values[field] = Path(value) if field == "config_path" else value
+            values[field] = Path(value) if field in _PATH_FIELDS else value
         for name in (
             "DATASERVICE_BROKER_URL",
             "DATASERVICE_RESULT_BACKEND_URL",
@@ -258,7 +311,11 @@ class Settings:
 
     def to_env(self) -> dict[str, str]:
         """The ``DATASERVICE_*`` variables that reproduce these settings in another process."""
-        return {name: str(getattr(self, field)) for name, field in _ENV_FIELDS.items()}
+        return {
+            name: str(getattr(self, field))
+            for name, field in _ENV_FIELDS.items()
+            if getattr(self, field) is not None
+        }
 
     def load(self) -> Config:
         return load_config(self.config_path)

@@ -4,27 +4,62 @@
 key                                    what it holds
 =====================================  ===========================================
 ``<lane queue>``                       Celery's list for a lane (``interactive``, ``batch``)
-``ds:result:<request id>``             a list holding one encoded ``ResponseEnvelope``;
-                                       expires at the request deadline plus a grace
+``_kombu.binding.<lane queue>``        kombu's routing table for the lane's exchange
 ``ds:admission:<lane queue>``          a hash: envelope bytes queued or in flight,
                                        completions and the measured drain rate
                                        (``dataservice/admission/admit.lua``)
+``ds:result:<caller>:<request id>``    a list holding one encoded ``ResponseEnvelope``;
+                                       expires at the request deadline plus a grace
+``ds:replay:<caller>:<request id>``    a request id already seen; expires with the
+                                       request's deadline plus the clock skew
+``ds:rate:<caller>``                   the caller's rate state (``dataservice/gate/gate.lua``)
+``ds:inflight:<caller>``               a sorted set of the caller's interactive requests
+                                       being served, scored by when each slot lapses
 =====================================  ===========================================
+
+Who may touch what is decided by key pattern (:mod:`dataservice.acl`): a
+caller's Redis user reaches the lane queues, their routing tables and
+admission hashes, and its *own* result keys; everything else, including
+every key added later for the cache and its locks, only the workers' user.
 """
 
 from __future__ import annotations
 
 RESULT_PREFIX = "ds:result:"
-
-
-def result_key(request_id: str) -> str:
-    """Where the answer to ``request_id`` waits for its caller."""
-    return RESULT_PREFIX + request_id
-
-
 ADMISSION_PREFIX = "ds:admission:"
+REPLAY_PREFIX = "ds:replay:"
+RATE_PREFIX = "ds:rate:"
+INFLIGHT_PREFIX = "ds:inflight:"
+KOMBU_BINDING_PREFIX = "_kombu.binding."
+
+
+def result_key(caller: str, request_id: str) -> str:
+    """Where the answer to ``request_id`` waits for its caller."""
+    return f"{RESULT_PREFIX}{caller}:{request_id}"
+
+
+def result_pattern(caller: str) -> str:
+    """Every result key of one caller, as a Redis glob (callers' names hold no glob characters)."""
+    return f"{RESULT_PREFIX}{caller}:*"
 
 
 def admission_key(queue: str) -> str:
     """A lane's admission counters (bytes queued or in flight, completions, drain rate)."""
     return ADMISSION_PREFIX + queue
+
+
+def replay_key(caller: str, request_id: str) -> str:
+    return f"{REPLAY_PREFIX}{caller}:{request_id}"
+
+
+def rate_key(caller: str) -> str:
+    return RATE_PREFIX + caller
+
+
+def inflight_key(caller: str) -> str:
+    return INFLIGHT_PREFIX + caller
+
+
+def binding_key(queue: str) -> str:
+    """kombu's routing table for a lane's (direct, same-named) exchange."""
+    return KOMBU_BINDING_PREFIX + queue

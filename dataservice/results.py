@@ -74,7 +74,12 @@ class ResultStore:
         return cls(redis.Redis(connection_pool=pool))
 
     def put(
-        self, request_id: str, body: bytes, expires_at_ms: int, done: Completion | None = None
+        self,
+        caller: str,
+        request_id: str,
+        body: bytes,
+        expires_at_ms: int,
+        done: Completion | None = None,
     ) -> None:
         """Leave an answer until ``expires_at_ms`` (Unix ms); a past expiry stores nothing.
 
@@ -86,7 +91,7 @@ class ResultStore:
             if done is not None:
                 self.complete(done)
             return
-        key = result_key(request_id)
+        key = result_key(caller, request_id)
         with self._redis.pipeline(transaction=True) as pipe:
             pipe.rpush(key, body)
             # A relative expiry: the Redis server's clock may differ from ours.
@@ -101,9 +106,9 @@ class ResultStore:
             _complete(pipe, done)
             pipe.execute()
 
-    def wait(self, request_id: str, timeout_s: float) -> bytes | None:
+    def wait(self, caller: str, request_id: str, timeout_s: float) -> bytes | None:
         """Take the answer, waiting up to ``timeout_s``; None if it did not come."""
-        key = result_key(request_id)
+        key = result_key(caller, request_id)
         until = time.monotonic() + timeout_s
         with _backend_errors():
             if timeout_s <= 0:
@@ -118,9 +123,9 @@ class ResultStore:
                     return value if isinstance(value, bytes) else None
         return None
 
-    def pending(self, request_id: str) -> bool:
+    def pending(self, caller: str, request_id: str) -> bool:
         with _backend_errors():
-            return bool(self._redis.exists(result_key(request_id)))
+            return bool(self._redis.exists(result_key(caller, request_id)))
 
     def close(self) -> None:
         self._redis.close()

@@ -1,12 +1,18 @@
-"""The worker side of one request: envelope bytes in, encoded answer out.
+"""The worker side of one request: signed envelope bytes in, encoded answer out.
 
 Nothing here knows about Celery. :meth:`RequestHandler.handle` never raises:
 every failure becomes a status code, and internal details stay in the log
-(never the payload, never SQL text) while the caller sees a short message.
+(never the payload, never a key, never SQL text) while the caller sees a
+short message.
+
+The order is the contract: authenticate and authorise (:mod:`dataservice.auth`,
+no I/O), drop a late request, pass the caller's shared limits
+(:mod:`dataservice.gate`), and only then take a database permit.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -16,9 +22,19 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from dataservice import codec
-from dataservice.config import Config, LaneConfig, OperationClass
+from dataservice.auth import Authenticator, Rejected
+from dataservice.config import Config, LaneConfig, LaneName, OperationClass
 from dataservice.durations import RecentDurations
 from dataservice.errors import InvalidArgument, NotFound, RequestError, error_for
+from dataservice.gate import Gate
+from dataservice.metrics import (
+    DEPENDENCY_FAILURES,
+    REJECTIONS,
+    REQUESTS,
+    TIMEOUTS,
+    Dependency,
+    Stage,
+)
 from dataservice.permits import LanePermits, PermitUnavailable
 from dataservice.proto import pb
 from dataservice.status import StatusCode
@@ -30,15 +46,15 @@ from dataservice.store.connections import (
 from dataservice.store.records import (
     Budget,
     DeleteRaced,
+    Idempotency,
+    IdempotencyConflict,
     RecordStore,
+    RevisionMismatch,
     StoredRecord,
 )
 
 log = logging.getLogger(__name__)
 
-# A caller's clock may run ahead of ours; deadlines further out than the lane
-# maximum plus this are absurd rather than skewed.
-CLOCK_SKEW_MS = 5_000
 RETRY_POOL_BUSY_MS = 50
 RETRY_DB_UNAVAILABLE_MS = 250
 # Per-record framing inside a ListRecordsResponse, on top of id and payload.
@@ -49,8 +65,10 @@ _PAGE_OVERHEAD = 512
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """An encoded ``ResponseEnvelope`` and until when (Unix ms) its caller can use it."""
+    """An encoded ``ResponseEnvelope``, for whom, and until when (Unix ms) it is
+    of use. ``caller`` is empty when the message named nobody to answer."""
 
+    caller: str
     body: bytes
     expires_at_ms: int
     code: StatusCode
@@ -73,48 +91,83 @@ class RequestHandler:
     def __init__(
         self,
         config: Config,
-        lane: LaneConfig,
+        lane: LaneName,
         store: RecordStore,
         permits: LanePermits,
+        authenticator: Authenticator,
+        gate: Gate,
         clock: Callable[[], int] = _now_ms,
     ) -> None:
         self.config = config
-        self.lane = lane
+        self.lane_name = lane
+        self.lane: LaneConfig = config.lanes[lane]
         self.store = store
         self.permits = permits
+        self.authenticator = authenticator
+        self.gate = gate
         self.durations = RecentDurations()
         self._clock = clock
+        self._capped = lane is LaneName.INTERACTIVE
 
-    def internal_error(self, task_id: str, deadline_ms: int | None) -> Reply:
+    def internal_error(self, caller: str, task_id: str, deadline_ms: int | None) -> Reply:
         now = self._clock()
         expires = max(deadline_ms or now, now) + self.config.results.grace_ms
-        return self._error(task_id, error_for(StatusCode.INTERNAL, "internal error"), expires)
+        error = error_for(StatusCode.INTERNAL, "internal error")
+        return self._error(caller, task_id, error, expires)
 
     def handle(self, task_id: str, body: object, deadline_ms: int | None = None) -> Reply | None:
         """Answer one request; None when its caller has already given up."""
         now = self._clock()
         grace = self.config.results.grace_ms
-        # Until the envelope is decoded, the message's deadline header (or the
+        # Until the envelope is verified, the message's deadline header (or the
         # lane maximum) bounds how long an error answer is worth keeping.
         fallback = max(deadline_ms or now + self.lane.max_deadline_ms, now) + grace
         try:
-            envelope = codec.decode_request(body, self.config.limits)
-            if envelope.request_id != task_id:
-                raise InvalidArgument("request_id does not match the message id")
-        except InvalidArgument as exc:
-            log.info("rejected request %s: %s", task_id, exc.message)
-            return self._error(task_id, exc, fallback)
+            request = self.authenticator.open(task_id, body, now)
+        except Rejected as rejected:
+            return self._rejected(task_id, rejected, fallback)
+        envelope = request.envelope
+        caller = envelope.caller
         remaining = envelope.deadline_unix_ms - now
         if remaining <= 0:
+            TIMEOUTS.labels(self.lane_name.value, Stage.QUEUE.value).inc()
             log.info("dropped request %s: deadline passed %d ms ago", task_id, -remaining)
             return None
         # Absolute: time spent serving the request does not extend the answer's life.
         ttl = envelope.deadline_unix_ms + grace
-        if remaining > self.lane.max_deadline_ms + CLOCK_SKEW_MS:
-            error: RequestError = InvalidArgument(
-                f"deadline is {remaining} ms away; this lane allows {self.lane.max_deadline_ms} ms"
+        try:
+            slot = self.gate.enter(
+                request.policy,
+                caller,
+                task_id,
+                envelope.deadline_unix_ms,
+                now,
+                capped=self._capped,
             )
-            return self._error(task_id, error, now + grace)
+        except Rejected as rejected:
+            return self._rejected(task_id, rejected, ttl)
+        try:
+            reply = self._serve(task_id, envelope, request.operation, ttl)
+        except Exception as exc:
+            # A bug, not the request's fault: answer rather than leave the caller waiting.
+            log.error("unexpected %s on %s", type(exc).__name__, task_id, exc_info=True)
+            reply = self._error(
+                caller, task_id, error_for(StatusCode.INTERNAL, "internal error"), ttl
+            )
+        finally:
+            self.gate.leave(slot)
+        REQUESTS.labels(self.lane_name.value, request.operation, reply.code.name).inc()
+        return reply
+
+    def _rejected(self, task_id: str, rejected: Rejected, expires_at_ms: int) -> Reply:
+        REJECTIONS.labels(self.lane_name.value, rejected.reason.value).inc()
+        log.info("rejected request %s: %s", task_id, rejected.reason.value)
+        return self._error(
+            rejected.caller, task_id, rejected.error, expires_at_ms, rejected.retry_after_ms
+        )
+
+    def _serve(self, task_id: str, envelope: pb.RequestEnvelope, operation: str, ttl: int) -> Reply:
+        caller = envelope.caller
         try:
             response = self._with_permit(envelope)
         except (
@@ -125,25 +178,38 @@ class RequestHandler:
             ConnectRateLimited,
         ) as exc:
             error, retry_after_ms = _refusal(exc)
-            return self._error(task_id, error, ttl, retry_after_ms)
+            if error.code is StatusCode.DEADLINE_EXCEEDED:
+                stage = (
+                    Stage.STATEMENT if isinstance(exc, StatementTimeout) else Stage.BEFORE_DATABASE
+                )
+                TIMEOUTS.labels(self.lane_name.value, stage.value).inc()
+            return self._error(caller, task_id, error, ttl, retry_after_ms)
         except DBAPIError as exc:
             errno = exc.orig.args[0] if exc.orig is not None and exc.orig.args else None
             log.warning("database error %s on %s: %s", errno, task_id, type(exc.orig).__name__)
-            mutation = envelope.WhichOneof("operation") in codec.MUTATIONS
+            DEPENDENCY_FAILURES.labels(self.lane_name.value, Dependency.DATABASE.value).inc()
+            mutation = operation in codec.MUTATIONS
             error, retry_after_ms = _database_error(errno, exc.connection_invalidated, mutation)
-            return self._error(task_id, error, ttl, retry_after_ms)
+            return self._error(caller, task_id, error, ttl, retry_after_ms)
         except SQLAlchemyError as exc:
             log.error("store error on %s: %s", task_id, type(exc).__name__)
-            return self._error(task_id, error_for(StatusCode.INTERNAL, "internal error"), ttl)
+            DEPENDENCY_FAILURES.labels(self.lane_name.value, Dependency.DATABASE.value).inc()
+            error = error_for(StatusCode.INTERNAL, "internal error")
+            return self._error(caller, task_id, error, ttl)
         response.request_id = task_id
         response.status.code = pb.STATUS_CODE_OK
-        return Reply(response.SerializeToString(), ttl, StatusCode.OK)
+        return Reply(caller, response.SerializeToString(), ttl, StatusCode.OK)
 
     def _error(
-        self, task_id: str, error: RequestError, expires_at_ms: int, retry_after_ms: int = 0
+        self,
+        caller: str,
+        task_id: str,
+        error: RequestError,
+        expires_at_ms: int,
+        retry_after_ms: int = 0,
     ) -> Reply:
         envelope = codec.error_response(task_id, error.code, error.message, retry_after_ms)
-        return Reply(envelope.SerializeToString(), expires_at_ms, error.code)
+        return Reply(caller, envelope.SerializeToString(), expires_at_ms, error.code)
 
     def _with_permit(self, envelope: pb.RequestEnvelope) -> pb.ResponseEnvelope:
         """Run the operation under a permit, with the time the request has left.
@@ -187,7 +253,17 @@ class RequestHandler:
             return pb.ResponseEnvelope(read=pb.ReadRecordResponse(record=_record(stored)))
         if operation == "write":
             write = envelope.write
-            outcome = self.store.write(write.scope, write.object_id, write.payload, budget)
+            try:
+                outcome = self.store.write(
+                    write.scope,
+                    write.object_id,
+                    write.payload,
+                    budget,
+                    idempotency=_idempotency(envelope, operation),
+                    expected_revision=write.expected_revision,
+                )
+            except (RevisionMismatch, IdempotencyConflict) as exc:
+                raise _conflict(exc) from None
             return pb.ResponseEnvelope(
                 write=pb.WriteRecordResponse(
                     object_id=write.object_id, revision=outcome.revision, created=outcome.created
@@ -196,11 +272,19 @@ class RequestHandler:
         if operation == "delete":
             delete = envelope.delete
             try:
-                revision = self.store.delete(delete.scope, delete.object_id, budget)
+                revision = self.store.delete(
+                    delete.scope,
+                    delete.object_id,
+                    budget,
+                    idempotency=_idempotency(envelope, operation),
+                    expected_revision=delete.expected_revision,
+                )
             except DeleteRaced:
                 raise error_for(
                     StatusCode.CONFLICT, "the record changed while it was being deleted"
                 ) from None
+            except (RevisionMismatch, IdempotencyConflict) as exc:
+                raise _conflict(exc) from None
             if revision is None:
                 raise NotFound("no such record")
             return pb.ResponseEnvelope(
@@ -227,6 +311,26 @@ class RequestHandler:
                 request.scope, response.records[-1].object_id
             )
         return response
+
+
+def _idempotency(envelope: pb.RequestEnvelope, operation: str) -> Idempotency:
+    """The key a mutation's outcome is recorded under, and what it was asked:
+    the operation's own fields, so a retry matches whatever else changed."""
+    request = getattr(envelope, operation)
+    fingerprint = hashlib.sha256(
+        operation.encode() + b"\0" + request.SerializeToString(deterministic=True)
+    ).digest()
+    return Idempotency(envelope.caller, envelope.idempotency_key, fingerprint)
+
+
+def _conflict(exc: RevisionMismatch | IdempotencyConflict) -> RequestError:
+    if isinstance(exc, IdempotencyConflict):
+        return error_for(
+            StatusCode.CONFLICT, "the idempotency key was already used for a different request"
+        )
+    if exc.current is None:
+        return error_for(StatusCode.CONFLICT, "the record does not exist at the expected revision")
+    return error_for(StatusCode.CONFLICT, f"the record is at revision {exc.current}")
 
 
 OPERATION_CLASSES = {

@@ -48,6 +48,8 @@ class WriteOp:
     object_id: str
     payload: bytes
     idempotency_key: str | None = None
+    # 0: unconditional; otherwise applied only at exactly this revision (else Conflict).
+    expected_revision: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,7 @@ class DeleteOp:
     scope: str
     object_id: str
     idempotency_key: str | None = None
+    expected_revision: int = 0
 
 
 @dataclass(frozen=True, slots=True)

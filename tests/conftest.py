@@ -20,16 +20,18 @@ from typing import Any
 
 import pytest
 import redis
+import yaml
 from sqlalchemy import Engine, create_engine, text
 
 from dataservice import Client
+from dataservice.callers import write_callers_file
 from dataservice.config import Config, LaneName, Settings
 from dataservice.localservices import mysql_reachable, redis_reachable
 from dataservice.store.migrate import upgrade
 from dataservice.supervisor import Supervisor
 from dataservice.transport import Transport
 from dataservice.wire import celery_settings
-from tests.support import on_redis
+from tests.support import TEST_CALLERS, on_redis, with_test_callers
 from workers.app import LaneRuntime, register_task
 
 TEST_REDIS_URL = "redis://127.0.0.1:6379/15"
@@ -53,13 +55,23 @@ def require(available: bool, what: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def settings() -> Settings:
+def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    """The shipped configuration with the test callers, and fresh keys for them."""
+    directory = tmp_path_factory.mktemp("settings")
+    config_path = directory / "queues.yml"
+    document = with_test_callers(SHIPPED_CONFIG)
+    config_path.write_text(yaml.safe_dump(document, sort_keys=False))
+    callers_file = directory / "callers.yml"
+    # Every configured caller has a key, and so does one that is configured nowhere.
+    callers = dict.fromkeys([*document["callers"], *TEST_CALLERS])
+    write_callers_file(callers_file, {name: f"{name}-1" for name in callers})
     return Settings(
-        config_path=SHIPPED_CONFIG,
+        config_path=config_path,
         broker_url=TEST_REDIS_URL,
         result_backend_url=TEST_REDIS_URL,
         redis_url=TEST_REDIS_URL,
         database_url=TEST_DATABASE_URL,
+        callers_file=callers_file,
     )
 
 

@@ -5,12 +5,23 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
+import redis
+import yaml
 from sqlalchemy import Engine, text
 
-from dataservice.config import Settings
+from dataservice.auth import Authenticator, sign
+from dataservice.callers import CallerKey, load_keyring
+from dataservice.config import Config, LaneName, Settings
+from dataservice.gate import Gate
+from dataservice.metrics import REGISTRY
+from dataservice.permits import LanePermits
+from dataservice.proto import pb
+from dataservice.service import RequestHandler
+from dataservice.store import RecordStore
 
 
 def row_count(engine: Engine, scope: str | None = None) -> int:
@@ -53,6 +64,53 @@ def connection_ids(engine: Engine, user: str) -> set[int]:
         return {int(r[0]) for r in conn.execute(query, {"user": user})}
 
 
+# The callers the tests sign as. "tests" may do anything; the others exist to
+# be refused (a narrow allowlist) or limited (a low rate and in-flight cap).
+TEST_CALLERS: dict[str, dict[str, Any]] = {
+    "tests": {
+        "scopes": ["*"],
+        "operations": ["read", "write", "delete", "list"],
+        "lanes": ["interactive", "batch"],
+        "rate_per_s": 100_000,
+        "burst": 10_000,
+        "max_interactive": 10_000,
+    },
+    "tests-narrow": {
+        "scopes": ["narrow-*"],
+        "operations": ["read", "list"],
+        "lanes": ["interactive"],
+        "rate_per_s": 100_000,
+        "burst": 10_000,
+        "max_interactive": 10_000,
+    },
+    "tests-limited": {
+        "scopes": ["*"],
+        "operations": ["read", "write", "delete", "list"],
+        "lanes": ["interactive", "batch"],
+        "rate_per_s": 20,
+        "burst": 5,
+        "max_interactive": 2,
+    },
+    "tests-batch-only": {
+        "scopes": ["*"],
+        "operations": ["read", "write", "delete", "list"],
+        "lanes": ["batch"],
+        "rate_per_s": 100_000,
+        "burst": 10_000,
+        "max_interactive": 10_000,
+    },
+    # Has keys but no policy: authenticated, allowed nothing.
+    "tests-stranger": None,
+}
+
+
+def with_test_callers(shipped: Path) -> dict[str, Any]:
+    """The shipped queues.yml with the test callers beside the shipped ones."""
+    data: dict[str, Any] = yaml.safe_load(shipped.read_text(encoding="utf-8"))
+    data["callers"].update({name: policy for name, policy in TEST_CALLERS.items() if policy})
+    return data
+
+
 def changed(data: dict[str, Any], path: tuple[str, ...], value: object) -> dict[str, Any]:
     """A deep copy of a configuration document with one nested key set."""
     result = copy.deepcopy(data)
@@ -72,3 +130,35 @@ def on_redis(settings: Settings, redis_url: str, config_path: Path | None = None
         redis_url=redis_url,
         config_path=config_path or settings.config_path,
     )
+
+
+def caller_key(settings: Settings, caller: str = "tests") -> CallerKey:
+    """``caller``'s signing key from the test callers file."""
+    return load_keyring(settings.callers_file).signing_key(caller)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def signed(envelope: pb.RequestEnvelope, key: CallerKey) -> bytes:
+    """The message body a caller would publish: ``envelope`` (its issue time
+    filled in if missing) signed with ``key``."""
+    if not envelope.issued_at_unix_ms:
+        envelope.issued_at_unix_ms = now_ms()
+    return sign(envelope.SerializeToString(), key)
+
+
+def counter(name: str, **labels: str) -> float:
+    """A counter of this process's workers (``dataservice.metrics``), 0 if never touched."""
+    return REGISTRY.get_sample_value(f"{name}_total", labels) or 0.0
+
+
+def handler_for(
+    settings: Settings, config: Config, lane: LaneName, store: RecordStore
+) -> tuple[RequestHandler, redis.Redis]:
+    """A request handler with the real authenticator and gate (on ``settings.redis_url``)."""
+    client = redis.Redis.from_url(settings.redis_url)
+    authenticator = Authenticator(load_keyring(settings.callers_file), config, lane)
+    permits = LanePermits(config.lanes[lane])
+    return RequestHandler(config, lane, store, permits, authenticator, Gate(client, config)), client

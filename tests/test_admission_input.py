@@ -11,50 +11,60 @@ import redis
 from sqlalchemy import Engine
 
 from dataservice import Client, InvalidArgument
+from dataservice.callers import CallerKey
 from dataservice.client import decode_response
 from dataservice.config import Config, LaneName, Settings
 from dataservice.keys import admission_key
-from dataservice.permits import LanePermits
 from dataservice.proto import pb
 from dataservice.service import RequestHandler
 from dataservice.status import StatusCode
 from dataservice.store import RecordStore, create_store_engine
 from dataservice.transport import Transport
+from tests.support import caller_key, handler_for, signed
 
 
 @pytest.fixture
 def handler(settings: Settings, config: Config, database: Engine) -> Iterator[RequestHandler]:
     engine = create_store_engine(settings.database_url, 2, config.database)
-    lane = config.lanes[LaneName.INTERACTIVE]
     store = RecordStore(engine, max_statement_ms=config.database.max_statement_ms)
-    yield RequestHandler(config, lane, store, LanePermits(lane))
+    handler, limits = handler_for(settings, config, LaneName.INTERACTIVE, store)
+    yield handler
+    limits.close()
     engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def key(settings: Settings) -> CallerKey:
+    return caller_key(settings)
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _write(deadline_ms: int, payload: bytes) -> tuple[str, bytes]:
+def _write(key: CallerKey, deadline_ms: int, payload: bytes) -> tuple[str, bytes]:
     request_id = uuid.uuid4().hex
     envelope = pb.RequestEnvelope(
         caller="tests",
         request_id=request_id,
         deadline_unix_ms=deadline_ms,
+        issued_at_unix_ms=_now_ms(),
         idempotency_key=request_id,
         write=pb.WriteRecordRequest(scope="admission", object_id="k", payload=payload),
     )
-    return request_id, envelope.SerializeToString()
+    return request_id, signed(envelope, key)
 
 
-def _code(handler: RequestHandler, deadline_ms: int, payload: bytes = b"x") -> StatusCode | None:
-    request_id, body = _write(deadline_ms, payload)
+def _code(
+    handler: RequestHandler, key: CallerKey, deadline_ms: int, payload: bytes = b"x"
+) -> StatusCode | None:
+    request_id, body = _write(key, deadline_ms, payload)
     reply = handler.handle(request_id, body)
     return None if reply is None else reply.code
 
 
 def test_bad_deadlines_and_payloads_get_typed_errors_and_hold_no_permit(
-    handler: RequestHandler, config: Config
+    handler: RequestHandler, config: Config, key: CallerKey
 ) -> None:
     limit = config.limits.max_payload_bytes
     cases = {
@@ -71,26 +81,31 @@ def test_bad_deadlines_and_payloads_get_typed_errors_and_hold_no_permit(
             b"x" * (limit + 1),
             StatusCode.INVALID_ARGUMENT,
         ),
-        "too little time to run": (_now_ms() + 2, b"x", StatusCode.DEADLINE_EXCEEDED),
     }
     for name, (deadline, payload, expected) in cases.items():
-        assert _code(handler, deadline, payload) is expected, name
+        assert _code(handler, key, deadline, payload) is expected, name
+    too_little_time = _code(handler, key, _now_ms() + 3)
+    assert too_little_time is StatusCode.DEADLINE_EXCEEDED
     assert handler.permits.snapshot().acquired_total == 0
     # A deadline already past is dropped unanswered, also without a permit.
-    assert _code(handler, _now_ms() - 1) is None
+    assert _code(handler, key, _now_ms() - 1) is None
     assert handler.permits.snapshot().acquired_total == 0
 
-    assert _code(handler, _now_ms() + 2000, b"x" * limit) is StatusCode.OK
+    assert _code(handler, key, _now_ms() + 2000, b"x" * limit) is StatusCode.OK
     snapshot = handler.permits.snapshot()
     assert (snapshot.acquired_total, snapshot.released_total, snapshot.in_use) == (1, 1, 0)
 
 
 @pytest.mark.usefixtures("interactive_worker")
 def test_rejected_requests_hold_no_queue_slot_or_bytes(
-    client: Client, transport: Transport, redis_client: redis.Redis, config: Config
+    client: Client,
+    transport: Transport,
+    redis_client: redis.Redis,
+    config: Config,
+    key: CallerKey,
 ) -> None:
     queue = config.lanes.interactive.queue
-    key = admission_key(queue)
+    stats = admission_key(queue)
     # Refused by the client: nothing is published.
     with pytest.raises(InvalidArgument):
         client.write("admission", "k", b"x", timeout=-1)
@@ -98,40 +113,40 @@ def test_rejected_requests_hold_no_queue_slot_or_bytes(
         client.write("admission", "k", b"x" * (config.limits.max_payload_bytes + 1))
     # Published straight to the queue, refused by the worker: bytes come back.
     for deadline in (-5, 16_725_225_600_000):
-        request_id, body = _write(deadline, b"x")
+        request_id, body = _write(key, deadline, b"x")
         transport.publish(body, request_id=request_id, lane=LaneName.INTERACTIVE,
                           deadline_ms=_now_ms() + 2000)  # fmt: skip
-        answer = transport.results.wait(request_id, 5.0)
+        answer = transport.results.wait("tests", request_id, 5.0)
         assert answer is not None
         with pytest.raises(InvalidArgument):
             decode_response(answer, request_id)
     assert redis_client.llen(queue) == 0
-    assert int(redis_client.hget(key, "bytes") or 0) == 0
+    assert int(redis_client.hget(stats, "bytes") or 0) == 0
 
 
 @pytest.mark.usefixtures("interactive_worker")
 def test_a_request_dropped_as_late_gives_its_bytes_back(
-    transport: Transport, redis_client: redis.Redis, config: Config
+    transport: Transport, redis_client: redis.Redis, config: Config, key: CallerKey
 ) -> None:
-    key = admission_key(config.lanes.interactive.queue)
+    stats = admission_key(config.lanes.interactive.queue)
     # Late by the time a worker sees it: dropped unanswered, and still counted as done.
-    request_id, body = _write(_now_ms() - 1, b"late")
-    done_before = int(redis_client.hget(key, "done") or 0)
+    request_id, body = _write(key, _now_ms() - 1, b"late")
+    done_before = int(redis_client.hget(stats, "done") or 0)
     transport.publish(body, request_id=request_id, lane=LaneName.INTERACTIVE,
                       deadline_ms=_now_ms() + 2000)  # fmt: skip
-    assert transport.results.wait(request_id, 1.0) is None
-    assert int(redis_client.hget(key, "done") or 0) == done_before + 1
-    assert int(redis_client.hget(key, "bytes") or 0) == 0
+    assert transport.results.wait("tests", request_id, 1.0) is None
+    assert int(redis_client.hget(stats, "done") or 0) == done_before + 1
+    assert int(redis_client.hget(stats, "bytes") or 0) == 0
 
 
 def test_a_request_with_less_time_than_its_operation_needs_never_reaches_the_database(
-    handler: RequestHandler,
+    handler: RequestHandler, key: CallerKey
 ) -> None:
     from dataservice.config import OperationClass
 
     # Writes have recently taken about 400 ms in the database.
     for _ in range(20):
         handler.durations.record(OperationClass.POINT_WRITE, 400.0)
-    assert _code(handler, _now_ms() + 200) is StatusCode.DEADLINE_EXCEEDED
+    assert _code(handler, key, _now_ms() + 200) is StatusCode.DEADLINE_EXCEEDED
     assert handler.permits.snapshot().acquired_total == 0
-    assert _code(handler, _now_ms() + 2000) is StatusCode.OK
+    assert _code(handler, key, _now_ms() + 2000) is StatusCode.OK

@@ -1,6 +1,9 @@
 """Acceptance: bad input is answered INVALID_ARGUMENT, changes nothing, and the
 worker keeps serving. Envelopes are published straight onto the queue, past
-the client's own validation."""
+the client's own validation, correctly signed: what is wrong is inside.
+
+A body that is not even a signed request names nobody to answer; it is
+counted (``dataservice_rejections_total{reason="malformed"}``) and dropped."""
 
 from __future__ import annotations
 
@@ -14,13 +17,23 @@ from celery import Celery
 from sqlalchemy import Engine
 
 from dataservice import Client, InvalidArgument, ReadMode
+from dataservice.auth import sign
+from dataservice.callers import CallerKey
 from dataservice.client import decode_response
 from dataservice.config import Config, LaneName, Settings
 from dataservice.proto import pb
 from dataservice.transport import Transport
 from dataservice.wire import TASK_NAME, celery_settings
 from tests.conftest import SERVICE_USER
-from tests.support import row_count, statements_by, table_checksum
+from tests.support import (
+    caller_key,
+    counter,
+    now_ms,
+    row_count,
+    signed,
+    statements_by,
+    table_checksum,
+)
 
 pytestmark = pytest.mark.usefixtures("interactive_worker")
 
@@ -31,7 +44,11 @@ def _deadline(seconds: float = 5.0) -> int:
 
 def _envelope(request_id: str, **operation: Any) -> pb.RequestEnvelope:
     return pb.RequestEnvelope(
-        caller="tests", request_id=request_id, deadline_unix_ms=_deadline(), **operation
+        caller="tests",
+        request_id=request_id,
+        deadline_unix_ms=_deadline(),
+        issued_at_unix_ms=now_ms(),
+        **operation,
     )
 
 
@@ -45,9 +62,14 @@ def _unknown_operation(rid: str) -> bytes:
     return _encoded(_envelope(rid)) + unknown_field
 
 
-# Each builds a body for (configuration, the message's request id).
+# Not a signed request at all: nobody to answer.
+UNREADABLE_BODIES: dict[str, Callable[[Config], bytes]] = {
+    "garbage bytes": lambda _: b"\xff\xfe\x00garbage\x17\x99",
+    "oversized body": lambda config: b"\x0a" + b"\x00" * (config.limits.max_request_bytes + 512),
+}
+
+# Each builds an envelope's bytes for (configuration, the message's request id).
 BAD_BODIES: dict[str, Callable[[Config, str], bytes]] = {
-    "garbage bytes": lambda _, __: b"\xff\xfe\x00garbage\x17\x99",
     "unspecified read mode": lambda _, rid: _encoded(
         _envelope(rid, read=pb.ReadRecordRequest(scope="s", object_id="a"))
     ),
@@ -63,6 +85,9 @@ BAD_BODIES: dict[str, Callable[[Config, str], bytes]] = {
         )
     ),
     "oversized envelope": lambda config, _: b"\x0a" + b"\x00" * config.limits.max_request_bytes,
+    "write without idempotency key": lambda _, rid: _encoded(
+        _envelope(rid, write=pb.WriteRecordRequest(scope="s", object_id="a", payload=b"x"))
+    ),
     "missing object id": lambda _, rid: _encoded(
         _envelope(rid, write=pb.WriteRecordRequest(scope="s", payload=b"x"))
     ),
@@ -88,20 +113,30 @@ def _ask(transport: Transport, build: Callable[[str], bytes]) -> None:
     transport.publish(
         body, request_id=request_id, lane=LaneName.INTERACTIVE, deadline_ms=_deadline()
     )
-    answer = transport.results.wait(request_id, 5.0)
+    answer = transport.results.wait("tests", request_id, 5.0)
     assert answer is not None, "the worker did not answer"
     decode_response(answer, request_id)
 
 
+@pytest.fixture(scope="module")
+def key(settings: Settings) -> CallerKey:
+    return caller_key(settings)
+
+
 @pytest.mark.parametrize("case", sorted(BAD_BODIES))
 def test_bad_envelope_is_invalid_argument_and_changes_nothing(
-    case: str, transport: Transport, config: Config, database: Engine, client: Client
+    case: str,
+    transport: Transport,
+    config: Config,
+    database: Engine,
+    client: Client,
+    key: CallerKey,
 ) -> None:
     client.write("s", "a", b"before")
     rows, checksum = row_count(database), table_checksum(database)
     statements = statements_by(database, SERVICE_USER)
     with pytest.raises(InvalidArgument) as caught:
-        _ask(transport, lambda rid: BAD_BODIES[case](config, rid))
+        _ask(transport, lambda rid: sign(BAD_BODIES[case](config, rid), key))
     assert caught.value.message
     assert "Traceback" not in caught.value.message
     # Rejected before any SQL: the service ran no statement for it.
@@ -111,18 +146,46 @@ def test_bad_envelope_is_invalid_argument_and_changes_nothing(
     assert client.read("s", "a", mode=ReadMode.PRIMARY).payload == b"before"
 
 
-def test_task_message_in_json_is_invalid_argument(
+def _malformed_count() -> float:
+    return counter("dataservice_rejections", lane="interactive", reason="malformed")
+
+
+def _until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    until = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < until, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("case", sorted(UNREADABLE_BODIES))
+def test_unreadable_body_is_counted_and_changes_nothing(
+    case: str, transport: Transport, config: Config, database: Engine, client: Client
+) -> None:
+    client.write("s", "a", b"before")
+    rows, checksum = row_count(database), table_checksum(database)
+    statements = statements_by(database, SERVICE_USER)
+    before = _malformed_count()
+    request_id = uuid.uuid4().hex
+    transport.publish(
+        UNREADABLE_BODIES[case](config), request_id=request_id, lane=LaneName.INTERACTIVE,
+        deadline_ms=_deadline(),
+    )  # fmt: skip
+    _until(lambda: _malformed_count() == before + 1)
+    assert statements_by(database, SERVICE_USER) == statements
+    assert (row_count(database), table_checksum(database)) == (rows, checksum)
+    assert client.read("s", "a", mode=ReadMode.PRIMARY).payload == b"before"
+
+
+def test_task_message_in_json_is_counted_and_dropped(
     json_publisher: Celery, transport: Transport, config: Config
 ) -> None:
+    before = _malformed_count()
     request_id = uuid.uuid4().hex
     json_publisher.send_task(
         TASK_NAME, args=["not an envelope"], task_id=request_id,
         queue=config.lanes.interactive.queue, serializer="json",
     )  # fmt: skip
-    answer = transport.results.wait(request_id, 5.0)
-    assert answer is not None
-    with pytest.raises(InvalidArgument):
-        decode_response(answer, request_id)
+    _until(lambda: _malformed_count() == before + 1)
 
 
 def test_pickle_is_never_accepted(config: Config) -> None:
@@ -150,7 +213,7 @@ def test_payload_at_the_limit_is_stored(client: Client, config: Config, scope: s
 
 
 def test_late_request_is_dropped_without_database_work(
-    transport: Transport, database: Engine
+    transport: Transport, database: Engine, key: CallerKey
 ) -> None:
     before = statements_by(database, SERVICE_USER)
     request_id = uuid.uuid4().hex
@@ -158,10 +221,11 @@ def test_late_request_is_dropped_without_database_work(
         request_id, read=pb.ReadRecordRequest(scope="s", object_id="a", mode=pb.READ_MODE_PRIMARY)
     )
     late.deadline_unix_ms = _deadline(-1)
+    late.issued_at_unix_ms = _deadline(-2)
     transport.publish(
-        late.SerializeToString(), request_id=request_id, lane=LaneName.INTERACTIVE,
+        signed(late, key), request_id=request_id, lane=LaneName.INTERACTIVE,
         deadline_ms=_deadline(5),
     )  # fmt: skip
     # Nobody waits for a late answer, so none is written.
-    assert transport.results.wait(request_id, 1.0) is None
+    assert transport.results.wait("tests", request_id, 1.0) is None
     assert statements_by(database, SERVICE_USER) == before

@@ -101,7 +101,7 @@ def test_an_uncollected_answer_expires_at_deadline_plus_grace(
         waited += 0.01
     assert handle.done()
     results = redis.Redis.from_url(process_settings.result_backend_url)
-    key = result_key(handle.request_id)
+    key = result_key(handle.caller, handle.request_id)
     expires_at_ms = handle.deadline_ms + config.results.grace_ms
     assert 0 < results.pttl(key) <= expires_at_ms - int(time.time() * 1000) + 50
     time.sleep(max(0.0, expires_at_ms / 1000 - time.time()) + 0.1)

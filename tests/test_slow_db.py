@@ -31,7 +31,7 @@ from dataservice.store.connections import StatementTimeout, now_ms
 from dataservice.store.records import Budget
 from dataservice.supervisor import Supervisor
 from dataservice.wire import celery_settings
-from tests.conftest import SERVICE_USER, SHIPPED_CONFIG, require
+from tests.conftest import SERVICE_USER, require
 from tests.support import connection_ids, on_redis, running_statements
 
 SLOW_REDIS_URL = "redis://127.0.0.1:6379/13"
@@ -40,7 +40,7 @@ DELAY_MS = 150
 
 @pytest.fixture(scope="module")
 def slow_settings(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Settings:
-    data: dict[str, Any] = yaml.safe_load(SHIPPED_CONFIG.read_text())
+    data: dict[str, Any] = yaml.safe_load(settings.config_path.read_text())
     data["database"]["injected_delay_ms"] = DELAY_MS
     path: Path = tmp_path_factory.mktemp("slow") / "queues.yml"
     path.write_text(yaml.safe_dump(data))

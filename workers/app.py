@@ -12,8 +12,12 @@ from celery import Celery, Task
 from celery.worker.control import inspect_command
 
 from dataservice.admission import DEADLINE_HEADER
+from dataservice.auth import Authenticator
+from dataservice.callers import KeyRing, load_keyring
 from dataservice.config import Config, LaneName, Settings
+from dataservice.gate import Gate
 from dataservice.keys import admission_key
+from dataservice.metrics import DEPENDENCY_FAILURES, Dependency
 from dataservice.permits import PERMITS_COMMAND, LanePermits
 from dataservice.results import Completion, ResultStore
 from dataservice.service import RequestHandler
@@ -21,6 +25,10 @@ from dataservice.store import RecordStore, create_store_engine
 from dataservice.wire import TASK_NAME, celery_settings
 
 log = logging.getLogger(__name__)
+
+# The limits script must answer quickly or not at all: a slow Redis sends the
+# gate to its local fallback rather than holding every request.
+_LIMITS_TIMEOUT_S = 0.25
 
 
 def _deadline_ms(value: Any) -> int | None:
@@ -31,9 +39,15 @@ class LaneRuntime:
     """What one worker process needs to serve a lane: handler, store and results."""
 
     def __init__(
-        self, settings: Settings, config: Config, lane: LaneName, threads: int | None = None
+        self,
+        settings: Settings,
+        config: Config,
+        lane: LaneName,
+        threads: int | None = None,
+        keyring: KeyRing | None = None,
     ) -> None:
         lane_config = config.lanes[lane]
+        keyring = load_keyring(settings.callers_file) if keyring is None else keyring
         self.lane = lane
         threads = lane_config.concurrency if threads is None else threads
         # One connection per worker thread: a thread never waits for another's.
@@ -45,7 +59,20 @@ class LaneRuntime:
             max_statement_ms=config.database.max_statement_ms,
             injected_delay_ms=config.database.injected_delay_ms,
         )
-        self.handler = RequestHandler(config, lane_config, store, self.permits)
+        self.limits_redis = redis.Redis.from_url(
+            settings.redis_url,
+            socket_timeout=_LIMITS_TIMEOUT_S,
+            socket_connect_timeout=_LIMITS_TIMEOUT_S,
+            max_connections=threads + 2,
+        )
+        gate = Gate(
+            self.limits_redis,
+            config,
+            on_fallback=DEPENDENCY_FAILURES.labels(lane.value, Dependency.LIMITS.value).inc,
+        )
+        self.handler = RequestHandler(
+            config, lane, store, self.permits, Authenticator(keyring, config, lane), gate
+        )
         self.results = ResultStore.from_url(
             settings.result_backend_url,
             max_waiters=threads + 2,
@@ -64,20 +91,22 @@ class LaneRuntime:
             # A bug, not a request's fault: answer INTERNAL rather than leave
             # the caller waiting for its deadline.
             log.error("unexpected %s on %s", type(exc).__name__, task_id, exc_info=True)
-            reply = self.handler.internal_error(task_id, _deadline_ms(deadline))
+            reply = self.handler.internal_error("", task_id, _deadline_ms(deadline))
         finally:
             try:
-                if reply is None:
+                if reply is None or not reply.caller:
                     self.results.complete(done)
                 else:
-                    self.results.put(task_id, reply.body, reply.expires_at_ms, done)
+                    self.results.put(reply.caller, task_id, reply.body, reply.expires_at_ms, done)
             except redis.RedisError as exc:
                 # The work is done; its caller sees DEADLINE_EXCEEDED and may retry.
+                DEPENDENCY_FAILURES.labels(self.lane.value, Dependency.RESULTS.value).inc()
                 log.warning("could not deliver the answer to %s: %s", task_id, type(exc).__name__)
 
     def close(self) -> None:
         self.engine.dispose()
         self.results.close()
+        self.limits_redis.close()
 
 
 # The runtime serving each app, for control commands (which receive the app).

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61\x63\x63\x65ss/v2/access.proto\x12\taccess.v2\"Z\n\x06Record\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x04\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12\x1a\n\x12updated_at_unix_ms\x18\x04 \x01(\x03\"j\n\x11ReadRecordRequest\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x11\n\tobject_id\x18\x02 \x01(\t\x12!\n\x04mode\x18\x04 \x01(\x0e\x32\x13.access.v2.ReadModeJ\x04\x08\x03\x10\x04R\nconsistent\"7\n\x12ReadRecordResponse\x12!\n\x06record\x18\x01 \x01(\x0b\x32\x11.access.v2.Record\"G\n\x12WriteRecordRequest\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x11\n\tobject_id\x18\x02 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\"K\n\x13WriteRecordResponse\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x04\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x08\"7\n\x13\x44\x65leteRecordRequest\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x11\n\tobject_id\x18\x02 \x01(\t\";\n\x14\x44\x65leteRecordResponse\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x04\"F\n\x12ListRecordsRequest\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x0e\n\x06\x63ursor\x18\x03 \x01(\t\"N\n\x13ListRecordsResponse\x12\"\n\x07records\x18\x01 \x03(\x0b\x32\x11.access.v2.Record\x12\x13\n\x0bnext_cursor\x18\x02 \x01(\t\"4\n\nListCursor\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x17\n\x0f\x61\x66ter_object_id\x18\x02 \x01(\t\"\xb4\x02\n\x0fRequestEnvelope\x12\x0e\n\x06\x63\x61ller\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x18\n\x10\x64\x65\x61\x64line_unix_ms\x18\x03 \x01(\x03\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12,\n\x04read\x18\n \x01(\x0b\x32\x1c.access.v2.ReadRecordRequestH\x00\x12.\n\x05write\x18\x0b \x01(\x0b\x32\x1d.access.v2.WriteRecordRequestH\x00\x12\x30\n\x06\x64\x65lete\x18\x0c \x01(\x0b\x32\x1e.access.v2.DeleteRecordRequestH\x00\x12-\n\x04list\x18\r \x01(\x0b\x32\x1d.access.v2.ListRecordsRequestH\x00\x42\x0b\n\toperation\"V\n\x06Status\x12#\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x15.access.v2.StatusCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x16\n\x0eretry_after_ms\x18\x03 \x01(\r\"\x96\x02\n\x10ResponseEnvelope\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12!\n\x06status\x18\x02 \x01(\x0b\x32\x11.access.v2.Status\x12-\n\x04read\x18\n \x01(\x0b\x32\x1d.access.v2.ReadRecordResponseH\x00\x12/\n\x05write\x18\x0b \x01(\x0b\x32\x1e.access.v2.WriteRecordResponseH\x00\x12\x31\n\x06\x64\x65lete\x18\x0c \x01(\x0b\x32\x1f.access.v2.DeleteRecordResponseH\x00\x12.\n\x04list\x18\r \x01(\x0b\x32\x1e.access.v2.ListRecordsResponseH\x00\x42\x08\n\x06result*\xd6\x02\n\nStatusCode\x12\x1b\n\x17STATUS_CODE_UNSPECIFIED\x10\x00\x12\x12\n\x0eSTATUS_CODE_OK\x10\x01\x12 \n\x1cSTATUS_CODE_INVALID_ARGUMENT\x10\x02\x12\x1f\n\x1bSTATUS_CODE_UNAUTHENTICATED\x10\x03\x12!\n\x1dSTATUS_CODE_PERMISSION_DENIED\x10\x04\x12\x19\n\x15STATUS_CODE_NOT_FOUND\x10\x05\x12\x18\n\x14STATUS_CODE_CONFLICT\x10\x06\x12\"\n\x1eSTATUS_CODE_RESOURCE_EXHAUSTED\x10\x07\x12!\n\x1dSTATUS_CODE_DEADLINE_EXCEEDED\x10\x08\x12\x1b\n\x17STATUS_CODE_UNAVAILABLE\x10\t\x12\x18\n\x14STATUS_CODE_INTERNAL\x10\n*X\n\x08ReadMode\x12\x19\n\x15READ_MODE_UNSPECIFIED\x10\x00\x12\x1a\n\x16READ_MODE_ALLOW_CACHED\x10\x01\x12\x15\n\x11READ_MODE_PRIMARY\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61\x63\x63\x65ss/v2/access.proto\x12\taccess.v2\"Z\n\x06Record\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x04\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12\x1a\n\x12updated_at_unix_ms\x18\x04 \x01(\x03\"j\n\x11ReadRecordRequest\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x11\n\tobject_id\x18\x02 \x01(\t\x12!\n\x04mode\x18\x04 \x01(\x0e\x32\x13.access.v2.ReadModeJ\x04\x08\x03\x10\x04R\nconsistent\"7\n\x12ReadRecordResponse\x12!\n\x06record\x18\x01 \x01(\x0b\x32\x11.access.v2.Record\"b\n\x12WriteRecordRequest\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x11\n\tobject_id\x18\x02 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12\x19\n\x11\x65xpected_revision\x18\x04 \x01(\x04\"K\n\x13WriteRecordResponse\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x04\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x08\"R\n\x13\x44\x65leteRecordRequest\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x11\n\tobject_id\x18\x02 \x01(\t\x12\x19\n\x11\x65xpected_revision\x18\x03 \x01(\x04\";\n\x14\x44\x65leteRecordResponse\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x04\"F\n\x12ListRecordsRequest\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x0e\n\x06\x63ursor\x18\x03 \x01(\t\"N\n\x13ListRecordsResponse\x12\"\n\x07records\x18\x01 \x03(\x0b\x32\x11.access.v2.Record\x12\x13\n\x0bnext_cursor\x18\x02 \x01(\t\"4\n\nListCursor\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x17\n\x0f\x61\x66ter_object_id\x18\x02 \x01(\t\"\xcf\x02\n\x0fRequestEnvelope\x12\x0e\n\x06\x63\x61ller\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x18\n\x10\x64\x65\x61\x64line_unix_ms\x18\x03 \x01(\x03\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x19\n\x11issued_at_unix_ms\x18\x05 \x01(\x03\x12,\n\x04read\x18\n \x01(\x0b\x32\x1c.access.v2.ReadRecordRequestH\x00\x12.\n\x05write\x18\x0b \x01(\x0b\x32\x1d.access.v2.WriteRecordRequestH\x00\x12\x30\n\x06\x64\x65lete\x18\x0c \x01(\x0b\x32\x1e.access.v2.DeleteRecordRequestH\x00\x12-\n\x04list\x18\r \x01(\x0b\x32\x1d.access.v2.ListRecordsRequestH\x00\x42\x0b\n\toperation\"D\n\rSignedRequest\x12\x10\n\x08\x65nvelope\x18\x64 \x01(\x0c\x12\x0e\n\x06key_id\x18\x65 \x01(\t\x12\x11\n\tsignature\x18\x66 \x01(\x0c\"V\n\x06Status\x12#\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x15.access.v2.StatusCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x16\n\x0eretry_after_ms\x18\x03 \x01(\r\"\x96\x02\n\x10ResponseEnvelope\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12!\n\x06status\x18\x02 \x01(\x0b\x32\x11.access.v2.Status\x12-\n\x04read\x18\n \x01(\x0b\x32\x1d.access.v2.ReadRecordResponseH\x00\x12/\n\x05write\x18\x0b \x01(\x0b\x32\x1e.access.v2.WriteRecordResponseH\x00\x12\x31\n\x06\x64\x65lete\x18\x0c \x01(\x0b\x32\x1f.access.v2.DeleteRecordResponseH\x00\x12.\n\x04list\x18\r \x01(\x0b\x32\x1e.access.v2.ListRecordsResponseH\x00\x42\x08\n\x06result*\xd6\x02\n\nStatusCode\x12\x1b\n\x17STATUS_CODE_UNSPECIFIED\x10\x00\x12\x12\n\x0eSTATUS_CODE_OK\x10\x01\x12 \n\x1cSTATUS_CODE_INVALID_ARGUMENT\x10\x02\x12\x1f\n\x1bSTATUS_CODE_UNAUTHENTICATED\x10\x03\x12!\n\x1dSTATUS_CODE_PERMISSION_DENIED\x10\x04\x12\x19\n\x15STATUS_CODE_NOT_FOUND\x10\x05\x12\x18\n\x14STATUS_CODE_CONFLICT\x10\x06\x12\"\n\x1eSTATUS_CODE_RESOURCE_EXHAUSTED\x10\x07\x12!\n\x1dSTATUS_CODE_DEADLINE_EXCEEDED\x10\x08\x12\x1b\n\x17STATUS_CODE_UNAVAILABLE\x10\t\x12\x18\n\x14STATUS_CODE_INTERNAL\x10\n*X\n\x08ReadMode\x12\x19\n\x15READ_MODE_UNSPECIFIED\x10\x00\x12\x1a\n\x16READ_MODE_ALLOW_CACHED\x10\x01\x12\x15\n\x11READ_MODE_PRIMARY\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'access.v2.access_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STATUSCODE']._serialized_start=1449
-  _globals['_STATUSCODE']._serialized_end=1791
-  _globals['_READMODE']._serialized_start=1793
-  _globals['_READMODE']._serialized_end=1881
+  _globals['_STATUSCODE']._serialized_start=1600
+  _globals['_STATUSCODE']._serialized_end=1942
+  _globals['_READMODE']._serialized_start=1944
+  _globals['_READMODE']._serialized_end=2032
   _globals['_RECORD']._serialized_start=37
   _globals['_RECORD']._serialized_end=127
   _globals['_READRECORDREQUEST']._serialized_start=129
@@ -42,23 +42,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_READRECORDRESPONSE']._serialized_start=237
   _globals['_READRECORDRESPONSE']._serialized_end=292
   _globals['_WRITERECORDREQUEST']._serialized_start=294
-  _globals['_WRITERECORDREQUEST']._serialized_end=365
-  _globals['_WRITERECORDRESPONSE']._serialized_start=367
-  _globals['_WRITERECORDRESPONSE']._serialized_end=442
-  _globals['_DELETERECORDREQUEST']._serialized_start=444
-  _globals['_DELETERECORDREQUEST']._serialized_end=499
-  _globals['_DELETERECORDRESPONSE']._serialized_start=501
-  _globals['_DELETERECORDRESPONSE']._serialized_end=560
-  _globals['_LISTRECORDSREQUEST']._serialized_start=562
-  _globals['_LISTRECORDSREQUEST']._serialized_end=632
-  _globals['_LISTRECORDSRESPONSE']._serialized_start=634
-  _globals['_LISTRECORDSRESPONSE']._serialized_end=712
-  _globals['_LISTCURSOR']._serialized_start=714
-  _globals['_LISTCURSOR']._serialized_end=766
-  _globals['_REQUESTENVELOPE']._serialized_start=769
-  _globals['_REQUESTENVELOPE']._serialized_end=1077
-  _globals['_STATUS']._serialized_start=1079
-  _globals['_STATUS']._serialized_end=1165
-  _globals['_RESPONSEENVELOPE']._serialized_start=1168
-  _globals['_RESPONSEENVELOPE']._serialized_end=1446
+  _globals['_WRITERECORDREQUEST']._serialized_end=392
+  _globals['_WRITERECORDRESPONSE']._serialized_start=394
+  _globals['_WRITERECORDRESPONSE']._serialized_end=469
+  _globals['_DELETERECORDREQUEST']._serialized_start=471
+  _globals['_DELETERECORDREQUEST']._serialized_end=553
+  _globals['_DELETERECORDRESPONSE']._serialized_start=555
+  _globals['_DELETERECORDRESPONSE']._serialized_end=614
+  _globals['_LISTRECORDSREQUEST']._serialized_start=616
+  _globals['_LISTRECORDSREQUEST']._serialized_end=686
+  _globals['_LISTRECORDSRESPONSE']._serialized_start=688
+  _globals['_LISTRECORDSRESPONSE']._serialized_end=766
+  _globals['_LISTCURSOR']._serialized_start=768
+  _globals['_LISTCURSOR']._serialized_end=820
+  _globals['_REQUESTENVELOPE']._serialized_start=823
+  _globals['_REQUESTENVELOPE']._serialized_end=1158
+  _globals['_SIGNEDREQUEST']._serialized_start=1160
+  _globals['_SIGNEDREQUEST']._serialized_end=1228
+  _globals['_STATUS']._serialized_start=1230
+  _globals['_STATUS']._serialized_end=1316
+  _globals['_RESPONSEENVELOPE']._serialized_start=1319
+  _globals['_RESPONSEENVELOPE']._serialized_end=1597
 # @@protoc_insertion_point(module_scope)

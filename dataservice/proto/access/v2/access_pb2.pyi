@@ -173,19 +173,25 @@ class WriteRecordRequest(_message.Message):
     SCOPE_FIELD_NUMBER: _builtins.int
     OBJECT_ID_FIELD_NUMBER: _builtins.int
     PAYLOAD_FIELD_NUMBER: _builtins.int
+    EXPECTED_REVISION_FIELD_NUMBER: _builtins.int
     scope: _builtins.str
     object_id: _builtins.str
     payload: _builtins.bytes
+    expected_revision: _builtins.int
+    """0: unconditional. Otherwise the write applies only if the record exists
+    at exactly this revision, and is answered CONFLICT if not.
+    """
     def __init__(
         self,
         *,
         scope: _builtins.str = ...,
         object_id: _builtins.str = ...,
         payload: _builtins.bytes = ...,
+        expected_revision: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["object_id", b"object_id", "payload", b"payload", "scope", b"scope"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_revision", b"expected_revision", "object_id", b"object_id", "payload", b"payload", "scope", b"scope"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -222,17 +228,21 @@ class DeleteRecordRequest(_message.Message):
 
     SCOPE_FIELD_NUMBER: _builtins.int
     OBJECT_ID_FIELD_NUMBER: _builtins.int
+    EXPECTED_REVISION_FIELD_NUMBER: _builtins.int
     scope: _builtins.str
     object_id: _builtins.str
+    expected_revision: _builtins.int
+    """as in WriteRecordRequest"""
     def __init__(
         self,
         *,
         scope: _builtins.str = ...,
         object_id: _builtins.str = ...,
+        expected_revision: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["object_id", b"object_id", "scope", b"scope"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_revision", b"expected_revision", "object_id", b"object_id", "scope", b"scope"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -340,7 +350,9 @@ Global___ListCursor: _TypeAlias = ListCursor  # noqa: Y015
 
 @_typing.final
 class RequestEnvelope(_message.Message):
-    """What a caller sends: the Celery task body is exactly these bytes."""
+    """What a caller asks for. It travels inside a SignedRequest.
+    Field numbers stay below 100 (see SignedRequest).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -348,6 +360,7 @@ class RequestEnvelope(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     DEADLINE_UNIX_MS_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    ISSUED_AT_UNIX_MS_FIELD_NUMBER: _builtins.int
     READ_FIELD_NUMBER: _builtins.int
     WRITE_FIELD_NUMBER: _builtins.int
     DELETE_FIELD_NUMBER: _builtins.int
@@ -357,7 +370,11 @@ class RequestEnvelope(_message.Message):
     deadline_unix_ms: _builtins.int
     """absolute; the service gives up after it"""
     idempotency_key: _builtins.str
-    """mutations only"""
+    """Required on write and delete: a retry under the same key returns the
+    first outcome and never applies the change twice.
+    """
+    issued_at_unix_ms: _builtins.int
+    """the caller's clock when it signed; checked against skew"""
     @_builtins.property
     def read(self) -> Global___ReadRecordRequest: ...
     @_builtins.property
@@ -373,6 +390,7 @@ class RequestEnvelope(_message.Message):
         request_id: _builtins.str = ...,
         deadline_unix_ms: _builtins.int = ...,
         idempotency_key: _builtins.str = ...,
+        issued_at_unix_ms: _builtins.int = ...,
         read: Global___ReadRecordRequest | None = ...,
         write: Global___WriteRecordRequest | None = ...,
         delete: Global___DeleteRecordRequest | None = ...,
@@ -380,13 +398,47 @@ class RequestEnvelope(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["delete", b"delete", "list", b"list", "operation", b"operation", "read", b"read", "write", b"write"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "deadline_unix_ms", b"deadline_unix_ms", "delete", b"delete", "idempotency_key", b"idempotency_key", "list", b"list", "operation", b"operation", "read", b"read", "request_id", b"request_id", "write", b"write"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "deadline_unix_ms", b"deadline_unix_ms", "delete", b"delete", "idempotency_key", b"idempotency_key", "issued_at_unix_ms", b"issued_at_unix_ms", "list", b"list", "operation", b"operation", "read", b"read", "request_id", b"request_id", "write", b"write"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_operation: _TypeAlias = _typing.Literal["read", "write", "delete", "list"]  # noqa: Y015
     _WhichOneofArgType_operation: _TypeAlias = _typing.Literal["operation", b"operation"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_operation) -> _WhichOneofReturnType_operation | None: ...
 
 Global___RequestEnvelope: _TypeAlias = RequestEnvelope  # noqa: Y015
+
+@_typing.final
+class SignedRequest(_message.Message):
+    """What a caller sends: the Celery task body is exactly these bytes.
+    `signature` is HMAC-SHA256 under the key named by `key_id` over the exact
+    bytes of `envelope`, which the service verifies before it parses them.
+    The field numbers keep a bare RequestEnvelope (fields below 100) from being
+    read as a signed request: it parses as one without a signature.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVELOPE_FIELD_NUMBER: _builtins.int
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
+    envelope: _builtins.bytes
+    """an encoded RequestEnvelope"""
+    key_id: _builtins.str
+    signature: _builtins.bytes
+    """32 bytes"""
+    def __init__(
+        self,
+        *,
+        envelope: _builtins.bytes = ...,
+        key_id: _builtins.str = ...,
+        signature: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope", "key_id", b"key_id", "signature", b"signature"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SignedRequest: _TypeAlias = SignedRequest  # noqa: Y015
 
 @_typing.final
 class Status(_message.Message):

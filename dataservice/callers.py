@@ -1,0 +1,196 @@
+"""Caller keys: the secrets behind request signatures, loaded from their own file.
+
+``DATASERVICE_CALLERS_FILE`` names a YAML file, readable by the service and
+by nobody else (it is refused when other users may read it)::
+
+    callers:
+      orders:
+        keys:                          # the first signs; every listed key verifies
+          - id: orders-2026-12         # unique across all callers
+            secret: <base64, at least 32 bytes>
+          - id: orders-2026-06         # the previous key, until every caller has moved
+            secret: <...>
+        redis_password: <...>          # optional: the caller's Redis user (dataservice.acl)
+    workers:
+      redis_password: <...>            # optional: the workers' Redis user
+
+Rotation: add the new key second everywhere, move it first (callers now sign
+with it), then remove the old one. At most two keys per caller are valid at
+once. A :class:`Secret` never shows its value in a repr, a log line or an error.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import secrets
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dataservice.config import CALLER_NAME_PATTERN
+from dataservice.errors import ConfigError
+
+MIN_SECRET_BYTES = 32
+MAX_KEYS_PER_CALLER = 2
+KEY_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+@dataclass(frozen=True, slots=True)
+class Secret:
+    """Bytes that must not be shown: repr and str say only how long they are."""
+
+    value: bytes = field(repr=False)
+
+    def __repr__(self) -> str:
+        return f"Secret(<{len(self.value)} bytes>)"
+
+    __str__ = __repr__
+
+
+@dataclass(frozen=True, slots=True)
+class CallerKey:
+    caller: str
+    key_id: str
+    secret: Secret
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class _KeyEntry(_Model):
+    id: Annotated[str, Field(pattern=KEY_ID_PATTERN)]
+    secret: str
+
+
+class _CallerEntry(_Model):
+    keys: Annotated[list[_KeyEntry], Field(min_length=1, max_length=MAX_KEYS_PER_CALLER)]
+    redis_password: Annotated[str, Field(min_length=16)] | None = None
+
+
+class _WorkersEntry(_Model):
+    redis_password: Annotated[str, Field(min_length=16)] | None = None
+
+
+class _CallersFile(_Model):
+    callers: dict[Annotated[str, Field(pattern=CALLER_NAME_PATTERN)], _CallerEntry]
+    workers: _WorkersEntry = _WorkersEntry()
+
+
+def _decode_secret(text: str, where: str) -> Secret:
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ConfigError(f"{where}: secret is not base64") from None
+    if len(raw) < MIN_SECRET_BYTES:
+        raise ConfigError(f"{where}: secret is shorter than {MIN_SECRET_BYTES} bytes")
+    return Secret(raw)
+
+
+class KeyRing:
+    """Every caller's keys, by key id, and each caller's signing key."""
+
+    def __init__(
+        self,
+        keys: Mapping[str, CallerKey],
+        signing: Mapping[str, CallerKey],
+        redis_passwords: Mapping[str, Secret],
+        workers_redis_password: Secret | None = None,
+    ) -> None:
+        self._keys = dict(keys)
+        self._signing = dict(signing)
+        self.redis_passwords = dict(redis_passwords)
+        self.workers_redis_password = workers_redis_password
+
+    def __repr__(self) -> str:
+        return f"KeyRing(<{len(self._keys)} keys of {len(self._signing)} callers>)"
+
+    @property
+    def callers(self) -> frozenset[str]:
+        return frozenset(self._signing)
+
+    def verifying_key(self, key_id: str) -> CallerKey | None:
+        return self._keys.get(key_id)
+
+    def signing_key(self, caller: str) -> CallerKey:
+        key = self._signing.get(caller)
+        if key is None:
+            raise ConfigError(f"the callers file holds no key for caller {caller!r}")
+        return key
+
+    @classmethod
+    def parse(cls, data: Any, *, source: str) -> KeyRing:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{source}: expected a mapping at the top level")
+        try:
+            parsed = _CallersFile.model_validate(data)
+        except ValidationError as exc:
+            # Never echo input: a misplaced secret would end up in the message.
+            places = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors()})
+            raise ConfigError(f"{source}: invalid entries: {', '.join(places)}") from None
+        keys: dict[str, CallerKey] = {}
+        signing: dict[str, CallerKey] = {}
+        passwords: dict[str, Secret] = {}
+        for caller, entry in parsed.callers.items():
+            for index, item in enumerate(entry.keys):
+                where = f"{source}: callers.{caller}.keys.{index}"
+                if item.id in keys:
+                    raise ConfigError(f"{where}: key id {item.id!r} is used twice")
+                key = CallerKey(caller, item.id, _decode_secret(item.secret, where))
+                keys[item.id] = key
+                signing.setdefault(caller, key)
+            if entry.redis_password is not None:
+                passwords[caller] = Secret(entry.redis_password.encode())
+        workers = parsed.workers.redis_password
+        return cls(keys, signing, passwords, None if workers is None else Secret(workers.encode()))
+
+    @classmethod
+    def load(cls, path: Path) -> KeyRing:
+        try:
+            mode = path.stat().st_mode
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise ConfigError(f"{path}: other users may read it; chmod 600 it")
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise ConfigError(f"{path}: not valid YAML") from None
+        return cls.parse(data, source=str(path))
+
+
+def load_keyring(path: Path | None) -> KeyRing:
+    if path is None:
+        raise ConfigError("DATASERVICE_CALLERS_FILE is not set: no caller keys to sign or verify")
+    return KeyRing.load(path)
+
+
+def new_secret() -> str:
+    """A fresh random secret, base64-encoded as the callers file holds it."""
+    return base64.b64encode(secrets.token_bytes(MIN_SECRET_BYTES)).decode("ascii")
+
+
+def write_callers_file(
+    path: Path, callers: Mapping[str, str], *, redis_passwords: bool = True
+) -> None:
+    """Write a callers file with one fresh key per caller (``caller -> key id``),
+    readable only by its owner."""
+    document: dict[str, Any] = {"callers": {}}
+    for caller, key_id in callers.items():
+        entry: dict[str, Any] = {"keys": [{"id": key_id, "secret": new_secret()}]}
+        if redis_passwords:
+            entry["redis_password"] = secrets.token_urlsafe(24)
+        document["callers"][caller] = entry
+    if redis_passwords:
+        document["workers"] = {"redis_password": secrets.token_urlsafe(24)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
