@@ -5,15 +5,27 @@ LIMIT), run in autocommit: no statement can touch an unbounded number of rows
 and no lock outlives its statement. Each runs within a :class:`Budget`: the
 permit it holds learns which connection it uses, and every statement gets the
 request's remaining time as a server-side timeout.
+
+Two options change that, on writes and deletes only:
+
+- ``expected_revision`` (> 0) makes the change conditional: it applies only to
+  a record at exactly that revision, else :class:`RevisionMismatch` carries the
+  revision found. One statement, and one more read when the condition fails.
+- ``idempotency`` runs the change and the record of its outcome as one short
+  transaction (see ``idempotency.py``): a retry with the same key gets the
+  original outcome (``replayed``), and a different request under that key
+  raises :class:`IdempotencyConflict`. Locks are held until its COMMIT, a few
+  round trips later, never across requests.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Connection, Engine, bindparam, func, select, text
 from sqlalchemy.dialects.mysql import insert
@@ -27,7 +39,21 @@ from dataservice.store.connections import (
     StatementTimeout,
     now_ms,
 )
+from dataservice.store.idempotency import Idempotency, IdempotencyConflict, Outcome, Recorded
+from dataservice.store.idempotency import once as _once
+from dataservice.store.idempotency import purge as _purge
 from dataservice.store.schema import records
+
+__all__ = [
+    "Budget",
+    "DeleteRaced",
+    "Idempotency",
+    "IdempotencyConflict",
+    "RecordStore",
+    "RevisionMismatch",
+    "StoredRecord",
+    "WriteOutcome",
+]
 
 _MAX_DELETE_ATTEMPTS = 3
 
@@ -44,10 +70,27 @@ class StoredRecord:
 class WriteOutcome:
     revision: int
     created: bool
+    # True when this is the stored outcome of an earlier request with the same
+    # idempotency key; the write itself was not applied again.
+    replayed: bool = False
 
 
 class DeleteRaced(Exception):
     """The record kept changing while it was being deleted."""
+
+
+class RevisionMismatch(Exception):
+    """A conditional change found the record at another revision; nothing was changed.
+
+    ``current`` is the revision read once the condition had failed, None if
+    there was no record. A concurrent change between the two can make it
+    equal to the revision that was expected.
+    """
+
+    def __init__(self, current: int | None) -> None:
+        found = "no record" if current is None else f"revision {current}"
+        super().__init__(f"the record is not at the expected revision ({found})")
+        self.current = current
 
 
 # Statements are built once with bound parameters: SQLAlchemy then reuses the
@@ -56,7 +99,13 @@ _COLUMNS = (records.c.object_id, records.c.revision, records.c.payload, records.
 _KEY = (records.c.scope == bindparam("scope"), records.c.object_id == bindparam("object_id"))
 _READ = select(*_COLUMNS).where(*_KEY)
 _REVISION = select(records.c.revision).where(*_KEY)
+# Inside a transaction a plain read would come from its snapshot; a locking
+# read sees the latest revision and keeps it until the outcome is recorded.
+_REVISION_LOCKED = _REVISION.with_for_update()
 _DELETE = records.delete().where(*_KEY, records.c.revision == bindparam("revision"))
+_DELETE_KEY = records.delete().where(*_KEY)
+# MariaDB: the deleted revision comes back with the DELETE, saving a round trip.
+_DELETE_RETURNING = _DELETE_KEY.returning(records.c.revision)
 _LIST = (
     select(*_COLUMNS)
     .where(records.c.scope == bindparam("scope"), records.c.object_id > bindparam("after"))
@@ -78,6 +127,18 @@ _UPSERT = _UPSERT.on_duplicate_key_update(
     revision=func.last_insert_id(records.c.revision + 1),
     payload=_UPSERT.inserted.payload,
     updated_at=_NOW,
+)
+# Conditional: the record must exist at the expected revision, so the new one
+# is known without asking the server. Parameters of an UPDATE named like a
+# column would be taken as values to SET, hence the prefix.
+_UPDATE_IF = (
+    records.update()
+    .where(
+        records.c.scope == bindparam("if_scope"),
+        records.c.object_id == bindparam("if_object_id"),
+        records.c.revision == bindparam("if_revision"),
+    )
+    .values(revision=records.c.revision + 1, payload=bindparam("if_payload"), updated_at=_NOW)
 )
 
 
@@ -102,13 +163,64 @@ def _timed_out(exc: BaseException) -> bool:
 _SLEEP = text("SELECT SLEEP(:seconds)")
 
 
+def _current(conn: Connection, key: dict[str, Any], locked: bool) -> int | None:
+    revision = conn.execute(_REVISION_LOCKED if locked else _REVISION, key).scalar()
+    return None if revision is None else int(revision)
+
+
+def _check(expected_revision: int) -> None:
+    if expected_revision < 0:
+        raise ValueError("expected_revision must be 0 (unconditional) or a revision")
+
+
+def _write_change(
+    conn: Connection, params: dict[str, Any], expected: int, locked: bool
+) -> Recorded:
+    if not expected:
+        result = conn.execute(_UPSERT, params)
+        # rowcount is 1 for an insert and 2 for an update (MySQL's convention).
+        if result.rowcount == 1:
+            return Recorded(Outcome.OK, 1, created=True)
+        return Recorded(Outcome.OK, int(result.lastrowid))
+    conditional = {f"if_{name}": value for name, value in params.items()}
+    if conn.execute(_UPDATE_IF, {**conditional, "if_revision": expected}).rowcount == 1:
+        return Recorded(Outcome.OK, expected + 1)
+    key = {"scope": params["scope"], "object_id": params["object_id"]}
+    return Recorded(Outcome.REVISION_MISMATCH, _current(conn, key, locked))
+
+
+def _delete_change(conn: Connection, key: dict[str, Any], expected: int, locked: bool) -> Recorded:
+    if expected:
+        if conn.execute(_DELETE, {**key, "revision": expected}).rowcount == 1:
+            return Recorded(Outcome.OK, expected)
+        return Recorded(Outcome.REVISION_MISMATCH, _current(conn, key, locked))
+    # Unconditional deletes without a key take the optimistic path instead.
+    if conn.dialect.delete_returning:
+        revision = conn.execute(_DELETE_RETURNING, key).scalar()
+    else:
+        revision = _current(conn, key, locked=True)
+        if revision is not None:
+            conn.execute(_DELETE_KEY, key)
+    if revision is None:
+        return Recorded(Outcome.NOT_FOUND, None)
+    return Recorded(Outcome.OK, int(revision))
+
+
 class RecordStore:
     def __init__(
-        self, engine: Engine, *, max_statement_ms: int, injected_delay_ms: int = 0
+        self,
+        engine: Engine,
+        *,
+        max_statement_ms: int,
+        injected_delay_ms: int = 0,
+        idempotency_retention_s: int = 86_400,
     ) -> None:
+        if idempotency_retention_s < 0:
+            raise ValueError("idempotency_retention_s must not be negative")
         self.engine = engine
         self._max_statement_ms = max_statement_ms
         self._delay_s = injected_delay_ms / 1000
+        self._retention_s = idempotency_retention_s
 
     @contextmanager
     def _connection(self, budget: Budget) -> Iterator[Connection]:
@@ -156,24 +268,68 @@ class RecordStore:
         return None if row is None else StoredRecord(*row)
 
     def write(
-        self, scope: str, object_id: str, payload: bytes, budget: Budget = _UNBOUNDED
+        self,
+        scope: str,
+        object_id: str,
+        payload: bytes,
+        budget: Budget = _UNBOUNDED,
+        *,
+        idempotency: Idempotency | None = None,
+        expected_revision: int = 0,
     ) -> WriteOutcome:
-        params = {"scope": scope, "object_id": object_id, "payload": payload}
-        with self._connection(budget) as conn:
-            result = conn.execute(_UPSERT, params)
-        # rowcount is 1 for an insert and 2 for an update (MySQL's convention).
-        if result.rowcount == 1:
-            return WriteOutcome(revision=1, created=True)
-        return WriteOutcome(revision=int(result.lastrowid), created=False)
+        """Create or replace; with ``expected_revision`` only replace, and only that revision.
 
-    def delete(self, scope: str, object_id: str, budget: Budget = _UNBOUNDED) -> int | None:
+        Raises :class:`RevisionMismatch` (also when replayed) and
+        :class:`IdempotencyConflict`; see the module docstring.
+        """
+        _check(expected_revision)
+        params = {"scope": scope, "object_id": object_id, "payload": payload}
+        recorded = self._mutate(
+            budget,
+            idempotency,
+            lambda conn, locked: _write_change(conn, params, expected_revision, locked),
+        )
+        if recorded.outcome is Outcome.REVISION_MISMATCH:
+            raise RevisionMismatch(recorded.revision)
+        if recorded.revision is None:
+            # Only a delete records "not found": the key was used for one.
+            raise IdempotencyConflict("the key was used for a delete")
+        return WriteOutcome(recorded.revision, recorded.created, recorded.replayed)
+
+    def delete(
+        self,
+        scope: str,
+        object_id: str,
+        budget: Budget = _UNBOUNDED,
+        *,
+        idempotency: Idempotency | None = None,
+        expected_revision: int = 0,
+    ) -> int | None:
         """Delete and return the deleted revision, or None if there was no record.
 
-        Optimistic: the delete names the revision just read, so a concurrent
+        With ``expected_revision`` only that revision is deleted, else
+        :class:`RevisionMismatch`. With ``idempotency`` a retry returns what
+        the original returned (its deleted revision, or None), whatever has
+        happened to the record since.
+        """
+        _check(expected_revision)
+        key = {"scope": scope, "object_id": object_id}
+        if idempotency is None and not expected_revision:
+            return self._delete_optimistic(key, budget)
+        recorded = self._mutate(
+            budget,
+            idempotency,
+            lambda conn, locked: _delete_change(conn, key, expected_revision, locked),
+        )
+        if recorded.outcome is Outcome.REVISION_MISMATCH:
+            raise RevisionMismatch(recorded.revision)
+        return recorded.revision
+
+    def _delete_optimistic(self, key: dict[str, Any], budget: Budget) -> int | None:
+        """Optimistic: the delete names the revision just read, so a concurrent
         write makes it match nothing and the loop reads again; no lock is held
         between the statements, which run one after another under one permit.
         """
-        key = {"scope": scope, "object_id": object_id}
         with self._connection(budget) as conn:
             for _ in range(_MAX_DELETE_ATTEMPTS):
                 revision = conn.execute(_REVISION, key).scalar()
@@ -181,7 +337,38 @@ class RecordStore:
                     return None
                 if conn.execute(_DELETE, {**key, "revision": revision}).rowcount == 1:
                     return int(revision)
-        raise DeleteRaced(object_id)
+        raise DeleteRaced(key["object_id"])
+
+    def _mutate(
+        self,
+        budget: Budget,
+        idempotency: Idempotency | None,
+        change: Callable[[Connection, bool], Recorded],
+    ) -> Recorded:
+        """Apply ``change`` in autocommit, or keyed in a transaction of its own.
+
+        ``change`` gets whether it runs in a transaction (its reads must then
+        lock). Exceptions for the caller are raised only once the connection
+        is back in autocommit, so they do not cost it.
+        """
+        with self._connection(budget) as conn:
+            if idempotency is None:
+                return change(conn, False)
+            recorded = _once(conn, idempotency, self._retention_s, lambda c: change(c, True))
+        if recorded is None:
+            raise IdempotencyConflict("the key was used for a different request")
+        return recorded
+
+    def purge_idempotency(self, limit: int, budget: Budget = _UNBOUNDED) -> int:
+        """Delete at most ``limit`` expired idempotency keys; returns how many.
+
+        One bounded statement: call it repeatedly, until it returns less than
+        ``limit``, to purge a backlog without long-held locks.
+        """
+        if limit <= 0:
+            raise ValueError("limit must be positive")
+        with self._connection(budget) as conn:
+            return _purge(conn, limit)
 
     def list(
         self, scope: str, after: str, limit: int, budget: Budget = _UNBOUNDED
