@@ -23,6 +23,7 @@ from dataservice.proto import pb
 from dataservice.status import StatusCode
 
 DEADLINE = 1_735_689_600_000
+ISSUED_AT = DEADLINE - 30_000
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +48,7 @@ def envelope(**fields: object) -> pb.RequestEnvelope:
         "caller": "billing",
         "request_id": "req-1",
         "deadline_unix_ms": DEADLINE,
+        "issued_at_unix_ms": ISSUED_AT,
     }
     operations = {"read", "write", "delete", "list"}
     if not operations & fields.keys():
@@ -67,9 +69,21 @@ def valid_envelopes() -> dict[str, pb.RequestEnvelope]:
             idempotency_key="k-1",
             write=pb.WriteRecordRequest(scope="tenant-a", object_id="o", payload=b"\x00\xff"),
         ),
-        "write_empty_payload": envelope(write=pb.WriteRecordRequest(scope="t", object_id="o")),
+        "write_empty_payload": envelope(
+            idempotency_key="k-3", write=pb.WriteRecordRequest(scope="t", object_id="o")
+        ),
+        "write_conditional": envelope(
+            idempotency_key="k-4",
+            write=pb.WriteRecordRequest(
+                scope="t", object_id="o", payload=b"x", expected_revision=2**64 - 1
+            ),
+        ),
         "delete": envelope(
             idempotency_key="k-2", delete=pb.DeleteRecordRequest(scope="t", object_id="o")
+        ),
+        "delete_conditional": envelope(
+            idempotency_key="k-5",
+            delete=pb.DeleteRecordRequest(scope="t", object_id="o", expected_revision=7),
         ),
         "list": envelope(list=pb.ListRecordsRequest(scope="tenant-a")),
         "list_with_cursor": envelope(
@@ -183,6 +197,7 @@ def test_empty_body_is_rejected(limits: Limits) -> None:
         ("caller", "caller is missing"),
         ("request_id", "request_id is missing"),
         ("deadline_unix_ms", "deadline_unix_ms is missing"),
+        ("issued_at_unix_ms", "issued_at_unix_ms is missing"),
     ],
 )
 def test_missing_envelope_field_is_rejected(field: str, message: str, limits: Limits) -> None:
@@ -201,6 +216,8 @@ def test_missing_envelope_field_is_rejected(field: str, message: str, limits: Li
         ({"request_id": "req 1"}, "request_id is malformed"),
         ({"request_id": "r" * 65}, "request_id is malformed"),
         ({"deadline_unix_ms": -1}, "deadline_unix_ms is missing"),
+        ({"issued_at_unix_ms": -1}, "issued_at_unix_ms is missing"),
+        ({"issued_at_unix_ms": -(2**63)}, "issued_at_unix_ms is missing"),
     ],
 )
 def test_malformed_envelope_field_is_rejected(
@@ -212,6 +229,21 @@ def test_malformed_envelope_field_is_rejected(
 def test_envelope_field_at_maximum_length_is_accepted(limits: Limits) -> None:
     message = envelope(caller="b" * 64, request_id="r" * 64)
     assert decode_request(message.SerializeToString(), limits) == message
+
+
+@pytest.mark.parametrize("operation", ["read", "write", "delete", "list"])
+def test_missing_issued_at_is_rejected_for_every_operation(operation: str, limits: Limits) -> None:
+    message = _with(operation)
+    message.ClearField("issued_at_unix_ms")
+    reject(message.SerializeToString(), limits, "issued_at_unix_ms is missing")
+
+
+def test_issued_at_is_checked_before_the_operation(limits: Limits) -> None:
+    # An unsigned-era envelope must be told about issued_at first, whatever else is wrong.
+    message = envelope()
+    message.ClearField("issued_at_unix_ms")
+    message.ClearField("read")
+    reject(message.SerializeToString(), limits, "issued_at_unix_ms is missing")
 
 
 def test_envelope_without_operation_is_rejected(limits: Limits) -> None:
@@ -256,9 +288,13 @@ def _with(operation: str, scope: str = "tenant-a", object_id: str = "o") -> pb.R
             read=pb.ReadRecordRequest(scope=scope, object_id=object_id, mode=pb.READ_MODE_PRIMARY)
         )
     if operation == "write":
-        return envelope(write=pb.WriteRecordRequest(scope=scope, object_id=object_id))
+        return envelope(
+            idempotency_key="k-1", write=pb.WriteRecordRequest(scope=scope, object_id=object_id)
+        )
     if operation == "delete":
-        return envelope(delete=pb.DeleteRecordRequest(scope=scope, object_id=object_id))
+        return envelope(
+            idempotency_key="k-1", delete=pb.DeleteRecordRequest(scope=scope, object_id=object_id)
+        )
     return envelope(list=pb.ListRecordsRequest(scope=scope))
 
 
@@ -295,7 +331,8 @@ def test_malformed_scope_is_rejected(operation: str, scope: str, limits: Limits)
 
 def _write(payload: bytes) -> bytes:
     return envelope(
-        write=pb.WriteRecordRequest(scope="t", object_id="o", payload=payload)
+        idempotency_key="k-1",
+        write=pb.WriteRecordRequest(scope="t", object_id="o", payload=payload),
     ).SerializeToString()
 
 
@@ -332,11 +369,32 @@ def test_idempotency_key_on_a_mutation_is_accepted(operation: str, limits: Limit
     assert decode_request(message.SerializeToString(), limits).idempotency_key == "~" * 128
 
 
+@pytest.mark.parametrize("operation", ["write", "delete"])
 @pytest.mark.parametrize("key", ["has space", "k" * 129, "tab\tkey", "ключ"])
-def test_malformed_idempotency_key_is_rejected(key: str, limits: Limits) -> None:
-    message = _with("write")
+def test_malformed_idempotency_key_is_rejected(operation: str, key: str, limits: Limits) -> None:
+    message = _with(operation)
     message.idempotency_key = key
     reject(message.SerializeToString(), limits, "idempotency_key is malformed")
+
+
+@pytest.mark.parametrize("operation", ["write", "delete"])
+def test_mutation_without_idempotency_key_is_rejected(operation: str, limits: Limits) -> None:
+    message = _with(operation)
+    message.ClearField("idempotency_key")
+    reject(message.SerializeToString(), limits, "idempotency_key is missing")
+
+
+# --- expected revision --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("operation", ["write", "delete"])
+@pytest.mark.parametrize("revision", [0, 1, 2**32, 2**64 - 1])
+def test_expected_revision_round_trips(operation: str, revision: int, limits: Limits) -> None:
+    message = _with(operation)
+    getattr(message, operation).expected_revision = revision
+    decoded = decode_request(message.SerializeToString(), limits)
+    assert getattr(decoded, operation).expected_revision == revision
+    assert decoded == message
 
 
 # --- list: page size and cursors --------------------------------------------------

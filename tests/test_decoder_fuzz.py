@@ -2,7 +2,7 @@
 
 ``decode_request`` is the first code that sees a caller's bytes, so for any
 input it must either return a ``pb.RequestEnvelope`` or raise
-``InvalidArgument``. The tests below feed it 2,300 inputs in total,
+``InvalidArgument``. The tests below feed it 2,400 inputs in total,
 deterministically (``derandomize=True``), and each asserts that its full
 example count really ran:
 
@@ -12,7 +12,7 @@ example count really ran:
   splicing with another envelope, varint boundary values, overlong varints,
   huge length prefixes, unknown field numbers and wire types, and merged
   sub-messages that override fields, e.g. ``read.mode = 99``);
-- 550 valid envelopes with exactly one field corrupted (50 per field, eleven
+- 650 valid envelopes with exactly one field corrupted (50 per field, thirteen
   fields including unknown read modes such as 99), which must be accepted
   unchanged or rejected by that field's own check;
 - 150 envelopes with every field arbitrary, plus unknown trailing fields;
@@ -72,10 +72,11 @@ VARINT_BOUNDARIES = [
     UINT64_MAX,
 ]
 # Used, reserved (3 in ReadRecordRequest), future and out-of-range numbers;
-# 0 and 2**29 are not legal field numbers at all.
-FIELD_NUMBERS = [0, 1, 2, 3, 4, 5, 9, 10, 11, 12, 13, 14, 15, 16, 127, 19_000, 2**29 - 1, 2**29]
+# 0 and 2**29 are not legal field numbers at all. 100-102 are SignedRequest's,
+# which a bare envelope decoder must never take for envelope fields.
+FIELD_NUMBERS = [*range(7), *range(9, 17), 100, 101, 102, 127, 19_000, 2**29 - 1, 2**29]
 # Legal field numbers that no RequestEnvelope field uses.
-UNUSED_FIELD_NUMBERS = [5, 9, 14, 15, 16, 127, 19_000, 2**29 - 1]
+UNUSED_FIELD_NUMBERS = [6, 9, 14, 15, 16, 100, 101, 102, 127, 19_000, 2**29 - 1]
 OPERATION_FIELDS = {"read": 10, "write": 11, "delete": 12, "list": 13}
 
 
@@ -152,6 +153,9 @@ idempotency_text = text_for(IDEMPOTENCY_KEY_RE, ["a b", "\x7f", "k" * 129, "k" *
 int64s = st.one_of(
     st.sampled_from([0, -1, INT64_MIN, 1, INT64_MAX]), st.integers(INT64_MIN, INT64_MAX)
 )
+uint64s = st.one_of(
+    st.sampled_from([0, 1, INT64_MAX, 2**63, UINT64_MAX]), st.integers(0, UINT64_MAX)
+)
 read_modes = st.one_of(st.sampled_from([0, 99, 3, -1, 1, 2]), st.integers(-(2**31), 2**31 - 1))
 uint32s = st.one_of(st.sampled_from([0, 1, 100, 101, UINT32_MAX]), st.integers(0, UINT32_MAX))
 
@@ -195,9 +199,17 @@ def _operation(
             pb.ReadRecordRequest, scope=scope, object_id=object_id, mode=mode
         )
     elif name == "write":
-        built = st.builds(pb.WriteRecordRequest, scope=scope, object_id=object_id, payload=payload)
+        built = st.builds(
+            pb.WriteRecordRequest,
+            scope=scope,
+            object_id=object_id,
+            payload=payload,
+            expected_revision=uint64s,
+        )
     elif name == "delete":
-        built = st.builds(pb.DeleteRecordRequest, scope=scope, object_id=object_id)
+        built = st.builds(
+            pb.DeleteRecordRequest, scope=scope, object_id=object_id, expected_revision=uint64s
+        )
     else:
         built = st.builds(pb.ListRecordsRequest, scope=scope, page_size=uint32s, cursor=cursor)
     return built.map(lambda message: {name: message})
@@ -215,15 +227,17 @@ def arbitrary_envelopes() -> st.SearchStrategy[pb.RequestEnvelope]:
         ),
     )
     return st.builds(
-        lambda caller, request_id, deadline, key, op: pb.RequestEnvelope(
+        lambda caller, request_id, deadline, issued_at, key, op: pb.RequestEnvelope(
             caller=caller,
             request_id=request_id,
             deadline_unix_ms=deadline,
+            issued_at_unix_ms=issued_at,
             idempotency_key=key,
             **op,
         ),
         caller_text,
         request_id_text,
+        int64s,
         int64s,
         st.one_of(st.just(""), idempotency_text),
         operation,
@@ -253,6 +267,7 @@ def valid_envelopes(
         caller=draw(st.from_regex(CALLER_RE, fullmatch=True)),
         request_id=draw(st.from_regex(REQUEST_ID_RE, fullmatch=True)),
         deadline_unix_ms=draw(st.integers(1, INT64_MAX)),
+        issued_at_unix_ms=draw(st.integers(1, INT64_MAX)),
         idempotency_key=key,
         **operation,
     )
@@ -265,9 +280,11 @@ CORRUPTIONS: dict[str, tuple[tuple[str, ...], st.SearchStrategy[Any], set[str]]]
     "caller": (tuple(OPERATION_FIELDS), caller_text, {"caller"}),
     "request_id": (tuple(OPERATION_FIELDS), request_id_text, {"request_id"}),
     "deadline_unix_ms": (tuple(OPERATION_FIELDS), int64s, {"deadline_unix_ms"}),
+    "issued_at_unix_ms": (tuple(OPERATION_FIELDS), int64s, {"issued_at_unix_ms"}),
     "idempotency_key": (tuple(OPERATION_FIELDS), idempotency_text, {"idempotency_key"}),
     # None drops the operation; a name switches to an empty operation of that kind
-    # (and a mutation's idempotency key then rides on a read or list).
+    # (and a mutation's idempotency key then rides on a read or list, or a
+    # mutation arrives without the key it requires).
     "operation": (
         tuple(OPERATION_FIELDS),
         st.sampled_from([None, *OPERATION_FIELDS]),
@@ -278,6 +295,7 @@ CORRUPTIONS: dict[str, tuple[tuple[str, ...], st.SearchStrategy[Any], set[str]]]
     "mode": (("read",), read_modes, {"mode"}),
     "payload": (("write",), st.one_of(oversized_payloads, payloads()), {"payload"}),
     "page_size": (("list",), uint32s, set()),
+    "expected_revision": (("write", "delete"), uint64s, set()),
     "cursor": (("list",), cursors(st.one_of(valid_scope, scope_text)), {"cursor"}),
 }
 
@@ -463,10 +481,11 @@ def test_mutated_envelopes_are_decoded_or_rejected() -> None:
 def test_envelope_with_one_corrupted_field_is_accepted_unchanged_or_rejected_for_it(
     field: str,
 ) -> None:
-    """50 valid envelopes per field (550 in all) with that one field replaced.
+    """50 valid envelopes per field (650 in all) with that one field replaced.
 
     Any rejection must come from that field's own check, and for every field
-    but page_size (where any value is allowed) at least one value is rejected.
+    but page_size and expected_revision (where any value is allowed) at least
+    one value is rejected.
     """
     operations, values, checks = CORRUPTIONS[field]
     outcomes: Counter[str] = Counter()
@@ -528,4 +547,4 @@ def test_example_counts_add_up_to_at_least_two_thousand() -> None:
         + ARBITRARY_EXAMPLES
         + VALID_EXAMPLES
     )
-    assert total == 2_300
+    assert total == 2_400

@@ -28,6 +28,8 @@ FIXTURE_DIR = Path(__file__).resolve().parent / "fixtures" / "v2"
 
 # 2025-01-01T00:00:00Z: a fixed instant, never "now".
 DEADLINE_UNIX_MS = 1_735_689_600_000
+# The codec requires it on every request since requests are signed.
+ISSUED_AT_UNIX_MS = DEADLINE_UNIX_MS - 30_000
 UPDATED_AT_UNIX_MS = 1_735_689_000_123
 # Covers NUL, high bytes and bytes that are not UTF-8: the payload is opaque.
 PAYLOAD = b"\x00\x01payload\xff\xfe\x80"
@@ -47,6 +49,7 @@ def request_read() -> pb.RequestEnvelope:
         caller="billing",
         request_id="req-read-1",
         deadline_unix_ms=DEADLINE_UNIX_MS,
+        issued_at_unix_ms=ISSUED_AT_UNIX_MS,
         read=pb.ReadRecordRequest(
             scope="tenant-a", object_id="invoice:42", mode=pb.READ_MODE_PRIMARY
         ),
@@ -58,8 +61,13 @@ def request_write() -> pb.RequestEnvelope:
         caller="billing",
         request_id="req-write-1",
         deadline_unix_ms=DEADLINE_UNIX_MS,
+        issued_at_unix_ms=ISSUED_AT_UNIX_MS,
         idempotency_key="idem-write-1",
-        write=pb.WriteRecordRequest(scope="tenant-a", object_id="invoice:42", payload=PAYLOAD),
+        # Conditional, so an older reader's pass-through of the field is covered;
+        # revision 3 is the record in response_read, and response_write answers 4.
+        write=pb.WriteRecordRequest(
+            scope="tenant-a", object_id="invoice:42", payload=PAYLOAD, expected_revision=3
+        ),
     )
 
 
@@ -68,8 +76,11 @@ def request_delete() -> pb.RequestEnvelope:
         caller="billing",
         request_id="req-delete-1",
         deadline_unix_ms=DEADLINE_UNIX_MS,
+        issued_at_unix_ms=ISSUED_AT_UNIX_MS,
         idempotency_key="idem-delete-1",
-        delete=pb.DeleteRecordRequest(scope="tenant-a", object_id="invoice:42"),
+        delete=pb.DeleteRecordRequest(
+            scope="tenant-a", object_id="invoice:42", expected_revision=4
+        ),
     )
 
 
@@ -78,6 +89,7 @@ def request_list() -> pb.RequestEnvelope:
         caller="billing",
         request_id="req-list-1",
         deadline_unix_ms=DEADLINE_UNIX_MS,
+        issued_at_unix_ms=ISSUED_AT_UNIX_MS,
         list=pb.ListRecordsRequest(
             scope="tenant-a",
             page_size=25,

@@ -10,8 +10,9 @@ pool:
     ``make_fixtures.py``) still decode to the same values;
 (b) an older reader decodes today's bytes: known fields are equal, newer fields
     are kept as unknown fields and survive a re-serialize into today's reader;
-(c) today's reader decodes an older writer's bytes, and the codec accepts or
-    rejects them as documented;
+(c) today's reader decodes an older writer's bytes, and the codec refuses
+    them: an older caller never sets ``issued_at_unix_ms``, which every request
+    now needs (callers must upgrade to sign requests anyway);
 (d) an older reader sees no operation in a ``list`` envelope.
 """
 
@@ -30,7 +31,7 @@ from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 from grpc_tools import protoc  # type: ignore[import-untyped]
 
-from dataservice.codec import decode_cursor, decode_request, encode_cursor
+from dataservice.codec import decode_cursor, decode_request, encode_cursor, validate_request
 from dataservice.config import Limits, Settings
 from dataservice.errors import InvalidArgument
 from dataservice.proto import pb
@@ -47,6 +48,7 @@ WIRETYPE_VARINT = 0
 # make_fixtures.py: if the script or the schema changes what the bytes mean,
 # these disagree.
 _DEADLINE = 1_735_689_600_000
+_ISSUED_AT = 1_735_689_570_000
 _UPDATED_AT = 1_735_689_000_123
 _PAYLOAD = b"\x00\x01payload\xff\xfe\x80"
 EXPECTED: dict[str, Message] = {
@@ -54,6 +56,7 @@ EXPECTED: dict[str, Message] = {
         caller="billing",
         request_id="req-read-1",
         deadline_unix_ms=_DEADLINE,
+        issued_at_unix_ms=_ISSUED_AT,
         read=pb.ReadRecordRequest(
             scope="tenant-a", object_id="invoice:42", mode=pb.READ_MODE_PRIMARY
         ),
@@ -62,20 +65,27 @@ EXPECTED: dict[str, Message] = {
         caller="billing",
         request_id="req-write-1",
         deadline_unix_ms=_DEADLINE,
+        issued_at_unix_ms=_ISSUED_AT,
         idempotency_key="idem-write-1",
-        write=pb.WriteRecordRequest(scope="tenant-a", object_id="invoice:42", payload=_PAYLOAD),
+        write=pb.WriteRecordRequest(
+            scope="tenant-a", object_id="invoice:42", payload=_PAYLOAD, expected_revision=3
+        ),
     ),
     "request_delete": pb.RequestEnvelope(
         caller="billing",
         request_id="req-delete-1",
         deadline_unix_ms=_DEADLINE,
+        issued_at_unix_ms=_ISSUED_AT,
         idempotency_key="idem-delete-1",
-        delete=pb.DeleteRecordRequest(scope="tenant-a", object_id="invoice:42"),
+        delete=pb.DeleteRecordRequest(
+            scope="tenant-a", object_id="invoice:42", expected_revision=4
+        ),
     ),
     "request_list": pb.RequestEnvelope(
         caller="billing",
         request_id="req-list-1",
         deadline_unix_ms=_DEADLINE,
+        issued_at_unix_ms=_ISSUED_AT,
         list=pb.ListRecordsRequest(
             scope="tenant-a", page_size=25, cursor="Cgh0ZW5hbnQtYRIKaW52b2ljZTo0MQ"
         ),
@@ -360,6 +370,33 @@ def test_older_reader_keeps_read_mode_as_unknown_field(r0: Schema) -> None:
     assert unknown_fields(old.read) == {4: pb.READ_MODE_PRIMARY}
 
 
+@pytest.mark.parametrize("name", REQUEST_FIXTURES)
+def test_older_reader_keeps_issued_at_as_unknown_field(r0: Schema, name: str) -> None:
+    old = r0.message("RequestEnvelope").FromString(fixture_bytes(name))
+    assert unknown_fields(old).get(5) == _ISSUED_AT
+
+
+@pytest.mark.parametrize(
+    ("name", "operation", "field_number", "revision"),
+    [("request_write", "write", 4, 3), ("request_delete", "delete", 3, 4)],
+)
+def test_older_reader_keeps_expected_revision_as_unknown_field(
+    r0: Schema, name: str, operation: str, field_number: int, revision: int
+) -> None:
+    old = r0.message("RequestEnvelope").FromString(fixture_bytes(name))
+    assert old.WhichOneof("operation") == operation
+    assert unknown_fields(getattr(old, operation)) == {field_number: revision}
+
+
+@pytest.mark.parametrize("name", REQUEST_FIXTURES)
+def test_request_passed_through_an_older_reader_still_validates(
+    r0: Schema, name: str, limits: Limits
+) -> None:
+    # A relay on r0 must not strip issued_at, or today's codec would refuse the request.
+    old = r0.message("RequestEnvelope").FromString(fixture_bytes(name))
+    assert decode_request(old.SerializeToString(), limits) == EXPECTED[name]
+
+
 @pytest.mark.parametrize("name", ["record", "response_read"])
 def test_older_reader_keeps_record_timestamp_as_unknown_field(r0: Schema, name: str) -> None:
     old = r0.message(_r0_type_name(name)).FromString(fixture_bytes(name))
@@ -386,6 +423,41 @@ def _old_envelope(r0: Schema, idempotency_key: str = "", **operation: Message) -
     return envelope
 
 
+def _old_request(r0: Schema, operation: str) -> Any:
+    """An r0 envelope for ``operation`` as an older caller sent it."""
+    if operation == "read":
+        read = r0.message("ReadRecordRequest")(
+            scope="tenant-a", object_id="invoice:42", consistent=True
+        )
+        return _old_envelope(r0, read=read)
+    if operation == "write":
+        write = r0.message("WriteRecordRequest")(
+            scope="tenant-a", object_id="invoice:42", payload=_PAYLOAD
+        )
+        return _old_envelope(r0, idempotency_key="idem-old-1", write=write)
+    delete = r0.message("DeleteRecordRequest")(scope="tenant-a", object_id="invoice:42")
+    return _old_envelope(r0, delete=delete)
+
+
+@pytest.mark.parametrize("operation", ["read", "write", "delete"])
+def test_older_callers_envelope_parses_but_validation_names_issued_at(
+    r0: Schema, limits: Limits, operation: str
+) -> None:
+    data = _old_request(r0, operation).SerializeToString()
+
+    envelope = pb.RequestEnvelope.FromString(data)
+
+    assert envelope.WhichOneof("operation") == operation
+    assert (envelope.caller, envelope.request_id, envelope.deadline_unix_ms) == (
+        "billing",
+        "req-old-1",
+        _DEADLINE,
+    )
+    assert envelope.issued_at_unix_ms == 0
+    with pytest.raises(InvalidArgument, match="issued_at_unix_ms is missing"):
+        decode_request(data, limits)
+
+
 @pytest.mark.parametrize("consistent", [True, False])
 def test_old_read_request_decodes_with_unspecified_mode(r0: Schema, consistent: bool) -> None:
     old_read = r0.message("ReadRecordRequest")(
@@ -410,18 +482,18 @@ def test_codec_rejects_old_read_request_without_mode(
     old_read = r0.message("ReadRecordRequest")(
         scope="tenant-a", object_id="invoice:42", consistent=consistent
     )
-    data = _old_envelope(r0, read=old_read).SerializeToString()
+    envelope = pb.RequestEnvelope.FromString(_old_envelope(r0, read=old_read).SerializeToString())
+    # issued_at is checked first; past it, an old `consistent=True` read must still
+    # be refused rather than silently served from the cache.
+    envelope.issued_at_unix_ms = _ISSUED_AT
     with pytest.raises(InvalidArgument, match="mode must be"):
-        decode_request(data, limits)
+        validate_request(envelope, limits)
 
 
-def test_old_write_envelope_decodes_and_validates(r0: Schema, limits: Limits) -> None:
-    old_write = r0.message("WriteRecordRequest")(
-        scope="tenant-a", object_id="invoice:42", payload=_PAYLOAD
-    )
-    old = _old_envelope(r0, idempotency_key="idem-old-1", write=old_write)
-
-    envelope = decode_request(old.SerializeToString(), limits)
+def test_old_write_envelope_decodes_unconditional_and_lacks_only_issued_at(
+    r0: Schema, limits: Limits
+) -> None:
+    envelope = pb.RequestEnvelope.FromString(_old_request(r0, "write").SerializeToString())
 
     assert envelope == pb.RequestEnvelope(
         caller="billing",
@@ -430,15 +502,22 @@ def test_old_write_envelope_decodes_and_validates(r0: Schema, limits: Limits) ->
         idempotency_key="idem-old-1",
         write=pb.WriteRecordRequest(scope="tenant-a", object_id="invoice:42", payload=_PAYLOAD),
     )
+    assert envelope.write.expected_revision == 0
+    envelope.issued_at_unix_ms = _ISSUED_AT
+    validate_request(envelope, limits)
 
 
-def test_old_delete_envelope_decodes_and_validates(r0: Schema, limits: Limits) -> None:
-    old_delete = r0.message("DeleteRecordRequest")(scope="tenant-a", object_id="invoice:42")
+def test_old_delete_envelope_without_idempotency_key_is_refused_for_it_too(
+    r0: Schema, limits: Limits
+) -> None:
+    envelope = pb.RequestEnvelope.FromString(_old_request(r0, "delete").SerializeToString())
 
-    envelope = decode_request(_old_envelope(r0, delete=old_delete).SerializeToString(), limits)
-
-    assert envelope.WhichOneof("operation") == "delete"
     assert envelope.delete == pb.DeleteRecordRequest(scope="tenant-a", object_id="invoice:42")
+    assert envelope.delete.expected_revision == 0
+    # Older callers could leave the key out of a delete; today it is required.
+    envelope.issued_at_unix_ms = _ISSUED_AT
+    with pytest.raises(InvalidArgument, match="idempotency_key is missing"):
+        validate_request(envelope, limits)
 
 
 def test_old_cache_record_decodes_with_zero_timestamp(r0: Schema) -> None:
@@ -484,7 +563,7 @@ def test_list_envelope_has_no_operation_for_older_reader(r0: Schema) -> None:
         "req-list-1",
         _DEADLINE,
     )
-    assert set(unknown_fields(old)) == {13}
+    assert set(unknown_fields(old)) == {5, 13}  # issued_at and list
 
 
 def test_list_response_has_no_result_for_older_reader(r0: Schema) -> None:
