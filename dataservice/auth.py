@@ -124,10 +124,11 @@ class Authenticator:
         """
         signed = self._parse(body)
         if not signed.signature and not signed.key_id:
+            # Likely a bare RequestEnvelope (its fields parse as unknown ones).
             raise Rejected(
                 Reason.UNSIGNED,
                 Unauthenticated("the request is not signed"),
-                caller=_claimed_caller(signed.envelope, task_id),
+                caller=_claimed_caller(signed.envelope or body, task_id),
             )
         key = self._keyring.verifying_key(signed.key_id)
         if key is None:
