@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 
+from dataservice.callers import KeyRing, load_keyring
 from dataservice.config import Config, LaneName, Settings
 from dataservice.errors import DataServiceError
 
@@ -18,6 +19,8 @@ DEMO_CALLER = "demo"
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run and operate dataservice.")
 db = typer.Typer(no_args_is_help=True, help="Database schema.")
 app.add_typer(db, name="db")
+acl = typer.Typer(no_args_is_help=True, help="Redis users (ACL) for callers and workers.")
+app.add_typer(acl, name="acl")
 
 
 def _fail(exc: DataServiceError, code: int) -> typer.Exit:
@@ -45,6 +48,48 @@ def db_upgrade(revision: str = typer.Argument("head", help="Target migration."))
     except DataServiceError as exc:
         raise _fail(exc, 1) from None
     typer.echo(("created database; " if created else "") + f"schema at {revision}")
+
+
+def _acl_inputs() -> tuple[Settings, Config, KeyRing]:
+    """Settings, configuration and the callers file, or exit 2 naming the problem."""
+    settings, config = _load()
+    try:
+        return settings, config, load_keyring(settings.callers_file)
+    except DataServiceError as exc:
+        raise _fail(exc, 2) from None
+
+
+@acl.command("apply")
+def acl_apply() -> None:
+    """Create or replace the callers file's Redis users; print their names.
+
+    Connects to DATASERVICE_REDIS_URL, which must name an administrator."""
+    from dataservice.acl import admin_client, apply_acl
+
+    settings, config, keyring = _acl_inputs()
+    admin = admin_client(settings.redis_url)
+    try:
+        names = apply_acl(admin, keyring, config)
+    except DataServiceError as exc:
+        raise _fail(exc, 1) from None
+    finally:
+        admin.close()
+    for name in names:
+        typer.echo(name)
+    if not names:
+        typer.echo("no Redis passwords in the callers file: no users set", err=True)
+
+
+@acl.command("show")
+def acl_show() -> None:
+    """Print the commands `acl apply` runs, with <password> placeholders.
+
+    One ACL SETUSER per line, quoted for redis-cli."""
+    from dataservice.acl import render_commands
+
+    _, config, keyring = _acl_inputs()
+    for line in render_commands(keyring, config):
+        typer.echo(line)
 
 
 @app.command("check-config")

@@ -1,0 +1,249 @@
+"""Redis users: a caller's user publishes and takes its own answers, nothing
+more; the workers' user reaches everything but the dangerous commands."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import pytest
+import redis
+import yaml
+from redis.exceptions import NoPermissionError, ResponseError
+
+from dataservice import Client
+from dataservice.acl import WORKER_USER, acl_users, apply_acl, caller_user
+from dataservice.callers import KeyRing, load_keyring
+from dataservice.config import Config, LaneName, Settings
+from dataservice.keys import inflight_key, rate_key, replay_key, result_key
+from tests.conftest import require
+
+CALLER = "tests"
+
+
+def _as_user(url: str, user: str, password: bytes) -> str:
+    parts = urlsplit(url)
+    netloc = f"{user}:{quote(password.decode(), safe='')}@{parts.hostname}:{parts.port or 6379}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@pytest.fixture(scope="module")
+def keyring(settings: Settings) -> KeyRing:
+    return load_keyring(settings.callers_file)
+
+
+@pytest.fixture(scope="module")
+def users(redis_client: redis.Redis, keyring: KeyRing, config: Config) -> Iterator[list[str]]:
+    names = apply_acl(redis_client, keyring, config)
+    yield names
+    redis_client.acl_deluser(*names)
+
+
+@pytest.fixture(scope="module")
+def caller_url(settings: Settings, keyring: KeyRing, users: list[str]) -> str:
+    return _as_user(settings.broker_url, caller_user(CALLER), keyring.redis_passwords[CALLER].value)
+
+
+@pytest.fixture
+def as_caller(caller_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(caller_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def as_worker(settings: Settings, keyring: KeyRing, users: list[str]) -> Iterator[redis.Redis]:
+    assert keyring.workers_redis_password is not None
+    client = redis.Redis.from_url(
+        _as_user(settings.broker_url, WORKER_USER, keyring.workers_redis_password.value)
+    )
+    yield client
+    client.close()
+
+
+def _refusals(admin: redis.Redis, user: str) -> dict[tuple[str, str, str], int]:
+    return {
+        (str(entry["reason"]), str(entry["context"]), str(entry["object"])): int(
+            str(entry["count"])
+        )
+        for entry in admin.acl_log()
+        if entry["username"] == user
+    }
+
+
+def test_every_caller_with_a_password_and_the_workers_get_a_user(
+    users: list[str], keyring: KeyRing
+) -> None:
+    expected = {caller_user(name) for name in keyring.redis_passwords} | {WORKER_USER}
+    assert set(users) == expected
+    assert caller_user(CALLER) in users
+
+
+def test_a_caller_round_trip_needs_nothing_its_user_is_refused(
+    settings: Settings,
+    config: Config,
+    interactive_worker: Any,
+    redis_client: redis.Redis,
+    caller_url: str,
+    scope: str,
+) -> None:
+    # A server that has not seen the admission script yet makes the publisher
+    # fall back from EVALSHA to EVAL; that path must be allowed too.
+    redis_client.script_flush()
+    before = _refusals(redis_client, caller_user(CALLER))
+    as_caller = dataclasses.replace(settings, broker_url=caller_url, result_backend_url=caller_url)
+    with Client(CALLER, as_caller, config) as client:
+        written = client.write(scope, "alpha", b"payload")
+        record = client.read(scope, "alpha")
+    assert (record.revision, record.payload) == (written.revision, b"payload")
+    # redis-py swallows some refusals (CLIENT SETINFO); the ACL log still counts them.
+    after = _refusals(redis_client, caller_user(CALLER))
+    assert {k: n for k, n in after.items() if n > before.get(k, 0)} == {}
+
+
+def test_a_caller_reaches_its_own_result_keys(as_caller: redis.Redis) -> None:
+    key = result_key(CALLER, uuid.uuid4().hex)
+    assert as_caller.exists(key) == 0
+    assert as_caller.lpop(key) is None
+    assert as_caller.blpop([key], timeout=0.01) is None
+
+
+_OTHER_KEYS = [
+    "record:v2:some-scope:some-id",
+    "record:v1:some-scope:some-id",
+    rate_key(CALLER),
+    replay_key(CALLER, "x"),
+    inflight_key(CALLER),
+    "ds:lock:record:x",
+    result_key("tests-narrow", "x"),
+]
+
+
+@pytest.mark.parametrize("key", _OTHER_KEYS)
+@pytest.mark.parametrize("command", [("GET",), ("SET", "v"), ("DEL",)], ids=lambda c: c[0])
+def test_a_caller_cannot_touch_keys_that_are_not_its_own(
+    as_caller: redis.Redis, key: str, command: tuple[str, ...]
+) -> None:
+    with pytest.raises(NoPermissionError):
+        as_caller.execute_command(command[0], key, *command[1:])
+
+
+@pytest.mark.parametrize("lane", list(LaneName))
+@pytest.mark.parametrize(
+    "command", [("LRANGE", 0, -1), ("LPOP",), ("RPOP",), ("LINDEX", 0)], ids=lambda c: c[0]
+)
+def test_a_caller_cannot_read_the_lane_queues(
+    as_caller: redis.Redis, config: Config, lane: LaneName, command: tuple[Any, ...]
+) -> None:
+    with pytest.raises(NoPermissionError):
+        as_caller.execute_command(command[0], config.lanes[lane].queue, *command[1:])
+
+
+def test_a_callers_script_reaches_no_more_than_the_caller(
+    as_caller: redis.Redis, config: Config
+) -> None:
+    queue = config.lanes.interactive.queue
+    with pytest.raises(ResponseError, match="can't run this command"):
+        as_caller.eval("return redis.call('LRANGE', KEYS[1], 0, -1)", 1, queue)
+    with pytest.raises(NoPermissionError):
+        as_caller.eval("return redis.call('GET', KEYS[1])", 1, rate_key(CALLER))
+
+
+@pytest.mark.parametrize(
+    "command", [("KEYS", "*"), ("SCAN", 0), ("FLUSHDB",), ("PUBLISH", "celery", "x")]
+)
+def test_a_caller_cannot_list_wipe_or_broadcast(
+    as_caller: redis.Redis, command: tuple[Any, ...]
+) -> None:
+    with pytest.raises(NoPermissionError):
+        as_caller.execute_command(*command)
+
+
+def test_the_workers_reach_every_key_but_no_dangerous_command(as_worker: redis.Redis) -> None:
+    # Names of their own, so the shared limits of the test callers stay untouched.
+    unique = f"acl-{uuid.uuid4().hex[:8]}"
+    keys = [
+        f"record:v2:{unique}:x",
+        rate_key(unique),
+        replay_key(unique, "x"),
+        f"ds:lock:record:{unique}",
+        result_key(unique, "x"),
+    ]
+    for key in keys:
+        assert as_worker.set(key, "v")
+        assert as_worker.get(key) == b"v"
+    assert as_worker.delete(*keys) == len(keys)
+    for command in (("KEYS", "*"), ("FLUSHDB",), ("CONFIG", "GET", "maxmemory"), ("ACL", "LIST")):
+        with pytest.raises(NoPermissionError):
+            as_worker.execute_command(*command)
+
+
+def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dataservice.cli", "acl", *args],
+        env={**os.environ, **settings.to_env()},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def _secrets(settings: Settings) -> list[str]:
+    """Every password and signing secret in the callers file, as written there."""
+    assert settings.callers_file is not None
+    data = yaml.safe_load(settings.callers_file.read_text())
+    found = [data["workers"]["redis_password"]]
+    for entry in data["callers"].values():
+        found += [key["secret"] for key in entry["keys"]]
+        found += [entry["redis_password"]] if "redis_password" in entry else []
+    return found
+
+
+def test_acl_show_prints_every_user_and_no_secret(
+    settings: Settings, keyring: KeyRing, users: list[str]
+) -> None:
+    shown = _cli(settings, "show")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert [line.split()[2] for line in lines] == users
+    assert all(" ><password> " in line for line in lines)
+    for secret in _secrets(settings):
+        assert secret not in shown.stdout + shown.stderr
+
+
+def test_acl_apply_prints_names_only(settings: Settings, users: list[str]) -> None:
+    applied = _cli(settings, "apply")
+    assert applied.returncode == 0, applied.stderr
+    assert applied.stdout.split() == users
+    for secret in _secrets(settings):
+        assert secret not in applied.stdout + applied.stderr
+
+
+def test_shown_commands_set_the_same_users_through_redis_cli(
+    settings: Settings,
+    config: Config,
+    keyring: KeyRing,
+    redis_client: redis.Redis,
+    users: list[str],
+) -> None:
+    cli = shutil.which("redis-cli")
+    require(cli is not None, "redis-cli")
+    assert cli is not None
+    applied = {name: redis_client.acl_getuser(name) for name in users}
+    passwords = {user.name: user.password.value.decode() for user in acl_users(keyring, config)}
+    lines = _cli(settings, "show").stdout.splitlines()
+    script = "".join(
+        line.replace("<password>", passwords[line.split()[2]]) + "\n" for line in lines
+    )
+    parts = urlsplit(settings.redis_url)
+    done = subprocess.run(
+        [cli, "-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 6379)],
+        input=script, capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert done.stdout.split() == ["OK"] * len(users), done.stderr
+    assert {name: redis_client.acl_getuser(name) for name in users} == applied
