@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -162,3 +163,41 @@ def handler_for(
     authenticator = Authenticator(load_keyring(settings.callers_file), config, lane)
     permits = LanePermits(config.lanes[lane])
     return RequestHandler(config, lane, store, permits, authenticator, Gate(client, config)), client
+
+
+class RedisWatch:
+    """Every command the Redis server runs (MONITOR) while the watch is open."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._client = redis.Redis.from_url(url)
+        # MONITOR shows every database; only this one's commands count.
+        self._db = int(self._client.get_connection_kwargs().get("db", 0))
+        self.commands: list[bytes] = []
+        # When the server ran each command (Unix s), in step with ``commands``.
+        self.times: list[float] = []
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        assert self._ready.wait(5)
+
+    def _run(self) -> None:
+        with self._client.monitor() as monitor:
+            self._ready.set()
+            for command in monitor.listen():
+                text = command["command"]
+                if int(command.get("db", -1)) == self._db:
+                    self.commands.append(text.encode() if isinstance(text, str) else text)
+                    self.times.append(float(command["time"]))
+                if self._stop.is_set():
+                    return
+
+    def close(self) -> list[bytes]:
+        self._stop.set()
+        # The monitor loop sees the flag on the next command; send one.
+        with redis.Redis.from_url(self._url) as client:
+            client.ping()
+        self._thread.join(5)
+        self._client.close()
+        return self.commands

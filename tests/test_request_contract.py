@@ -10,14 +10,12 @@ a cache, limit, replay or lock key.
 from __future__ import annotations
 
 import secrets
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
-import redis
 from kombu import Connection, Exchange
 from sqlalchemy import Engine
 
@@ -31,47 +29,12 @@ from dataservice.proto import pb
 from dataservice.results import ResultStore
 from dataservice.wire import CONTENT_TYPE, TASK_NAME, celery_settings
 from tests.conftest import SERVICE_USER
-from tests.support import caller_key, counter, now_ms, signed, statements_by
+from tests.support import RedisWatch, caller_key, counter, now_ms, signed, statements_by
 
 pytestmark = pytest.mark.usefixtures("interactive_worker")
 
 # Keys only the workers may touch; a rejected request must touch none of them.
 FORBIDDEN_PREFIXES = (b"record:", b"ds:replay:", b"ds:rate:", b"ds:inflight:", b"ds:lock:")
-
-
-class RedisWatch:
-    """Every command the Redis server runs (MONITOR) while the watch is open."""
-
-    def __init__(self, url: str) -> None:
-        self._url = url
-        self._client = redis.Redis.from_url(url)
-        # MONITOR shows every database; only this one's commands count.
-        self._db = int(self._client.get_connection_kwargs().get("db", 0))
-        self.commands: list[bytes] = []
-        self._stop = threading.Event()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        assert self._ready.wait(5)
-
-    def _run(self) -> None:
-        with self._client.monitor() as monitor:
-            self._ready.set()
-            for command in monitor.listen():
-                text = command["command"]
-                if int(command.get("db", -1)) == self._db:
-                    self.commands.append(text.encode() if isinstance(text, str) else text)
-                if self._stop.is_set():
-                    return
-
-    def close(self) -> list[bytes]:
-        self._stop.set()
-        # The monitor loop sees the flag on the next command; send one.
-        with redis.Redis.from_url(self._url) as client:
-            client.ping()
-        self._thread.join(5)
-        self._client.close()
-        return self.commands
 
 
 def forbidden(commands: list[bytes]) -> list[bytes]:

@@ -131,7 +131,8 @@ def register_task(app: Celery, runtime: LaneRuntime) -> None:
 
     _RUNTIMES[app] = runtime
 
-    @app.task(name=TASK_NAME, bind=True, typing=False, ignore_result=True)
+    # Not shared: each app (one per lane runtime) has its own handler.
+    @app.task(name=TASK_NAME, bind=True, typing=False, ignore_result=True, shared=False)
     def handle(self: Task, *args: Any, **kwargs: Any) -> None:
         runtime.process(self.request.id, args, kwargs, getattr(self.request, DEADLINE_HEADER, None))
 
