@@ -2,6 +2,9 @@
 VENV  := .venv
 BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Caller keys (and Redis passwords): created by `make services` for every
+# caller in queues.yml that has none, readable only by their owner.
+export DATASERVICE_CALLERS_FILE ?= $(CURDIR)/.state/callers.yml
 
 .PHONY: run demo test lint services stop-services proto clean
 

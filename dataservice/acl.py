@@ -46,7 +46,13 @@ import redis
 from dataservice.callers import KeyRing, Secret, load_keyring
 from dataservice.config import Config, LaneName, Settings
 from dataservice.errors import ServiceSetupError
-from dataservice.keys import admission_key, binding_key, result_pattern
+from dataservice.keys import (
+    admission_key,
+    binding_key,
+    permanent_binding_key,
+    priority_queue_pattern,
+    result_pattern,
+)
 
 CALLER_USER_PREFIX = "ds-caller-"
 WORKER_USER = "ds-worker"
@@ -57,20 +63,6 @@ PASSWORD_PLACEHOLDER = "<password>"
 # its queue declaration in, and the clock admit.lua reads.
 _CALLER_KEYLESS = ("+ping", "+select", "+multi", "+exec", "+time")
 _WORKER_RULES = ("~*", "&*", "+@all", "-@dangerous")
-
-
-# kombu's own names for a lane's keys; they belong with the others in
-# dataservice.keys (as ``priority_queue_pattern`` and ``permanent_binding_key``).
-_KOMBU_PRIORITY_SEP = "\x06\x16"
-_KOMBU_PERMANENT_BINDING_PREFIX = "_kombu.binding_permanent."
-
-
-def _priority_queue_pattern(queue: str) -> str:
-    return f"{queue}{_KOMBU_PRIORITY_SEP}*"
-
-
-def _permanent_binding_key(queue: str) -> str:
-    return _KOMBU_PERMANENT_BINDING_PREFIX + queue
 
 
 def caller_user(caller: str) -> str:
@@ -93,10 +85,10 @@ def caller_rules(queues: Sequence[str], caller: str) -> list[str]:
             [f"%RW~{k}" for q in queues for k in (q, admission_key(q))], ["+evalsha", "+eval"]
         ),
         _selector([f"%W~{q}" for q in queues], ["+lpush", "+llen"]),
-        _selector([f"%W~{_priority_queue_pattern(q)}" for q in queues], ["+llen"]),
+        _selector([f"%W~{priority_queue_pattern(q)}" for q in queues], ["+llen"]),
         _selector([f"%RW~{admission_key(q)}" for q in queues], ["+hmget", "+hset", "+pexpire"]),
         _selector(
-            [f"%W~{k}" for q in queues for k in (binding_key(q), _permanent_binding_key(q))],
+            [f"%W~{k}" for q in queues for k in (binding_key(q), permanent_binding_key(q))],
             ["+sadd"],
         ),
         _selector([f"%RW~{result_pattern(caller)}"], ["+blpop", "+lpop", "+exists"]),

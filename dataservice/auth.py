@@ -92,6 +92,10 @@ class Authenticated:
     operation: str
 
 
+def _bytes(body: object) -> bytes:
+    return body if isinstance(body, bytes) else b""
+
+
 def _claimed_caller(envelope: bytes, task_id: str) -> str:
     """The caller an unverified envelope names, if it is well formed and its
     request id is the message's: where to send an UNAUTHENTICATED answer."""
@@ -128,7 +132,7 @@ class Authenticator:
             raise Rejected(
                 Reason.UNSIGNED,
                 Unauthenticated("the request is not signed"),
-                caller=_claimed_caller(signed.envelope or body, task_id),
+                caller=_claimed_caller(signed.envelope or _bytes(body), task_id),
             )
         key = self._keyring.verifying_key(signed.key_id)
         if key is None:

@@ -180,17 +180,37 @@ def new_secret() -> str:
 def write_callers_file(
     path: Path, callers: Mapping[str, str], *, redis_passwords: bool = True
 ) -> None:
-    """Write a callers file with one fresh key per caller (``caller -> key id``),
+    """Write a new callers file with one fresh key per caller (``caller -> key id``),
     readable only by its owner."""
+    _write(path, _with_callers({"callers": {}}, callers, redis_passwords))
+
+
+def add_callers(path: Path, callers: Mapping[str, str], *, redis_passwords: bool = True) -> None:
+    """Add callers (``caller -> key id``, each with a fresh key) to a callers file,
+    creating it if needed; entries already there are left as they are."""
     document: dict[str, Any] = {"callers": {}}
+    if path.exists():
+        KeyRing.load(path)  # refuses a file that is invalid or readable by others
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    _write(path, _with_callers(document, callers, redis_passwords))
+
+
+def _with_callers(
+    document: dict[str, Any], callers: Mapping[str, str], redis_passwords: bool
+) -> dict[str, Any]:
     for caller, key_id in callers.items():
         entry: dict[str, Any] = {"keys": [{"id": key_id, "secret": new_secret()}]}
         if redis_passwords:
             entry["redis_password"] = secrets.token_urlsafe(24)
-        document["callers"][caller] = entry
-    if redis_passwords:
+        document["callers"].setdefault(caller, entry)
+    if redis_passwords and not document.get("workers", {}).get("redis_password"):
         document["workers"] = {"redis_password": secrets.token_urlsafe(24)}
+    return document
+
+
+def _write(path: Path, document: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    # Created private, before a secret is written into it.
     path.touch(mode=0o600, exist_ok=True)
     path.chmod(0o600)
     path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")

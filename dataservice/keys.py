@@ -4,7 +4,9 @@
 key                                    what it holds
 =====================================  ===========================================
 ``<lane queue>``                       Celery's list for a lane (``interactive``, ``batch``)
-``_kombu.binding.<lane queue>``        kombu's routing table for the lane's exchange
+``_kombu.binding.<lane queue>``        kombu's routing table for the lane's exchange (and
+``_kombu.binding_permanent.<queue>``   its permanent twin); ``<queue>\x06\x16<n>``: kombu's
+                                       priority sub-queues of a lane
 ``ds:admission:<lane queue>``          a hash: envelope bytes queued or in flight,
                                        completions and the measured drain rate
                                        (``dataservice/admission/admit.lua``)
@@ -31,6 +33,9 @@ REPLAY_PREFIX = "ds:replay:"
 RATE_PREFIX = "ds:rate:"
 INFLIGHT_PREFIX = "ds:inflight:"
 KOMBU_BINDING_PREFIX = "_kombu.binding."
+KOMBU_PERMANENT_BINDING_PREFIX = "_kombu.binding_permanent."
+# kombu.transport.redis.Channel.sep: between a queue's name and its priority.
+KOMBU_PRIORITY_SEP = "\x06\x16"
 
 
 def result_key(caller: str, request_id: str) -> str:
@@ -63,3 +68,12 @@ def inflight_key(caller: str) -> str:
 def binding_key(queue: str) -> str:
     """kombu's routing table for a lane's (direct, same-named) exchange."""
     return KOMBU_BINDING_PREFIX + queue
+
+
+def permanent_binding_key(queue: str) -> str:
+    return KOMBU_PERMANENT_BINDING_PREFIX + queue
+
+
+def priority_queue_pattern(queue: str) -> str:
+    """kombu's priority sub-queues of a lane, as a Redis glob."""
+    return f"{queue}{KOMBU_PRIORITY_SEP}*"

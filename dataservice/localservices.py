@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import date
 from pathlib import Path
 from types import TracebackType
 
@@ -30,8 +31,9 @@ import MySQLdb
 import redis
 from sqlalchemy.engine import make_url
 
-from dataservice.config import Settings
-from dataservice.errors import ServiceSetupError
+from dataservice.callers import KeyRing, add_callers
+from dataservice.config import Config, Settings
+from dataservice.errors import DataServiceError, ServiceSetupError
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 START_TIMEOUT_S = 30.0
@@ -272,6 +274,22 @@ def up(settings: Settings, state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
     return started
 
 
+def ensure_callers_file(settings: Settings, config: Config) -> list[str]:
+    """Give every configured caller a signing key (and Redis password) in the
+    callers file, creating the file if needed; returns the callers added.
+    Existing keys are kept: rotating them is an operator's decision."""
+    path = settings.callers_file
+    if path is None:
+        return []
+    existing: set[str] = set()
+    if path.exists():
+        existing = set(KeyRing.load(path).callers)
+    missing = [caller for caller in config.callers if caller not in existing]
+    if missing or not path.exists():
+        add_callers(path, {caller: f"{caller}-{date.today():%Y%m%d}" for caller in missing})
+    return missing
+
+
 def down(state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
     """Stop the private instances that ``up`` started."""
     stopped = []
@@ -302,12 +320,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.action == "up":
-            done = up(Settings.from_env(), args.state_dir)
+            settings = Settings.from_env()
+            done = up(settings, args.state_dir)
             print("started: " + ", ".join(done) if done else "redis and mariadb are reachable")
+            added = ensure_callers_file(settings, settings.load())
+            if added:
+                print(f"{settings.callers_file}: new keys for {', '.join(added)}")
+            # Imported here: the ACL rules need the configuration, the rest of this module not.
+            from dataservice.acl import apply_from_settings
+
+            users = apply_from_settings(settings)
+            if users:
+                print("redis users: " + ", ".join(users))
         else:
             done = down(args.state_dir)
             print("stopped: " + (", ".join(done) or "nothing"))
-    except ServiceSetupError as exc:
+    except DataServiceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
