@@ -116,6 +116,9 @@ def worker(
         None, min=1, help="Worker threads (default: the lane's concurrency in queues.yml)."
     ),
     loglevel: str = typer.Option("INFO", help="Log level."),
+    metrics_port: int = typer.Option(
+        0, min=0, max=65535, help="Serve Prometheus counters on 127.0.0.1:PORT/metrics (0: off)."
+    ),
 ) -> None:
     """Run one worker pool consuming only LANE's queue."""
     from dataservice.budget import require_within_budget
@@ -132,6 +135,10 @@ def worker(
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if metrics_port:
+        from dataservice.metrics import serve
+
+        serve(metrics_port)
     run_worker(settings, config, lane, concurrency=threads, loglevel=loglevel.upper())
 
 
