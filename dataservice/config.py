@@ -163,6 +163,14 @@ class CallerPolicy(_Model):
         return any(fnmatchcase(scope, pattern) for pattern in self.scopes)
 
 
+class IdempotencyConfig(_Model):
+    # How long a mutation's outcome answers retries under its key.
+    retention_s: Annotated[int, Field(ge=60, le=30 * 86_400)]
+    # Expired outcomes deleted per statement, and how often the batch lane runs one.
+    purge_batch: Annotated[int, Field(gt=0, le=10_000)]
+    purge_interval_s: Annotated[int, Field(gt=0, le=86_400)]
+
+
 class AuthConfig(_Model):
     # How far a caller's clock may be from ours, either way.
     max_clock_skew_ms: Annotated[int, Field(ge=0, le=300_000)]
@@ -187,6 +195,7 @@ class Config(_Model):
     results: Results
     database: DatabaseConfig
     auth: AuthConfig
+    idempotency: IdempotencyConfig
     client: ClientConfig
     callers: dict[Annotated[str, Field(pattern=CALLER_NAME_PATTERN)], CallerPolicy]
 

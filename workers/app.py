@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import asdict
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -10,18 +11,21 @@ from weakref import WeakKeyDictionary
 import redis
 from celery import Celery, Task
 from celery.worker.control import inspect_command
+from sqlalchemy.exc import SQLAlchemyError
 
 from dataservice.admission import DEADLINE_HEADER
 from dataservice.auth import Authenticator
 from dataservice.callers import KeyRing, load_keyring
-from dataservice.config import Config, LaneName, Settings
+from dataservice.config import Config, LaneName, OperationClass, Settings
 from dataservice.gate import Gate
 from dataservice.keys import admission_key
 from dataservice.metrics import DEPENDENCY_FAILURES, Dependency
-from dataservice.permits import PERMITS_COMMAND, LanePermits
+from dataservice.permits import PERMITS_COMMAND, LanePermits, PermitUnavailable
 from dataservice.results import Completion, ResultStore
 from dataservice.service import RequestHandler
 from dataservice.store import RecordStore, create_store_engine
+from dataservice.store.connections import StatementTimeout, now_ms
+from dataservice.store.records import Budget
 from dataservice.wire import TASK_NAME, celery_settings
 
 log = logging.getLogger(__name__)
@@ -58,7 +62,18 @@ class LaneRuntime:
             self.engine,
             max_statement_ms=config.database.max_statement_ms,
             injected_delay_ms=config.database.injected_delay_ms,
+            idempotency_retention_s=config.idempotency.retention_s,
         )
+        self._stop = threading.Event()
+        self._purger: threading.Thread | None = None
+        if lane is LaneName.BATCH:
+            self._purger = threading.Thread(
+                target=self._purge_expired_outcomes,
+                args=(store, config),
+                name="purge-idempotency",
+                daemon=True,
+            )
+            self._purger.start()
         self.limits_redis = redis.Redis.from_url(
             settings.redis_url,
             socket_timeout=_LIMITS_TIMEOUT_S,
@@ -103,7 +118,27 @@ class LaneRuntime:
                 DEPENDENCY_FAILURES.labels(self.lane.value, Dependency.RESULTS.value).inc()
                 log.warning("could not deliver the answer to %s: %s", task_id, type(exc).__name__)
 
+    def _purge_expired_outcomes(self, store: RecordStore, config: Config) -> None:
+        """Delete expired idempotency outcomes, one bounded statement at a time,
+        each under a batch-lane write permit like any other write."""
+        settings = config.idempotency
+        while not self._stop.wait(settings.purge_interval_s):
+            try:
+                while not self._stop.is_set():
+                    with self.permits.acquire(OperationClass.POINT_WRITE, 1.0) as permit:
+                        deadline = now_ms() + config.database.max_statement_ms
+                        purged = store.purge_idempotency(
+                            settings.purge_batch, Budget(permit, deadline)
+                        )
+                    if purged < settings.purge_batch:
+                        break
+            except (PermitUnavailable, SQLAlchemyError, StatementTimeout) as exc:
+                log.warning("purging expired idempotency outcomes: %s", type(exc).__name__)
+
     def close(self) -> None:
+        self._stop.set()
+        if self._purger is not None:
+            self._purger.join(5)
         self.engine.dispose()
         self.results.close()
         self.limits_redis.close()
