@@ -2,10 +2,11 @@
 
 The pool never overflows (``max_overflow=0``): a worker process opens at most
 ``pool_size`` connections, which is how the service's share of the database is
-bounded. Every connection runs in autocommit, and every operation is a single
-statement, so nothing (no transaction, no session variable) is left on a
-connection between requests; the pool's rollback-on-return round trip is
-therefore skipped.
+bounded. Every connection runs in autocommit; a read is a single statement and
+a keyed mutation one explicit transaction that ends (COMMIT or ROLLBACK) before
+the connection goes back, or the connection is discarded. Nothing (no
+transaction, no session variable) is left on a connection between requests, so
+the pool's rollback-on-return round trip is skipped.
 
 Liveness: a connection that sat idle in the pool longer than
 ``LIVENESS_IDLE_S`` is pinged before use and replaced if dead. A connection
