@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import redis
 import yaml
+from celery import Celery
 from sqlalchemy import Engine, text
 
 from dataservice.auth import Authenticator, sign
@@ -23,6 +31,7 @@ from dataservice.permits import LanePermits
 from dataservice.proto import pb
 from dataservice.service import RequestHandler
 from dataservice.store import RecordStore
+from dataservice.wire import celery_settings
 
 
 def row_count(engine: Engine, scope: str | None = None) -> int:
@@ -201,3 +210,53 @@ class RedisWatch:
         self._thread.join(5)
         self._client.close()
         return self.commands
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def worker_process(
+    settings: Settings, config: Config, lane: LaneName, log: Path, *extra: str
+) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """A ``dataservice worker`` process for ``lane``, ready to serve, and the
+    port its counters are served on."""
+    port = free_port()
+    argv = [sys.executable, "-m", "dataservice.cli", "worker", "--lane", lane.value,
+            "--metrics-port", str(port), *extra]  # fmt: skip
+    with log.open("ab") as out:
+        worker = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **settings.to_env()}
+        )
+    control = Celery("test-control", set_as_current=False)
+    control.conf.update(celery_settings(settings, config))
+    try:
+        until = time.monotonic() + 60
+        while not any(
+            next(iter(reply)).startswith(lane.value) for reply in control.control.ping(timeout=0.5)
+        ):
+            assert time.monotonic() < until, log.read_text()
+            assert worker.poll() is None, log.read_text()
+        yield worker, port
+    finally:
+        control.close()
+        if worker.poll() is None:
+            worker.terminate()
+        worker.wait(15)
+
+
+def scraped(port: int, name: str, **labels: str) -> float:
+    """A counter as a worker process serves it (0 when never touched)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
+        text = page.read().decode()
+    wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(f"{name}_total{{"):
+            metric, value = line.rsplit(" ", 1)
+            found = ",".join(sorted(metric[metric.index("{") + 1 : -1].split(",")))
+            if found == wanted:
+                return float(value)
+    return 0.0

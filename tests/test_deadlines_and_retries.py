@@ -2,7 +2,7 @@
 database work and leaves no answer behind; a client retries a retryable
 answer a bounded number of times, with jitter, and never past its deadline.
 
-Both use real workers started here, on a Redis database of their own, after
+Both use real worker processes started here, on a Redis database of their own, after
 the requests were queued (the first) or pointing at a database that refuses
 connections (the second).
 """
@@ -13,12 +13,10 @@ import dataclasses
 import itertools
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import redis
-from celery import Celery
-from celery.contrib.testing.worker import start_worker
 from sqlalchemy import Engine
 
 from dataservice import Client, ReadMode, Unavailable
@@ -26,10 +24,8 @@ from dataservice.config import Config, LaneName, Settings
 from dataservice.keys import REPLAY_PREFIX, result_key
 from dataservice.localservices import redis_reachable
 from dataservice.types import ReadOp
-from dataservice.wire import celery_settings
 from tests.conftest import SERVICE_USER, require
-from tests.support import RedisWatch, counter, on_redis, statements_by
-from workers.app import LaneRuntime, register_task
+from tests.support import RedisWatch, on_redis, scraped, statements_by, worker_process
 
 OWN_REDIS_URL = "redis://127.0.0.1:6379/10"
 # Nothing listens here: every connection attempt is refused at once.
@@ -46,30 +42,13 @@ def own_redis(settings: Settings) -> Iterator[tuple[Settings, redis.Redis]]:
     client.close()
 
 
-@contextmanager
-def lane_worker(settings: Settings, config: Config, lane: LaneName) -> Iterator[LaneRuntime]:
-    """A real Celery worker (threads pool) serving ``lane`` in this process."""
-    app = Celery("deadline-tests", set_as_current=False)
-    app.conf.update(celery_settings(settings, config))
-    runtime = LaneRuntime(settings, config, lane)
-    register_task(app, runtime)
-    try:
-        with start_worker(
-            app,
-            pool="threads",
-            concurrency=2,
-            perform_ping_check=False,
-            queues=[config.lanes[lane].queue],
-            shutdown_timeout=10,
-        ):
-            yield runtime
-    finally:
-        runtime.close()
-
-
 @pytest.mark.timeout(60)
 def test_a_request_late_by_the_time_it_is_dequeued_does_no_database_work(
-    own_redis: tuple[Settings, redis.Redis], config: Config, database: Engine, scope: str
+    own_redis: tuple[Settings, redis.Redis],
+    config: Config,
+    database: Engine,
+    scope: str,
+    tmp_path: Path,
 ) -> None:
     settings, broker = own_redis
     grace_s = config.results.grace_ms / 1000
@@ -81,12 +60,11 @@ def test_a_request_late_by_the_time_it_is_dequeued_does_no_database_work(
     time.sleep((handle.deadline_ms / 1000 - time.time()) + grace_s + 0.2)
 
     statements = statements_by(database, SERVICE_USER)
-    late = counter("dataservice_timeouts", lane="batch", stage="queue")
-    with lane_worker(settings, config, LaneName.BATCH):
+    with worker_process(settings, config, LaneName.BATCH, tmp_path / "batch.log") as (_, port):
         until = time.monotonic() + 10
-        while counter("dataservice_timeouts", lane="batch", stage="queue") == late:
+        while scraped(port, "dataservice_timeouts", lane="batch", stage="queue") == 0:
             assert time.monotonic() < until, "the worker never took the message"
-            time.sleep(0.01)
+            time.sleep(0.05)
     assert broker.llen(queue) == 0
     assert statements_by(database, SERVICE_USER) == statements
     assert not broker.exists(result_key("tests", handle.request_id))
@@ -96,7 +74,11 @@ def test_a_request_late_by_the_time_it_is_dequeued_does_no_database_work(
 
 @pytest.mark.timeout(60)
 def test_retries_are_bounded_jittered_and_stop_at_the_deadline(
-    own_redis: tuple[Settings, redis.Redis], config: Config, database: Engine, scope: str
+    own_redis: tuple[Settings, redis.Redis],
+    config: Config,
+    database: Engine,
+    scope: str,
+    tmp_path: Path,
 ) -> None:
     settings, broker = own_redis
     unreachable_db = dataclasses.replace(settings, database_url=REFUSING_DATABASE_URL)
@@ -104,8 +86,9 @@ def test_retries_are_bounded_jittered_and_stop_at_the_deadline(
     client_config = config.model_copy(
         update={"client": config.client.model_copy(update={"retry": retry})}
     )
+    log = tmp_path / "interactive.log"
     with (
-        lane_worker(unreachable_db, config, LaneName.INTERACTIVE),
+        worker_process(unreachable_db, config, LaneName.INTERACTIVE, log) as (_, port),
         Client("tests", settings, client_config) as client,
     ):
         # Plenty of time: the attempts run out first.
@@ -146,4 +129,7 @@ def test_retries_are_bounded_jittered_and_stop_at_the_deadline(
             elapsed = time.monotonic() - started
         assert elapsed < 0.6 + 0.3, elapsed
         assert 1 <= len(list(broker.scan_iter(f"{REPLAY_PREFIX}tests:*"))) < 20
-    assert counter("dataservice_dependency_failures", lane="interactive", dependency="database") > 0
+        failures = scraped(
+            port, "dataservice_dependency_failures", lane="interactive", dependency="database"
+        )
+        assert failures > 0
