@@ -1,6 +1,7 @@
 """What ``bench/roundtrip.py`` sets up and tears down: Redis db numbers, the
-bench database and its records, the two worker subprocesses, and the facts
-about the machine that go next to the figures.
+bench database and its records, the callers file the service's workers verify
+and its callers sign with, the two worker subprocesses, and the facts about
+the machine that go next to the figures.
 
 Only the bench's own Redis db numbers are flushed and only the bench's own
 database is dropped; nothing else on the shared Redis or MariaDB is touched.
@@ -25,8 +26,19 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from dataservice.callers import write_callers_file
+
 REPO = Path(__file__).resolve().parent.parent
 _PR_SET_PDEATHSIG = 1
+# The caller the benches sign as: the shipped queues.yml gives it generous limits.
+CALLER = "loadtest"
+
+
+def callers_file(directory: Path, callers: tuple[str, ...] = (CALLER,)) -> Path:
+    """A callers file (mode 600, a fresh key per caller) in the run's own directory."""
+    path = directory / "callers.yml"
+    write_callers_file(path, {caller: f"{caller}-1" for caller in callers})
+    return path
 
 
 def redis_url(host: str, port: int, db: int) -> str:

@@ -249,7 +249,7 @@ def service_factory(
     settings: Settings, config: Config, ids: list[str], shared: Client | None
 ) -> Callable[[random.Random], Call]:
     def make(rng: random.Random) -> Call:
-        client = shared or Client("bench", settings, config)
+        client = shared or Client(_env.CALLER, settings, config)
 
         def call() -> None:
             record = client.read(SCOPE, rng.choice(ids))
@@ -343,30 +343,24 @@ class Bench:
     def create(cls, args: argparse.Namespace) -> Bench:
         service_url = _env.redis_url(args.redis_host, args.redis_port, args.service_db)
         bare_url = _env.redis_url(args.redis_host, args.redis_port, args.bare_db)
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("DATASERVICE_")}
-        config_path = _env.REPO / "queues.yml"
-        environ.update(
-            DATASERVICE_CONFIG=str(config_path),
-            DATASERVICE_BROKER_URL=service_url,
-            DATASERVICE_RESULT_BACKEND_URL=service_url,
-            DATASERVICE_REDIS_URL=service_url,
-            DATASERVICE_DATABASE_URL=args.database_url,
-            # The worker runs the same source tree as this file (a scratch copy
-            # of the repository benchmarks its own changes), not the editable install.
-            PYTHONPATH=os.pathsep.join(
-                filter(None, [str(_env.REPO), os.environ.get("PYTHONPATH")])
-            ),
-        )
+        logdir = Path(tempfile.mkdtemp(prefix="dataservice-bench-"))
         settings = Settings(
-            config_path=config_path,
+            config_path=_env.REPO / "queues.yml",
             broker_url=service_url,
             result_backend_url=service_url,
             redis_url=service_url,
             database_url=args.database_url,
+            callers_file=_env.callers_file(logdir),
+        )
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("DATASERVICE_")}
+        environ.update(settings.to_env())
+        # The worker runs the same source tree as this file (a scratch copy of the
+        # repository benchmarks its own changes), not the editable install.
+        environ["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(_env.REPO), os.environ.get("PYTHONPATH")])
         )
         config = settings.load()
         concurrency = str(config.lanes.interactive.concurrency)
-        logdir = Path(tempfile.mkdtemp(prefix="dataservice-bench-"))
         service_argv = [*_env.dataservice_cli(), "worker", "--lane", "interactive"]
         bare_argv = [sys.executable, "-m", "bench.bare_app", "--url", bare_url]
         workers = {
@@ -403,7 +397,7 @@ class Bench:
         with console.status("starting workers"):
             for worker in self.workers.values():
                 worker.start()
-            probe_client = Client("bench", settings, config)
+            probe_client = Client(_env.CALLER, settings, config)
             noop = make_app(self.bare_url).tasks[NOOP_TASK]
             first = self.ids[0]
             try:
@@ -422,7 +416,7 @@ class Bench:
             _env.find_pid("redis-server"),
             _env.find_pid("mariadbd", "mysqld"),
         )
-        shared_client = Client("bench", settings, config) if args.shared_client else None
+        shared_client = Client(_env.CALLER, settings, config) if args.shared_client else None
         shared_app = make_app(self.bare_url) if args.shared_client else None
         factories = {
             SERVICE: service_factory(settings, config, self.ids, shared_client),

@@ -10,6 +10,8 @@ shared bench database. The callers are this checkout's ``Client`` for both, so
 only the worker differs. Rounds alternate A B / B A for one caller and for
 ``--callers`` callers. It prints p50/p99, throughput and worker CPU per
 request. Run it with the same tree twice (an A/A control) to see the noise.
+Both workers verify with one callers file written to the log directory, so
+both trees must understand signed requests (``DATASERVICE_CALLERS_FILE``).
 """
 
 from __future__ import annotations
@@ -61,28 +63,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def start_worker(
-    name: str, tree: Path, url: str, database_url: str, logdir: Path
+    name: str, tree: Path, url: str, database_url: str, logdir: Path, callers_file: Path
 ) -> tuple[_env.WorkerProcess, Settings]:
-    config_path = _env.REPO / "queues.yml"
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("DATASERVICE_")}
-    environ.update(
-        DATASERVICE_CONFIG=str(config_path),
-        DATASERVICE_BROKER_URL=url,
-        DATASERVICE_RESULT_BACKEND_URL=url,
-        DATASERVICE_REDIS_URL=url,
-        DATASERVICE_DATABASE_URL=database_url,
-        PYTHONPATH=str(tree),
-    )
-    argv = [*_env.dataservice_cli(), "worker", "--lane", "interactive"]
-    worker = _env.WorkerProcess(name, argv, environ, logdir / f"{name}.log")
-    worker.start()
     settings = Settings(
-        config_path=config_path,
+        config_path=_env.REPO / "queues.yml",
         broker_url=url,
         result_backend_url=url,
         redis_url=url,
         database_url=database_url,
+        callers_file=callers_file,
     )
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DATASERVICE_")}
+    environ.update(settings.to_env(), PYTHONPATH=str(tree))
+    argv = [*_env.dataservice_cli(), "worker", "--lane", "interactive"]
+    worker = _env.WorkerProcess(name, argv, environ, logdir / f"{name}.log")
+    worker.start()
     return worker, settings
 
 
@@ -154,11 +149,14 @@ def main(argv: list[str] | None = None) -> int:
         _env.reset_database(args.database_url, environ)
         ids = _env.seed_records(args.database_url, SCOPE, 1000, PAYLOAD_BYTES)
         settings: dict[str, Settings] = {}
+        callers_file = _env.callers_file(logdir)
         for k, tree in trees.items():
-            workers[k], settings[k] = start_worker(k, tree, urls[k], args.database_url, logdir)
+            workers[k], settings[k] = start_worker(
+                k, tree, urls[k], args.database_url, logdir, callers_file
+            )
         config = settings["A"].load()
         for k in trees:
-            probe = Client("bench", settings[k], config)
+            probe = Client(_env.CALLER, settings[k], config)
             try:
                 _env.wait_ready(workers[k], partial(probe.read, SCOPE, ids[0], timeout=0.5))
             finally:

@@ -25,6 +25,7 @@ import yaml
 from sqlalchemy import create_engine, func, insert, text
 from sqlalchemy.engine import URL, make_url
 
+from dataservice.callers import write_callers_file
 from dataservice.config import Config, LaneName, Settings, load_config
 from dataservice.errors import ServiceSetupError
 
@@ -143,13 +144,24 @@ def scenario_config(base: Path, out_dir: Path, injected_delay_ms: int) -> tuple[
     return path, load_config(path)
 
 
-def service_settings(target: Target, config_path: Path, root_url: str) -> Settings:
+def run_callers_file(out_dir: Path, caller: str) -> Path:
+    """A callers file for one run (mode 600, fresh keys): the replicas verify and
+    the generator signs with it. ``caller`` must have a policy in the run's config."""
+    path = out_dir / "callers.yml"
+    write_callers_file(path, {caller: f"{caller}-1"})
+    return path
+
+
+def service_settings(
+    target: Target, config_path: Path, root_url: str, callers_file: Path
+) -> Settings:
     return Settings(
         config_path=config_path,
         broker_url=target.redis_url,
         result_backend_url=target.redis_url,
         redis_url=target.redis_url,
         database_url=target.database_url(root_url),
+        callers_file=callers_file,
     )
 
 

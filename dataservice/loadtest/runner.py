@@ -25,7 +25,13 @@ from dataservice.loadtest import environment as env
 from dataservice.loadtest import report as rep
 from dataservice.loadtest.sampler import Sample, Sampler, kill_connections
 from dataservice.loadtest.scenarios import Scenario
-from dataservice.loadtest.traffic import Adapter, OpenLoop, ServiceAdapter, closed_loop_capacity
+from dataservice.loadtest.traffic import (
+    CALLER,
+    Adapter,
+    OpenLoop,
+    ServiceAdapter,
+    closed_loop_capacity,
+)
 from dataservice.wire import celery_settings
 
 BATCH_TIMEOUT_S = 5.0
@@ -98,7 +104,12 @@ class Run:
         delay = options.db_delay_ms + options.scenario.extra_delay_ms
         self.config_path, self.config = env.scenario_config(options.base_config, options.out, delay)
         self.delay_ms = delay
-        self.settings = env.service_settings(self.target, self.config_path, options.root_url)
+        self.settings = env.service_settings(
+            self.target,
+            self.config_path,
+            options.root_url,
+            env.run_callers_file(options.out, CALLER),
+        )
         self.timeouts = {
             LaneName.INTERACTIVE: self.config.lanes.interactive.default_deadline_ms / 1000,
             LaneName.BATCH: BATCH_TIMEOUT_S,
