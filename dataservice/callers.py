@@ -195,6 +195,28 @@ def add_callers(path: Path, callers: Mapping[str, str], *, redis_passwords: bool
     _write(path, _with_callers(document, callers, redis_passwords))
 
 
+def rotate_key(path: Path, caller: str, key_id: str) -> str | None:
+    """Give ``caller`` a fresh signing key, first in its list, keeping the key
+    it signed with until now as the second; an older one is dropped. Returns
+    the id of the key dropped, if any.
+
+    Rotation: apply it to the workers' file first (both keys then verify),
+    then to the caller's (it signs with the new one), and rotate again, or
+    remove the old entry, once no caller signs with the old key."""
+    keyring = KeyRing.load(path)
+    if keyring.verifying_key(key_id) is not None:
+        raise ConfigError(f"{path}: key id {key_id!r} is already in use")
+    document: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8"))
+    entry = document["callers"].get(caller)
+    if entry is None:
+        raise ConfigError(f"{path}: no caller {caller!r}; add it first")
+    kept = entry["keys"][: MAX_KEYS_PER_CALLER - 1]
+    dropped = entry["keys"][MAX_KEYS_PER_CALLER - 1 :]
+    entry["keys"] = [{"id": key_id, "secret": new_secret()}, *kept]
+    _write(path, document)
+    return dropped[0]["id"] if dropped else None
+
+
 def _with_callers(
     document: dict[str, Any], callers: Mapping[str, str], redis_passwords: bool
 ) -> dict[str, Any]:

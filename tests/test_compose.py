@@ -387,3 +387,15 @@ def test_project_services_have_no_health_check(name: str) -> None:
     # down: every replica failed it at the same moment.
     check = SERVICES[name].get("healthcheck")
     assert check is None or check.get("disable") is True
+
+
+@pytest.mark.parametrize("name", PROJECT_SERVICES)
+def test_project_services_read_the_callers_file_from_a_read_only_mount(name: str) -> None:
+    service = SERVICES[name]
+    target = str(_settings(service).callers_file)
+    mounts = {mount_target: (source, ro) for source, mount_target, ro in _bind_mounts(service)}
+    assert target in mounts, f"{name}: DATASERVICE_CALLERS_FILE={target} is not mounted"
+    source, read_only = mounts[target]
+    # Kept beside the compose file, never in the image or in queues.yml.
+    assert source == ROOT / "compose" / "callers.yml"
+    assert read_only
