@@ -23,13 +23,14 @@ from typing import TypeVar
 from google.protobuf.message import DecodeError
 
 from dataservice import codec
-from dataservice.auth import sign
+from dataservice.auth import Reason, sign
 from dataservice.callers import CallerKey, load_keyring
 from dataservice.config import Config, LaneName, Settings
 from dataservice.errors import (
     DeadlineExceeded,
     InternalError,
     InvalidArgument,
+    ResourceExhausted,
     ResultNotReady,
     RetryableError,
     error_for,
@@ -84,6 +85,7 @@ def decode_response(body: bytes, request_id: str) -> Result:
             response.status.message,
             request_id=request_id,
             retry_after=response.status.retry_after_ms / 1000,
+            reason=response.status.reason,
         )
     kind = response.WhichOneof("result")
     if kind == "read":
@@ -99,6 +101,40 @@ def decode_response(body: bytes, request_id: str) -> Result:
             records=tuple(_record(r) for r in page.records), next_cursor=page.next_cursor or None
         )
     raise InternalError("the service sent an answer without a result", request_id=request_id)
+
+
+class _RateCooldown:
+    """Until when (monotonic) each caller is over its rate, as the service last said.
+
+    Shared by every client of a caller in the process: once one request is
+    refused for the caller's rate, the others are refused here, without being
+    sent, until the retry-after has passed. A caller running far above its
+    rate then costs the service one refusal per retry-after, not one per request.
+    """
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+
+    def remaining(self, caller: str) -> float:
+        return self._until.get(caller, 0.0) - time.monotonic()
+
+    def note(self, caller: str, retry_after: float) -> None:
+        until = time.monotonic() + retry_after
+        # A plain dict store is atomic; the later of two racing notes may lose, harmlessly.
+        if until > self._until.get(caller, 0.0):
+            self._until[caller] = until
+
+    def check(self, caller: str) -> None:
+        wait = self.remaining(caller)
+        if wait > 0:
+            raise ResourceExhausted(
+                "the caller is over its rate; not sent before the service's retry-after",
+                retry_after=wait,
+                reason=Reason.RATE_LIMITED.value,
+            )
+
+
+_COOLDOWN = _RateCooldown()
 
 
 def _expect(result: Result, kind: type[R]) -> R:
@@ -247,6 +283,7 @@ class Client:
         """
         deadline = self._deadline(LaneName.BATCH, timeout)
         prepared = [self._envelope(op, deadline, _idempotency_key(op)) for op in operations]
+        _COOLDOWN.check(self.caller)
         handles = [
             Handle(self._transport, self.caller, env.request_id, deadline) for env in prepared
         ]
@@ -281,6 +318,7 @@ class Client:
 
     def _attempt(self, operation: Operation, deadline: int, idempotency_key: str) -> Result:
         envelope = self._envelope(operation, deadline, idempotency_key)
+        _COOLDOWN.check(self.caller)
         try:
             self._transport.publish(
                 self._sign(envelope),
@@ -290,7 +328,12 @@ class Client:
             )
         except Refused as refused:
             raise refused.error() from None
-        return Handle(self._transport, self.caller, envelope.request_id, deadline).result()
+        try:
+            return Handle(self._transport, self.caller, envelope.request_id, deadline).result()
+        except ResourceExhausted as exc:
+            if exc.reason == Reason.RATE_LIMITED.value:
+                _COOLDOWN.note(self.caller, exc.retry_after)
+            raise
 
     def _sign(self, envelope: pb.RequestEnvelope) -> bytes:
         return sign(envelope.SerializeToString(), self._key)

@@ -123,9 +123,12 @@ def decode_cursor(cursor: str, scope: str) -> str:
 
 
 def error_response(
-    request_id: str, code: StatusCode, message: str, retry_after_ms: int = 0
+    request_id: str, code: StatusCode, message: str, retry_after_ms: int = 0, reason: str = ""
 ) -> pb.ResponseEnvelope:
-    return pb.ResponseEnvelope(
-        request_id=request_id,
-        status=pb.Status(code=int(code), message=message, retry_after_ms=retry_after_ms),  # type: ignore[arg-type]
+    status = pb.Status(
+        code=int(code),  # type: ignore[arg-type]
+        message=message,
+        retry_after_ms=retry_after_ms,
+        reason=reason,
     )
+    return pb.ResponseEnvelope(request_id=request_id, status=status)

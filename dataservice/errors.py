@@ -51,10 +51,12 @@ class RequestError(DataServiceError):
 
     code: ClassVar[StatusCode] = StatusCode.INTERNAL
 
-    def __init__(self, message: str, *, request_id: str = "") -> None:
+    def __init__(self, message: str, *, request_id: str = "", reason: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.request_id = request_id
+        # Why the service refused it before any work ("rate_limited", ...); "" otherwise.
+        self.reason = reason
 
     def __str__(self) -> str:
         return f"{self.code.name}: {self.message}"
@@ -91,8 +93,10 @@ class InternalError(RequestError):
 class RetryableError(RequestError):
     """A transient refusal: retrying after ``retry_after`` seconds may succeed."""
 
-    def __init__(self, message: str, *, request_id: str = "", retry_after: float = 0.0) -> None:
-        super().__init__(message, request_id=request_id)
+    def __init__(
+        self, message: str, *, request_id: str = "", retry_after: float = 0.0, reason: str = ""
+    ) -> None:
+        super().__init__(message, request_id=request_id, reason=reason)
         self.retry_after = retry_after
 
 
@@ -108,9 +112,10 @@ class ResourceExhausted(RetryableError):
         *,
         request_id: str = "",
         retry_after: float = 0.0,
+        reason: str = "",
         accepted: tuple[object, ...] = (),
     ) -> None:
-        super().__init__(message, request_id=request_id, retry_after=retry_after)
+        super().__init__(message, request_id=request_id, retry_after=retry_after, reason=reason)
         self.accepted = accepted
 
 
@@ -135,10 +140,15 @@ _BY_CODE: dict[StatusCode, type[RequestError]] = {
 
 
 def error_for(
-    code: StatusCode, message: str, *, request_id: str = "", retry_after: float = 0.0
+    code: StatusCode,
+    message: str,
+    *,
+    request_id: str = "",
+    retry_after: float = 0.0,
+    reason: str = "",
 ) -> RequestError:
     """The typed exception for a non-OK status code from the wire."""
     cls = _BY_CODE.get(code, InternalError)
     if issubclass(cls, RetryableError):
-        return cls(message, request_id=request_id, retry_after=retry_after)
-    return cls(message, request_id=request_id)
+        return cls(message, request_id=request_id, retry_after=retry_after, reason=reason)
+    return cls(message, request_id=request_id, reason=reason)

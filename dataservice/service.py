@@ -163,7 +163,12 @@ class RequestHandler:
         REJECTIONS.labels(self.lane_name.value, rejected.reason.value).inc()
         log.info("rejected request %s: %s", task_id, rejected.reason.value)
         return self._error(
-            rejected.caller, task_id, rejected.error, expires_at_ms, rejected.retry_after_ms
+            rejected.caller,
+            task_id,
+            rejected.error,
+            expires_at_ms,
+            rejected.retry_after_ms,
+            rejected.reason.value,
         )
 
     def _serve(self, task_id: str, envelope: pb.RequestEnvelope, operation: str, ttl: int) -> Reply:
@@ -207,8 +212,9 @@ class RequestHandler:
         error: RequestError,
         expires_at_ms: int,
         retry_after_ms: int = 0,
+        reason: str = "",
     ) -> Reply:
-        envelope = codec.error_response(task_id, error.code, error.message, retry_after_ms)
+        envelope = codec.error_response(task_id, error.code, error.message, retry_after_ms, reason)
         return Reply(caller, envelope.SerializeToString(), expires_at_ms, error.code)
 
     def _with_permit(self, envelope: pb.RequestEnvelope) -> pb.ResponseEnvelope:

@@ -447,21 +447,27 @@ class Status(_message.Message):
     CODE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     RETRY_AFTER_MS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     code: Global___StatusCode.ValueType
     message: _builtins.str
     """for humans; never SQL text or internals"""
     retry_after_ms: _builtins.int
     """set for retryable codes"""
+    reason: _builtins.str
+    """For programs: why a request was refused before any work ("rate_limited",
+    "bad_signature", ...; see docs/protocol.md); empty otherwise.
+    """
     def __init__(
         self,
         *,
         code: Global___StatusCode.ValueType = ...,
         message: _builtins.str = ...,
         retry_after_ms: _builtins.int = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "retry_after_ms", b"retry_after_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "reason", b"reason", "retry_after_ms", b"retry_after_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

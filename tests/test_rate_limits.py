@@ -1,0 +1,126 @@
+"""Per-caller limits: the shared gate in Redis, its fallback when Redis is
+away, and a client that honours the retry-after of a rate refusal."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+import redis
+
+from dataservice import Client, ReadMode, ResourceExhausted
+from dataservice.auth import Reason, Rejected
+from dataservice.config import CallerPolicy, Config, Settings
+from dataservice.errors import NotFound
+from dataservice.gate import Gate
+from tests.support import counter, now_ms
+
+LIMITED = "tests-limited"
+
+
+@pytest.fixture
+def gate(config: Config, redis_client: redis.Redis) -> Gate:
+    for key in redis_client.scan_iter(f"ds:*:{LIMITED}*"):
+        redis_client.delete(key)
+    return Gate(redis_client, config)
+
+
+def _enter(gate: Gate, policy: CallerPolicy, *, capped: bool = False) -> object:
+    return gate.enter(policy, LIMITED, uuid.uuid4().hex, now_ms() + 2000, now_ms(), capped=capped)
+
+
+def _reason(gate: Gate, policy: CallerPolicy, *, capped: bool = False) -> str:
+    try:
+        _enter(gate, policy, capped=capped)
+    except Rejected as rejected:
+        return rejected.reason.value
+    return "admitted"
+
+
+def test_the_burst_passes_then_the_rate_holds(gate: Gate, config: Config) -> None:
+    policy = config.callers[LIMITED]  # 20/s, burst 5
+    outcomes = [_reason(gate, policy) for _ in range(policy.burst + 3)]
+    assert outcomes[: policy.burst] == ["admitted"] * policy.burst
+    assert set(outcomes[policy.burst :]) == {"rate_limited"}
+    with pytest.raises(Rejected) as caught:
+        _enter(gate, policy)
+    # Told when a token will be there: one interval (50 ms) at most.
+    assert 0 < caught.value.retry_after_ms <= 1000 / policy.rate_per_s + 1
+    time.sleep(caught.value.retry_after_ms / 1000 + 0.01)
+    assert _reason(gate, policy) == "admitted"
+
+
+def test_the_in_flight_cap_holds_until_a_slot_is_given_back(gate: Gate, config: Config) -> None:
+    policy = config.callers[LIMITED].model_copy(update={"rate_per_s": 10_000.0, "burst": 100})
+    slots = [_enter(gate, policy, capped=True) for _ in range(policy.max_interactive)]
+    assert _reason(gate, policy, capped=True) == "concurrency_limited"
+    # Uncapped (batch) requests are not counted against it.
+    assert _reason(gate, policy, capped=False) == "admitted"
+    gate.leave(slots[0])  # type: ignore[arg-type]
+    assert _reason(gate, policy, capped=True) == "admitted"
+
+
+def test_a_replayed_id_is_refused(gate: Gate, config: Config) -> None:
+    policy = config.callers[LIMITED].model_copy(update={"rate_per_s": 10_000.0, "burst": 100})
+    request_id = uuid.uuid4().hex
+    gate.enter(policy, LIMITED, request_id, now_ms() + 2000, now_ms(), capped=False)
+    with pytest.raises(Rejected) as caught:
+        gate.enter(policy, LIMITED, request_id, now_ms() + 2000, now_ms(), capped=False)
+    assert caught.value.reason is Reason.REPLAYED
+
+
+def test_without_redis_each_replica_keeps_to_its_share(config: Config) -> None:
+    fallbacks: list[None] = []
+    unreachable = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    gate = Gate(unreachable, config, on_fallback=lambda: fallbacks.append(None))
+    policy = config.callers[LIMITED].model_copy(update={"rate_per_s": 100.0, "burst": 20})
+    outcomes = [_reason(gate, policy) for _ in range(5)]
+    # 20 / 10 replicas = a burst of 2 here; never unlimited.
+    assert outcomes == ["admitted", "admitted", "rate_limited", "rate_limited", "rate_limited"]
+    assert len(fallbacks) == 1  # Redis is tried again only after a pause
+
+    gate = Gate(unreachable, config)
+    request_id = uuid.uuid4().hex
+    generous = policy.model_copy(update={"rate_per_s": 10_000.0, "burst": 1000})
+    gate.enter(generous, LIMITED, request_id, now_ms() + 2000, now_ms(), capped=False)
+    with pytest.raises(Rejected, match="replayed"):
+        gate.enter(generous, LIMITED, request_id, now_ms() + 2000, now_ms(), capped=False)
+    cap = -(-generous.max_interactive // config.budget.max_replicas)
+    for _ in range(cap):
+        _enter(gate, generous, capped=True)
+    assert _reason(gate, generous, capped=True) == "concurrency_limited"
+
+
+@pytest.mark.usefixtures("interactive_worker")
+def test_a_client_holds_back_until_the_retry_after(
+    settings: Settings, config: Config, scope: str, redis_client: redis.Redis
+) -> None:
+    for key in redis_client.scan_iter(f"ds:rate:{LIMITED}"):
+        redis_client.delete(key)
+    once = config.client.retry.model_copy(update={"max_attempts": 1})
+    single = config.model_copy(update={"client": config.client.model_copy(update={"retry": once})})
+    refused_by_service = counter(
+        "dataservice_rejections", lane="interactive", reason="rate_limited"
+    )
+    outcomes: list[str] = []
+    refusals: list[ResourceExhausted] = []
+    with Client(LIMITED, settings, single) as client:
+        for _ in range(40):
+            try:
+                client.read(scope, "missing", mode=ReadMode.PRIMARY)
+            except NotFound:
+                outcomes.append("served")
+            except ResourceExhausted as exc:
+                refusals.append(exc)
+                outcomes.append("refused")
+    assert all(r.reason == "rate_limited" and r.retry_after > 0 for r in refusals)
+    served = outcomes.count("served")
+    sent_and_refused = (
+        counter("dataservice_rejections", lane="interactive", reason="rate_limited")
+        - refused_by_service
+    )
+    assert served >= config.callers[LIMITED].burst
+    assert outcomes.count("refused") > 0
+    # Most refusals never left the process: the service saw only a few.
+    assert sent_and_refused < outcomes.count("refused") / 2, (served, sent_and_refused)
