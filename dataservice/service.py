@@ -22,7 +22,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from dataservice import codec
-from dataservice.auth import Authenticator, Rejected
+from dataservice.auth import Authenticator, Reason, Rejected
 from dataservice.config import Config, LaneConfig, LaneName, OperationClass
 from dataservice.durations import RecentDurations
 from dataservice.errors import InvalidArgument, NotFound, RequestError, error_for
@@ -55,6 +55,7 @@ from dataservice.store.records import (
 
 log = logging.getLogger(__name__)
 
+_ROUTINE_REFUSALS = frozenset({Reason.RATE_LIMITED, Reason.CONCURRENCY_LIMITED})
 RETRY_POOL_BUSY_MS = 50
 RETRY_DB_UNAVAILABLE_MS = 250
 # Per-record framing inside a ListRecordsResponse, on top of id and payload.
@@ -161,7 +162,9 @@ class RequestHandler:
 
     def _rejected(self, task_id: str, rejected: Rejected, expires_at_ms: int) -> Reply:
         REJECTIONS.labels(self.lane_name.value, rejected.reason.value).inc()
-        log.info("rejected request %s: %s", task_id, rejected.reason.value)
+        # Limits refuse by the hundred under a flood; the counter tells the story.
+        level = logging.DEBUG if rejected.reason in _ROUTINE_REFUSALS else logging.INFO
+        log.log(level, "rejected request %s: %s", task_id, rejected.reason.value)
         return self._error(
             rejected.caller,
             task_id,
