@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import builtins
 import random
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -25,7 +26,7 @@ from google.protobuf.message import DecodeError
 from dataservice import codec
 from dataservice.auth import Reason, sign
 from dataservice.callers import CallerKey, load_keyring
-from dataservice.config import Config, LaneName, Settings
+from dataservice.config import CallerPolicy, Config, LaneName, Settings
 from dataservice.errors import (
     DeadlineExceeded,
     InternalError,
@@ -103,38 +104,52 @@ def decode_response(body: bytes, request_id: str) -> Result:
     raise InternalError("the service sent an answer without a result", request_id=request_id)
 
 
-class _RateCooldown:
-    """Until when (monotonic) each caller is over its rate, as the service last said.
+class _Pacer:
+    """Keeps a caller's requests within its rate in this process, before they are sent.
 
-    Shared by every client of a caller in the process: once one request is
-    refused for the caller's rate, the others are refused here, without being
-    sent, until the retry-after has passed. A caller running far above its
-    rate then costs the service one refusal per retry-after, not one per request.
+    Two things, shared by every client of a caller in the process:
+
+    - the caller's own rate and burst from ``queues.yml`` (the same GCRA the
+      service applies across all its callers' processes), so one process alone
+      never sends more than the service would accept;
+    - after the service refused the caller for its rate (several processes
+      together were over it), nothing until that refusal's retry-after.
+
+    A request held back is refused here with ``ResourceExhausted`` (reason
+    ``rate_limited``), as the service would have, without being sent: a caller
+    far above its rate costs the service almost nothing.
     """
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tat: dict[str, float] = {}
         self._until: dict[str, float] = {}
 
-    def remaining(self, caller: str) -> float:
-        return self._until.get(caller, 0.0) - time.monotonic()
-
-    def note(self, caller: str, retry_after: float) -> None:
-        until = time.monotonic() + retry_after
-        # A plain dict store is atomic; the later of two racing notes may lose, harmlessly.
-        if until > self._until.get(caller, 0.0):
-            self._until[caller] = until
-
-    def check(self, caller: str) -> None:
-        wait = self.remaining(caller)
+    def take(self, caller: str, policy: CallerPolicy | None) -> None:
+        now = time.monotonic()
+        with self._lock:
+            wait = self._until.get(caller, 0.0) - now
+            if wait <= 0 and policy is not None:
+                interval = 1 / policy.rate_per_s
+                tat = max(self._tat.get(caller, now), now)
+                wait = tat + interval - policy.burst * interval - now
+                if wait <= 0:
+                    self._tat[caller] = tat + interval
         if wait > 0:
             raise ResourceExhausted(
-                "the caller is over its rate; not sent before the service's retry-after",
+                "the caller is over its rate; not sent",
                 retry_after=wait,
                 reason=Reason.RATE_LIMITED.value,
             )
 
+    def refused(self, caller: str, retry_after: float) -> None:
+        until = time.monotonic() + retry_after
+        with self._lock:
+            if until > self._until.get(caller, 0.0):
+                self._until[caller] = until
 
-_COOLDOWN = _RateCooldown()
+
+_PACER = _Pacer()
 
 
 def _expect(result: Result, kind: type[R]) -> R:
@@ -205,6 +220,7 @@ class Client:
             raise InvalidArgument("the signing key belongs to another caller")
         self.caller = caller
         self.config = config
+        self._policy = config.callers.get(caller)
         self._transport = Transport(settings, config)
 
     @classmethod
@@ -283,7 +299,9 @@ class Client:
         """
         deadline = self._deadline(LaneName.BATCH, timeout)
         prepared = [self._envelope(op, deadline, _idempotency_key(op)) for op in operations]
-        _COOLDOWN.check(self.caller)
+        # A batch is refused request by request by the service; here only a
+        # standing rate refusal holds it back.
+        _PACER.take(self.caller, None)
         handles = [
             Handle(self._transport, self.caller, env.request_id, deadline) for env in prepared
         ]
@@ -317,8 +335,8 @@ class Client:
                 attempt += 1
 
     def _attempt(self, operation: Operation, deadline: int, idempotency_key: str) -> Result:
+        _PACER.take(self.caller, self._policy)
         envelope = self._envelope(operation, deadline, idempotency_key)
-        _COOLDOWN.check(self.caller)
         try:
             self._transport.publish(
                 self._sign(envelope),
@@ -332,7 +350,7 @@ class Client:
             return Handle(self._transport, self.caller, envelope.request_id, deadline).result()
         except ResourceExhausted as exc:
             if exc.reason == Reason.RATE_LIMITED.value:
-                _COOLDOWN.note(self.caller, exc.retry_after)
+                _PACER.refused(self.caller, exc.retry_after)
             raise
 
     def _sign(self, envelope: pb.RequestEnvelope) -> bytes:
