@@ -33,15 +33,19 @@ RETRY_RESULTS_DOWN_S = 0.5
 
 @dataclass(frozen=True, slots=True)
 class Completion:
-    """A request leaving its lane: its admission counters and envelope size."""
+    """A request leaving its lane: its admission counters and envelope size, and
+    the in-flight slot it held (sorted set, member) when that lives on this Redis."""
 
     admission_key: str
     size: int
+    inflight: tuple[str, str] | None = None
 
 
 def _complete(pipe: Any, done: Completion) -> None:
     pipe.hincrby(done.admission_key, "bytes", -done.size)
     pipe.hincrby(done.admission_key, "done", 1)
+    if done.inflight is not None:
+        pipe.zrem(*done.inflight)
 
 
 @contextmanager

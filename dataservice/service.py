@@ -12,6 +12,7 @@ no I/O), drop a late request, pass the caller's shared limits
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import time
@@ -26,7 +27,7 @@ from dataservice.auth import Authenticator, Reason, Rejected
 from dataservice.config import Config, LaneConfig, LaneName, OperationClass
 from dataservice.durations import RecentDurations
 from dataservice.errors import InvalidArgument, NotFound, RequestError, error_for
-from dataservice.gate import Gate
+from dataservice.gate import Gate, Slot
 from dataservice.metrics import (
     DEPENDENCY_FAILURES,
     REJECTIONS,
@@ -73,6 +74,9 @@ class Reply:
     body: bytes
     expires_at_ms: int
     code: StatusCode
+    # The caller's in-flight slot, held until the answer is stored: give it
+    # back with the answer (ResultStore) or with RequestHandler.release.
+    slot: Slot | None = None
 
 
 def _now_ms() -> int:
@@ -155,10 +159,13 @@ class RequestHandler:
             reply = self._error(
                 caller, task_id, error_for(StatusCode.INTERNAL, "internal error"), ttl
             )
-        finally:
-            self.gate.leave(slot)
         REQUESTS.labels(self.lane_name.value, request.operation, reply.code.name).inc()
-        return reply
+        return dataclasses.replace(reply, slot=slot)
+
+    def release(self, reply: Reply | None) -> None:
+        """Give back the in-flight slot a reply holds (when not given back with its answer)."""
+        if reply is not None and reply.slot is not None:
+            self.gate.leave(reply.slot)
 
     def _rejected(self, task_id: str, rejected: Rejected, expires_at_ms: int) -> Reply:
         REJECTIONS.labels(self.lane_name.value, rejected.reason.value).inc()

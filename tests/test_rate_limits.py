@@ -14,6 +14,7 @@ from dataservice.auth import Reason, Rejected
 from dataservice.config import CallerPolicy, Config, Settings
 from dataservice.errors import NotFound
 from dataservice.gate import Gate
+from dataservice.keys import inflight_key
 from tests.support import counter, now_ms
 
 LIMITED = "tests-limited"
@@ -122,5 +123,7 @@ def test_a_client_holds_back_until_the_retry_after(
     )
     assert served >= config.callers[LIMITED].burst
     assert outcomes.count("refused") > 0
+    # Every slot went back with its answer.
+    assert redis_client.zcard(inflight_key(LIMITED)) == 0
     # Most refusals never left the process: the service saw only a few.
     assert sent_and_refused < outcomes.count("refused") / 2, (served, sent_and_refused)

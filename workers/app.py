@@ -92,13 +92,14 @@ class LaneRuntime:
             settings.result_backend_url,
             max_waiters=threads + 2,
         )
+        self._slots_with_answers = settings.redis_url == settings.result_backend_url
 
     def process(
         self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any], deadline: Any
     ) -> None:
         """Answer one message; whatever happens, its bytes go back to admission."""
         body: object = args[0] if len(args) == 1 and not kwargs else None
-        done = Completion(self.admission_key, len(body) if isinstance(body, bytes) else 0)
+        size = len(body) if isinstance(body, bytes) else 0
         reply = None
         try:
             reply = self.handler.handle(task_id, body, _deadline_ms(deadline))
@@ -108,7 +109,15 @@ class LaneRuntime:
             log.error("unexpected %s on %s", type(exc).__name__, task_id, exc_info=True)
             reply = self.handler.internal_error("", task_id, _deadline_ms(deadline))
         finally:
+            # The in-flight slot goes back in the answer's own transaction when
+            # both live on one Redis: one round trip fewer per request.
+            slot = reply.slot if reply is not None else None
+            shared = slot is not None and self._slots_with_answers
+            inflight = Gate.slot_member(slot) if slot is not None and shared else None
+            done = Completion(self.admission_key, size, inflight)
             try:
+                if slot is not None and inflight is None:
+                    self.handler.release(reply)
                 if reply is None or not reply.caller:
                     self.results.complete(done)
                 else:

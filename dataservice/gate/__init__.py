@@ -179,6 +179,13 @@ class Gate:
             raise _rejection(verdict, retry_ms, caller)
         return Slot(caller, request_id, capped, local=True)
 
+    @staticmethod
+    def slot_member(slot: Slot) -> tuple[str, str] | None:
+        """Where a slot lives in Redis (sorted set, member); None if nowhere."""
+        if not slot.capped or slot.local:
+            return None
+        return inflight_key(slot.caller), slot.request_id
+
     def leave(self, slot: Slot) -> None:
         """Give the slot back; one that cannot be lapses at its deadline plus the grace."""
         if not slot.capped:
