@@ -31,7 +31,6 @@ from dataservice.errors import (
     DeadlineExceeded,
     InternalError,
     InvalidArgument,
-    RequestError,
     ResourceExhausted,
     ResultNotReady,
     RetryableError,
@@ -105,47 +104,35 @@ def decode_response(body: bytes, request_id: str) -> Result:
     raise InternalError("the service sent an answer without a result", request_id=request_id)
 
 
-# The share of its caller's rate one process keeps to: halved on each rate
-# refusal from the service (the caller's other processes are using the rest),
-# won back a little with each request the service takes (additive increase,
-# multiplicative decrease, as TCP shares a link).
-_MIN_SHARE = 1 / 64
-_SHARE_STEP = 1 / 64
-
-
 class _Pacer:
     """Keeps a caller's requests within its rate in this process, before they are sent.
 
-    Shared by every client of a caller in the process:
+    Two things, shared by every client of a caller in the process:
 
-    - the caller's rate and burst from ``queues.yml`` (the same GCRA the
-      service applies across all the caller's processes), scaled by this
-      process's share of it, so that the processes of one caller together
-      send about what the service accepts;
-    - after the service refused the caller for its rate, nothing until that
-      refusal's retry-after.
+    - the caller's own rate and burst from ``queues.yml`` (the same GCRA the
+      service applies across all its callers' processes), so one process alone
+      never sends more than the service would accept;
+    - after the service refused the caller for its rate (several processes
+      together were over it), nothing until that refusal's retry-after.
 
     A request held back is refused here with ``ResourceExhausted`` (reason
     ``rate_limited``), as the service would have, without being sent: a caller
-    far above its rate costs the service little.
+    far above its rate costs the service almost nothing.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tat: dict[str, float] = {}
         self._until: dict[str, float] = {}
-        self._share: dict[str, float] = {}
 
     def take(self, caller: str, policy: CallerPolicy | None) -> None:
         now = time.monotonic()
         with self._lock:
             wait = self._until.get(caller, 0.0) - now
             if wait <= 0 and policy is not None:
-                share = self._share.get(caller, 1.0)
-                interval = 1 / (policy.rate_per_s * share)
-                burst = max(1.0, policy.burst * share)
+                interval = 1 / policy.rate_per_s
                 tat = max(self._tat.get(caller, now), now)
-                wait = tat + interval - burst * interval - now
+                wait = tat + interval - policy.burst * interval - now
                 if wait <= 0:
                     self._tat[caller] = tat + interval
         if wait > 0:
@@ -160,14 +147,6 @@ class _Pacer:
         with self._lock:
             if until > self._until.get(caller, 0.0):
                 self._until[caller] = until
-            self._share[caller] = max(_MIN_SHARE, self._share.get(caller, 1.0) / 2)
-
-    def taken(self, caller: str) -> None:
-        """The service took one of the caller's requests (whatever its answer)."""
-        share = self._share.get(caller, 1.0)
-        if share < 1.0:
-            with self._lock:
-                self._share[caller] = min(1.0, self._share.get(caller, 1.0) + _SHARE_STEP)
 
 
 _PACER = _Pacer()
@@ -368,17 +347,11 @@ class Client:
         except Refused as refused:
             raise refused.error() from None
         try:
-            result = Handle(self._transport, self.caller, envelope.request_id, deadline).result()
-        except RequestError as exc:
+            return Handle(self._transport, self.caller, envelope.request_id, deadline).result()
+        except ResourceExhausted as exc:
             if exc.reason == Reason.RATE_LIMITED.value:
-                _PACER.refused(
-                    self.caller, exc.retry_after if isinstance(exc, RetryableError) else 0
-                )
-            elif not exc.reason:
-                _PACER.taken(self.caller)
+                _PACER.refused(self.caller, exc.retry_after)
             raise
-        _PACER.taken(self.caller)
-        return result
 
     def _sign(self, envelope: pb.RequestEnvelope) -> bytes:
         return sign(envelope.SerializeToString(), self._key)
