@@ -49,6 +49,7 @@ from dataservice.errors import ServiceSetupError
 from dataservice.keys import (
     admission_key,
     binding_key,
+    pace_key,
     permanent_binding_key,
     priority_queue_pattern,
     result_pattern,
@@ -82,8 +83,12 @@ def caller_rules(queues: Sequence[str], caller: str) -> list[str]:
     return [
         *_CALLER_KEYLESS,
         _selector(
-            [f"%RW~{k}" for q in queues for k in (q, admission_key(q))], ["+evalsha", "+eval"]
+            [f"%RW~{k}" for q in queues for k in (q, admission_key(q))]
+            + [f"%RW~{pace_key(caller)}"],
+            ["+evalsha", "+eval"],
         ),
+        # admit.lua's publish pacing, on the caller's own key.
+        _selector([f"%RW~{pace_key(caller)}"], ["+get", "+set"]),
         _selector([f"%W~{q}" for q in queues], ["+lpush", "+llen"]),
         _selector([f"%W~{priority_queue_pattern(q)}" for q in queues], ["+llen"]),
         _selector([f"%RW~{admission_key(q)}" for q in queues], ["+hmget", "+hset", "+pexpire"]),

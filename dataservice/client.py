@@ -309,6 +309,7 @@ class Client:
             self._transport.publish_many(
                 ((self._sign(env), env.request_id, deadline) for env in prepared),
                 lane=LaneName.BATCH,
+                caller=self.caller,
             )
         except Refused as refused:
             raise refused.error(accepted=tuple(handles[: refused.sent])) from None
@@ -338,15 +339,16 @@ class Client:
         _PACER.take(self.caller, self._policy)
         envelope = self._envelope(operation, deadline, idempotency_key)
         try:
-            self._transport.publish(
-                self._sign(envelope),
-                request_id=envelope.request_id,
-                lane=LaneName.INTERACTIVE,
-                deadline_ms=deadline,
-            )
-        except Refused as refused:
-            raise refused.error() from None
-        try:
+            try:
+                self._transport.publish(
+                    self._sign(envelope),
+                    request_id=envelope.request_id,
+                    lane=LaneName.INTERACTIVE,
+                    deadline_ms=deadline,
+                    caller=self.caller,
+                )
+            except Refused as refused:
+                raise refused.error() from None
             return Handle(self._transport, self.caller, envelope.request_id, deadline).result()
         except ResourceExhausted as exc:
             if exc.reason == Reason.RATE_LIMITED.value:

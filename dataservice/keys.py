@@ -17,11 +17,13 @@ key                                    what it holds
 ``ds:rate:<caller>``                   the caller's rate state (``dataservice/gate/gate.lua``)
 ``ds:inflight:<caller>``               a sorted set of the caller's interactive requests
                                        being served, scored by when each slot lapses
+``ds:pace:<caller>``                   the caller's publish pacing (``admit.lua``): its
+                                       own key, advisory; the gate's ``ds:rate:`` rules
 =====================================  ===========================================
 
 Who may touch what is decided by key pattern (:mod:`dataservice.acl`): a
 caller's Redis user reaches the lane queues, their routing tables and
-admission hashes, and its *own* result keys; everything else, including
+admission hashes, and its *own* result and pacing keys; everything else, including
 every key added later for the cache and its locks, only the workers' user.
 """
 
@@ -32,6 +34,7 @@ ADMISSION_PREFIX = "ds:admission:"
 REPLAY_PREFIX = "ds:replay:"
 RATE_PREFIX = "ds:rate:"
 INFLIGHT_PREFIX = "ds:inflight:"
+PACE_PREFIX = "ds:pace:"
 KOMBU_BINDING_PREFIX = "_kombu.binding."
 KOMBU_PERMANENT_BINDING_PREFIX = "_kombu.binding_permanent."
 # kombu.transport.redis.Channel.sep: between a queue's name and its priority.
@@ -77,3 +80,7 @@ def permanent_binding_key(queue: str) -> str:
 def priority_queue_pattern(queue: str) -> str:
     """kombu's priority sub-queues of a lane, as a Redis glob."""
     return f"{queue}{KOMBU_PRIORITY_SEP}*"
+
+
+def pace_key(caller: str) -> str:
+    return PACE_PREFIX + caller

@@ -13,7 +13,8 @@ from typing import Any
 from celery import Celery
 from kombu.exceptions import OperationalError as BrokerError
 
-from dataservice.admission import DEADLINE_HEADER, AdmissionRefused
+from dataservice.admission import CALLER_HEADER, DEADLINE_HEADER, AdmissionRefused
+from dataservice.auth import Reason
 from dataservice.config import Config, LaneName, Settings
 from dataservice.errors import ResourceExhausted, Unavailable
 from dataservice.results import ResultStore
@@ -31,13 +32,19 @@ class Refused(Exception):
         self.refusal = refusal
 
     def error(self, accepted: tuple[object, ...] = ()) -> ResourceExhausted:
+        retry_after = self.refusal.retry_after_ms / 1000
+        if self.refusal.reason == "rate":
+            return ResourceExhausted(
+                "the caller is over its rate; not queued",
+                retry_after=retry_after,
+                reason=Reason.RATE_LIMITED.value,
+                accepted=accepted,
+            )
         reason = {"messages": "is full", "bytes": "holds too many bytes"}.get(
             self.refusal.reason, "is too long to start before the deadline"
         )
         return ResourceExhausted(
-            f"the lane queue {reason}; retry later",
-            retry_after=self.refusal.retry_after_ms / 1000,
-            accepted=accepted,
+            f"the lane queue {reason}; retry later", retry_after=retry_after, accepted=accepted
         )
 
 
@@ -55,13 +62,16 @@ class Transport:
         )
 
     def _options(
-        self, request_id: str, lane: LaneName, deadline_ms: int, size: int
+        self, request_id: str, lane: LaneName, deadline_ms: int, size: int, caller: str
     ) -> dict[str, Any]:
+        headers: dict[str, Any] = {DEADLINE_HEADER: deadline_ms}
+        if caller:
+            headers[CALLER_HEADER] = caller
         return {
             "task_id": request_id,
             "queue": self.config.lanes[lane].queue,
             "serializer": SERIALIZER,
-            "headers": {DEADLINE_HEADER: deadline_ms},
+            "headers": headers,
             "ignore_result": True,
             # Celery would otherwise put repr(args) (the payload) into the
             # headers, where monitoring tools display it.
@@ -69,12 +79,17 @@ class Transport:
             "kwargsrepr": "{}",
         }
 
-    def publish(self, body: bytes, *, request_id: str, lane: LaneName, deadline_ms: int) -> None:
-        self.publish_many([(body, request_id, deadline_ms)], lane=lane)
+    def publish(
+        self, body: bytes, *, request_id: str, lane: LaneName, deadline_ms: int, caller: str = ""
+    ) -> None:
+        self.publish_many([(body, request_id, deadline_ms)], lane=lane, caller=caller)
 
-    def publish_many(self, items: Iterable[tuple[bytes, str, int]], *, lane: LaneName) -> int:
+    def publish_many(
+        self, items: Iterable[tuple[bytes, str, int]], *, lane: LaneName, caller: str = ""
+    ) -> int:
         """Publish in order; returns how many were sent. A refusal raises
-        ResourceExhausted whose ``accepted`` is left to the caller to fill."""
+        :class:`Refused`. ``caller`` (when given) holds the messages to that
+        caller's rate at admission, as the workers will."""
         sent = 0
         try:
             with self._app.producer_or_acquire() as producer:
@@ -83,7 +98,7 @@ class Transport:
                         TASK_NAME,
                         args=(body,),
                         producer=producer,
-                        **self._options(request_id, lane, deadline_ms, len(body)),
+                        **self._options(request_id, lane, deadline_ms, len(body), caller),
                     )
                     sent += 1
         except AdmissionRefused as refusal:

@@ -23,7 +23,7 @@ from kombu.serialization import register
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
-from dataservice.admission import LaneAdmission, admit, lane_admissions
+from dataservice.admission import LaneAdmission, admit, caller_pacing, lane_admissions
 from dataservice.config import Config, Settings
 
 TASK_NAME = "dataservice.handle"
@@ -71,6 +71,7 @@ class _Channel(kombu_redis.Channel):
         options = self.connection.client.transport_options
         lanes = options.get("dataservice_admission") or {}
         self._admission = {queue: LaneAdmission(**lane) for queue, lane in lanes.items()}
+        self._pacing = options.get("dataservice_pacing") or {}
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         lane = self._admission.get(queue)
@@ -79,7 +80,7 @@ class _Channel(kombu_redis.Channel):
             return
         key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
         with self.conn_or_acquire() as client:
-            admit(client, key, lane, dumps(message), message)
+            admit(client, key, lane, dumps(message), message, self._pacing)
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
@@ -116,6 +117,7 @@ def celery_settings(settings: Settings, config: Config) -> dict[str, Any]:
         "broker_transport_options": {
             "visibility_timeout": visibility_s,
             "dataservice_admission": lane_admissions(config),
+            "dataservice_pacing": caller_pacing(config),
         },
         "result_backend": None,
         "task_ignore_result": True,

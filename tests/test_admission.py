@@ -184,3 +184,32 @@ def test_a_negative_byte_balance_is_never_room_beyond_the_bound(
     with Client("tests", settings, config) as client, pytest.raises(ResourceExhausted):
         client.submit_many([WriteOp("s", f"big{n}", big) for n in range(5)], timeout=60)
     assert broker.llen(config.lanes.batch.queue) == 3
+
+
+def test_a_caller_over_its_rate_is_refused_before_the_queue(
+    bounded: tuple[Settings, Config, redis.Redis],
+) -> None:
+    """Publish pacing: admission applies the caller's rate (as the workers'
+    gate will), so a well-behaved caller's excess never takes queue space."""
+    settings, config, broker = bounded
+    policy = config.callers["tests-limited"]  # burst 5
+    transport = Transport(settings, config)
+    try:
+        outcomes = []
+        for _ in range(policy.burst + 3):
+            try:
+                transport.publish(b"x", request_id=uuid.uuid4().hex, lane=LaneName.INTERACTIVE,
+                                  deadline_ms=_deadline(5), caller="tests-limited")  # fmt: skip
+                outcomes.append("queued")
+            except Refused as refused:
+                outcomes.append(refused.refusal.reason)
+                error = refused.error()
+                assert error.reason == "rate_limited"
+                assert 0 < error.retry_after <= 1 / policy.rate_per_s + 0.01
+        # Unpaced messages (no caller named) only meet the queue's bounds.
+        transport.publish(b"x", request_id=uuid.uuid4().hex, lane=LaneName.INTERACTIVE,
+                          deadline_ms=_deadline(5))  # fmt: skip
+    finally:
+        transport.close()
+    assert outcomes == ["queued"] * policy.burst + ["rate"] * 3
+    assert broker.llen(config.lanes.interactive.queue) == policy.burst + 1

@@ -23,12 +23,15 @@ import redis
 from redis.exceptions import NoScriptError
 
 from dataservice.config import Config
-from dataservice.keys import admission_key
+from dataservice.keys import admission_key, pace_key
 
 # The request's deadline (Unix ms) as a message header. Celery's own `expires`
 # is not used: a message Celery drops as expired never reaches the handler, so
 # its bytes would never be given back to admission.
 DEADLINE_HEADER = "ds_deadline_ms"
+# Who is publishing, for publish-side pacing (not trusted: the workers verify
+# the signed envelope and apply the authoritative limit).
+CALLER_HEADER = "ds_caller"
 
 _ADMIT = resources.files(__package__).joinpath("admit.lua").read_text("utf-8")
 _ADMIT_SHA = hashlib.sha1(_ADMIT.encode()).hexdigest()
@@ -93,23 +96,42 @@ def remaining_ms(message: dict[str, Any], fallback_ms: int) -> int:
     return value - time.time_ns() // 1_000_000
 
 
+def caller_pacing(config: Config) -> dict[str, tuple[int, int]]:
+    """Each caller's emission interval (µs) and burst, as the workers' gate applies them."""
+    return {
+        caller: (max(1, round(1_000_000 / policy.rate_per_s)), policy.burst)
+        for caller, policy in config.callers.items()
+    }
+
+
 def admit(
-    client: redis.Redis, queue_key: str, lane: LaneAdmission, encoded: str, message: dict[str, Any]
+    client: redis.Redis,
+    queue_key: str,
+    lane: LaneAdmission,
+    encoded: str,
+    message: dict[str, Any],
+    pacing: dict[str, Any] | None = None,
 ) -> None:
-    """Push ``encoded`` onto the lane's queue, or raise AdmissionRefused."""
-    answer = _run_admit(
-        client,
-        [queue_key, lane.stats_key],
-        [
-            encoded,
-            envelope_size(message),
-            lane.max_messages,
-            lane.max_bytes,
-            remaining_ms(message, lane.max_deadline_ms),
-            lane.default_deadline_ms,
-            lane.max_deadline_ms + 60_000,
-        ],
-    )
+    """Push ``encoded`` onto the lane's queue, or raise AdmissionRefused.
+
+    With ``pacing`` (caller -> (interval µs, burst)), a message whose caller
+    header names a known caller is also held to that caller's rate."""
+    keys = [queue_key, lane.stats_key]
+    args: list[Any] = [
+        encoded,
+        envelope_size(message),
+        lane.max_messages,
+        lane.max_bytes,
+        remaining_ms(message, lane.max_deadline_ms),
+        lane.default_deadline_ms,
+        lane.max_deadline_ms + 60_000,
+    ]
+    caller = message.get("headers", {}).get(CALLER_HEADER)
+    paced = pacing.get(caller) if pacing and isinstance(caller, str) else None
+    if paced is not None:
+        keys.append(pace_key(caller))
+        args += [paced[0], paced[1]]
+    answer = _run_admit(client, keys, args)
     if int(answer[0]) != 1:
         reason = answer[1].decode() if isinstance(answer[1], bytes) else str(answer[1])
         raise AdmissionRefused(reason, int(answer[2]))

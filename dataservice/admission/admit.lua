@@ -14,9 +14,14 @@
 -- ARGV[5]  the request's remaining time (ms, measured by the caller)
 -- ARGV[6]  the longest retry-after worth suggesting (ms)
 -- ARGV[7]  expiry of the admission hash (ms): a lane idle that long starts afresh
+-- KEYS[3]  optional: the caller's publish pacing (GCRA theoretical arrival time, µs),
+--          ds:pace:<caller>, a key of the caller's own
+-- ARGV[8]  with KEYS[3]: the caller's emission interval (µs per request: 1e6 / rate)
+-- ARGV[9]  with KEYS[3]: the caller's burst (requests)
 --
 -- Returns {1} when the message was pushed, or {0, reason, retry_after_ms}:
--- reason is 'messages', 'bytes' or 'wait' (it could not start before its deadline).
+-- reason is 'messages', 'bytes', 'wait' (it could not start before its
+-- deadline) or 'rate' (the caller is over its rate: the workers would refuse it).
 
 local depth = redis.call('LLEN', KEYS[1])
 local h = redis.call('HMGET', KEYS[2], 'bytes', 'done', 'rate', 'rate_at', 'done_at')
@@ -67,6 +72,22 @@ if rate > 0 then
   if wait > remaining then
     return {0, 'wait', math.min(cap, math.max(10, math.ceil(wait - remaining)))}
   end
+end
+
+-- The caller's rate, as the workers' gate will apply it: a request it would
+-- refuse is not queued. The gate stays the authority (a caller can reset its
+-- own pacing key); this only keeps a well-behaved caller's excess off the queue.
+local pace_tat = nil
+if KEYS[3] then
+  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local interval = tonumber(ARGV[8])
+  local tat = math.max(tonumber(redis.call('GET', KEYS[3]) or '0'), now_us)
+  local allow_at = tat + interval - tonumber(ARGV[9]) * interval
+  if allow_at > now_us then
+    return {0, 'rate', math.max(1, math.ceil((allow_at - now_us) / 1000))}
+  end
+  pace_tat = tat + interval
+  redis.call('SET', KEYS[3], pace_tat, 'PX', math.ceil((pace_tat - now_us) / 1000) + 1000)
 end
 
 redis.call('LPUSH', KEYS[1], ARGV[1])
