@@ -13,7 +13,12 @@ from typing import Any
 from celery import Celery
 from kombu.exceptions import OperationalError as BrokerError
 
-from dataservice.admission import CALLER_HEADER, DEADLINE_HEADER, AdmissionRefused
+from dataservice.admission import (
+    CALLER_HEADER,
+    DEADLINE_HEADER,
+    AdmissionRefused,
+    take_refusal,
+)
 from dataservice.auth import Reason
 from dataservice.config import Config, LaneName, Settings
 from dataservice.errors import ResourceExhausted, Unavailable
@@ -91,6 +96,7 @@ class Transport:
         :class:`Refused`. ``caller`` (when given) holds the messages to that
         caller's rate at admission, as the workers will."""
         sent = 0
+        refusal = take_refusal()  # nothing stale from an earlier publish on this thread
         try:
             with self._app.producer_or_acquire() as producer:
                 for body, request_id, deadline_ms in items:
@@ -100,13 +106,18 @@ class Transport:
                         producer=producer,
                         **self._options(request_id, lane, deadline_ms, len(body), caller),
                     )
+                    refusal = take_refusal()
+                    if refusal is not None:
+                        # Raised once the producer is back in its pool: an
+                        # exception inside would make kombu discard it.
+                        break
                     sent += 1
-        except AdmissionRefused as refusal:
-            raise Refused(sent, refusal) from None
         except BrokerError:
             raise Unavailable(
                 "the broker is unreachable", retry_after=RETRY_BROKER_DOWN_S
             ) from None
+        if refusal is not None:
+            raise Refused(sent, refusal)
         return sent
 
     def close(self) -> None:

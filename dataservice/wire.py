@@ -23,7 +23,14 @@ from kombu.serialization import register
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
-from dataservice.admission import LaneAdmission, admit, caller_pacing, lane_admissions
+from dataservice.admission import (
+    AdmissionRefused,
+    LaneAdmission,
+    admit,
+    caller_pacing,
+    lane_admissions,
+    refuse,
+)
 from dataservice.config import Config, Settings
 
 TASK_NAME = "dataservice.handle"
@@ -80,7 +87,11 @@ class _Channel(kombu_redis.Channel):
             return
         key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
         with self.conn_or_acquire() as client:
-            admit(client, key, lane, dumps(message), message, self._pacing)
+            try:
+                admit(client, key, lane, dumps(message), message, self._pacing)
+            except AdmissionRefused as refusal:
+                # Not pushed; the publisher learns it from take_refusal().
+                refuse(refusal)
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
