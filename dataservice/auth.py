@@ -119,12 +119,13 @@ class Authenticator:
         self._skew_ms = config.auth.max_clock_skew_ms
         self._max_bytes = config.limits.max_request_bytes + SIGNED_OVERHEAD
 
-    def open(self, task_id: str, body: object, now_ms: int) -> Authenticated:
-        """The verified, validated and allowed envelope of a message.
+    def open(self, task_id: str, body: object, now_ms: int) -> pb.RequestEnvelope:
+        """The verified and validated envelope of a message.
 
         Raises :class:`Rejected`. Checks, in order: shape and size, signature,
-        envelope fields, clock, and the caller's allowlists. A request that is
-        merely late is not rejected here; the caller of this method drops it.
+        envelope fields and clock. A request that is merely late is not
+        rejected here: the caller of this method drops it, then asks
+        :meth:`authorise`.
         """
         signed = self._parse(body)
         if not signed.signature and not signed.key_id:
@@ -162,7 +163,7 @@ class Authenticator:
                 caller=key.caller,
             )
         self._check_clock(envelope, now_ms)
-        return self._authorise(envelope)
+        return envelope
 
     def _parse(self, body: object) -> pb.SignedRequest:
         if not isinstance(body, bytes):
@@ -199,7 +200,8 @@ class Authenticator:
                 caller=caller,
             )
 
-    def _authorise(self, envelope: pb.RequestEnvelope) -> Authenticated:
+    def authorise(self, envelope: pb.RequestEnvelope) -> Authenticated:
+        """The caller's policy for a verified envelope, if it allows the request."""
         caller = envelope.caller
         policy = self._config.callers.get(caller)
         if policy is None:

@@ -299,8 +299,8 @@ class Client:
         """
         deadline = self._deadline(LaneName.BATCH, timeout)
         prepared = [self._envelope(op, deadline, _idempotency_key(op)) for op in operations]
-        # A batch is refused request by request by the service; here only a
-        # standing rate refusal holds it back.
+        # Admission paces a batch at publish (and says how many it took); here
+        # only a standing rate refusal holds it back.
         _PACER.take(self.caller, None)
         handles = [
             Handle(self._transport, self.caller, env.request_id, deadline) for env in prepared
@@ -312,7 +312,10 @@ class Client:
                 caller=self.caller,
             )
         except Refused as refused:
-            raise refused.error(accepted=tuple(handles[: refused.sent])) from None
+            error = refused.error(accepted=tuple(handles[: refused.sent]))
+            if error.reason == Reason.RATE_LIMITED.value:
+                _PACER.refused(self.caller, error.retry_after)
+            raise error from None
         return handles
 
     # Internals --------------------------------------------------------------

@@ -116,7 +116,8 @@ class RequestHandler:
 
     def internal_error(self, caller: str, task_id: str, deadline_ms: int | None) -> Reply:
         now = self._clock()
-        expires = max(deadline_ms or now, now) + self.config.results.grace_ms
+        longest = now + self.lane.max_deadline_ms
+        expires = min(max(deadline_ms or now, now), longest) + self.config.results.grace_ms
         error = error_for(StatusCode.INTERNAL, "internal error")
         return self._error(caller, task_id, error, expires)
 
@@ -124,14 +125,15 @@ class RequestHandler:
         """Answer one request; None when its caller has already given up."""
         now = self._clock()
         grace = self.config.results.grace_ms
-        # Until the envelope is verified, the message's deadline header (or the
-        # lane maximum) bounds how long an error answer is worth keeping.
-        fallback = max(deadline_ms or now + self.lane.max_deadline_ms, now) + grace
+        # Until the envelope is verified, the message's deadline header bounds
+        # how long an error answer is worth keeping; the header is not signed,
+        # so never beyond the lane's longest deadline.
+        longest = now + self.lane.max_deadline_ms
+        fallback = min(max(deadline_ms or longest, now), longest) + grace
         try:
-            request = self.authenticator.open(task_id, body, now)
+            envelope = self.authenticator.open(task_id, body, now)
         except Rejected as rejected:
             return self._rejected(task_id, rejected, fallback)
-        envelope = request.envelope
         caller = envelope.caller
         remaining = envelope.deadline_unix_ms - now
         if remaining <= 0:
@@ -140,6 +142,10 @@ class RequestHandler:
             return None
         # Absolute: time spent serving the request does not extend the answer's life.
         ttl = envelope.deadline_unix_ms + grace
+        try:
+            request = self.authenticator.authorise(envelope)
+        except Rejected as rejected:
+            return self._rejected(task_id, rejected, ttl)
         try:
             slot = self.gate.enter(
                 request.policy,
@@ -150,6 +156,12 @@ class RequestHandler:
                 capped=self._capped,
             )
         except Rejected as rejected:
+            if rejected.reason is Reason.REPLAYED:
+                # The id belongs to the first delivery, which answers under it; an
+                # answer here could reach its caller first (a redelivery, say).
+                REJECTIONS.labels(self.lane_name.value, rejected.reason.value).inc()
+                log.info("dropped request %s: replayed", task_id)
+                return None
             return self._rejected(task_id, rejected, ttl)
         try:
             reply = self._serve(task_id, envelope, request.operation, ttl)
@@ -159,13 +171,17 @@ class RequestHandler:
             reply = self._error(
                 caller, task_id, error_for(StatusCode.INTERNAL, "internal error"), ttl
             )
+        except BaseException:
+            self.gate.leave(slot)
+            raise
         REQUESTS.labels(self.lane_name.value, request.operation, reply.code.name).inc()
         return dataclasses.replace(reply, slot=slot)
 
-    def release(self, reply: Reply | None) -> None:
-        """Give back the in-flight slot a reply holds (when not given back with its answer)."""
+    def release(self, reply: Reply | None, *, released_in_redis: bool = False) -> None:
+        """Give back the in-flight slot a reply holds (its Redis part, unless
+        that went back with the answer)."""
         if reply is not None and reply.slot is not None:
-            self.gate.leave(reply.slot)
+            self.gate.leave(reply.slot, released_in_redis=released_in_redis)
 
     def _rejected(self, task_id: str, rejected: Rejected, expires_at_ms: int) -> Reply:
         REJECTIONS.labels(self.lane_name.value, rejected.reason.value).inc()

@@ -24,10 +24,12 @@ from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
 from dataservice.admission import (
+    SIZE_HEADER,
     AdmissionRefused,
     LaneAdmission,
     admit,
     caller_pacing,
+    envelope_size,
     lane_admissions,
     refuse,
 )
@@ -86,6 +88,7 @@ class _Channel(kombu_redis.Channel):
             super()._put(queue, message, **kwargs)
             return
         key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
+        message.setdefault("headers", {})[SIZE_HEADER] = envelope_size(message)
         with self.conn_or_acquire() as client:
             try:
                 admit(client, key, lane, dumps(message), message, self._pacing)

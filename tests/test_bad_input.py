@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 from sqlalchemy import Engine
 
@@ -21,6 +22,7 @@ from dataservice.auth import sign
 from dataservice.callers import CallerKey
 from dataservice.client import decode_response
 from dataservice.config import Config, LaneName, Settings
+from dataservice.keys import admission_key
 from dataservice.proto import pb
 from dataservice.transport import Transport
 from dataservice.wire import TASK_NAME, celery_settings
@@ -177,8 +179,9 @@ def test_unreadable_body_is_counted_and_changes_nothing(
 
 
 def test_task_message_in_json_is_counted_and_dropped(
-    json_publisher: Celery, transport: Transport, config: Config
+    json_publisher: Celery, transport: Transport, config: Config, redis_client: redis.Redis
 ) -> None:
+    stats = admission_key(config.lanes.interactive.queue)
     before = _malformed_count()
     request_id = uuid.uuid4().hex
     json_publisher.send_task(
@@ -186,6 +189,8 @@ def test_task_message_in_json_is_counted_and_dropped(
         queue=config.lanes.interactive.queue, serializer="json",
     )  # fmt: skip
     _until(lambda: _malformed_count() == before + 1)
+    # Admission counted the JSON body's bytes; exactly those come back.
+    _until(lambda: int(redis_client.hget(stats, "bytes") or 0) == 0)
 
 
 def test_pickle_is_never_accepted(config: Config) -> None:

@@ -87,7 +87,7 @@ def test_without_redis_each_replica_keeps_to_its_share(config: Config) -> None:
     gate.enter(generous, LIMITED, request_id, now_ms() + 2000, now_ms(), capped=False)
     with pytest.raises(Rejected, match="replayed"):
         gate.enter(generous, LIMITED, request_id, now_ms() + 2000, now_ms(), capped=False)
-    cap = -(-generous.max_interactive // config.budget.max_replicas)
+    cap = max(1, generous.max_interactive // config.budget.max_replicas)
     for _ in range(cap):
         _enter(gate, generous, capped=True)
     assert _reason(gate, generous, capped=True) == "concurrency_limited"

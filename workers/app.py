@@ -11,20 +11,19 @@ from weakref import WeakKeyDictionary
 import redis
 from celery import Celery, Task
 from celery.worker.control import inspect_command
-from sqlalchemy.exc import SQLAlchemyError
 
-from dataservice.admission import DEADLINE_HEADER
+from dataservice.admission import DEADLINE_HEADER, SIZE_HEADER
 from dataservice.auth import Authenticator
 from dataservice.callers import KeyRing, load_keyring
 from dataservice.config import Config, LaneName, OperationClass, Settings
 from dataservice.gate import Gate
 from dataservice.keys import admission_key
 from dataservice.metrics import DEPENDENCY_FAILURES, Dependency
-from dataservice.permits import PERMITS_COMMAND, LanePermits, PermitUnavailable
+from dataservice.permits import PERMITS_COMMAND, LanePermits
 from dataservice.results import Completion, ResultStore
 from dataservice.service import RequestHandler
 from dataservice.store import RecordStore, create_store_engine
-from dataservice.store.connections import StatementTimeout, now_ms
+from dataservice.store.connections import now_ms
 from dataservice.store.records import Budget
 from dataservice.wire import TASK_NAME, celery_settings
 
@@ -35,7 +34,7 @@ log = logging.getLogger(__name__)
 _LIMITS_TIMEOUT_S = 0.25
 
 
-def _deadline_ms(value: Any) -> int | None:
+def _int_header(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
@@ -95,19 +94,27 @@ class LaneRuntime:
         self._slots_with_answers = settings.redis_url == settings.result_backend_url
 
     def process(
-        self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any], deadline: Any
+        self,
+        task_id: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        deadline: Any,
+        admitted_size: Any = None,
     ) -> None:
-        """Answer one message; whatever happens, its bytes go back to admission."""
+        """Answer one message; whatever happens, its bytes go back to admission:
+        the size admission counted (its header), else the body's."""
         body: object = args[0] if len(args) == 1 and not kwargs else None
-        size = len(body) if isinstance(body, bytes) else 0
+        size = _int_header(admitted_size)
+        if size is None:
+            size = len(body) if isinstance(body, bytes) else 0
         reply = None
         try:
-            reply = self.handler.handle(task_id, body, _deadline_ms(deadline))
+            reply = self.handler.handle(task_id, body, _int_header(deadline))
         except Exception as exc:
             # A bug, not a request's fault: answer INTERNAL rather than leave
             # the caller waiting for its deadline.
             log.error("unexpected %s on %s", type(exc).__name__, task_id, exc_info=True)
-            reply = self.handler.internal_error("", task_id, _deadline_ms(deadline))
+            reply = self.handler.internal_error("", task_id, _int_header(deadline))
         finally:
             # The in-flight slot goes back in the answer's own transaction when
             # both live on one Redis: one round trip fewer per request.
@@ -116,8 +123,7 @@ class LaneRuntime:
             inflight = Gate.slot_member(slot) if slot is not None and shared else None
             done = Completion(self.admission_key, size, inflight)
             try:
-                if slot is not None and inflight is None:
-                    self.handler.release(reply)
+                self.handler.release(reply, released_in_redis=inflight is not None)
                 if reply is None or not reply.caller:
                     self.results.complete(done)
                 else:
@@ -141,7 +147,9 @@ class LaneRuntime:
                         )
                     if purged < settings.purge_batch:
                         break
-            except (PermitUnavailable, SQLAlchemyError, StatementTimeout) as exc:
+            except Exception as exc:
+                # Whatever went wrong (the database away, a connect ramp, no
+                # permit), the next round tries again: the thread must not end.
                 log.warning("purging expired idempotency outcomes: %s", type(exc).__name__)
 
     def close(self) -> None:
@@ -178,7 +186,14 @@ def register_task(app: Celery, runtime: LaneRuntime) -> None:
     # Not shared: each app (one per lane runtime) has its own handler.
     @app.task(name=TASK_NAME, bind=True, typing=False, ignore_result=True, shared=False)
     def handle(self: Task, *args: Any, **kwargs: Any) -> None:
-        runtime.process(self.request.id, args, kwargs, getattr(self.request, DEADLINE_HEADER, None))
+        request = self.request
+        runtime.process(
+            request.id,
+            args,
+            kwargs,
+            getattr(request, DEADLINE_HEADER, None),
+            getattr(request, SIZE_HEADER, None),
+        )
 
 
 def create_app(

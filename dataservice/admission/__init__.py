@@ -30,6 +30,9 @@ from dataservice.keys import admission_key, pace_key
 # is not used: a message Celery drops as expired never reaches the handler, so
 # its bytes would never be given back to admission.
 DEADLINE_HEADER = "ds_deadline_ms"
+# The bytes admission counted for a message, carried with it so that the
+# worker gives back exactly that, whatever the message's body was.
+SIZE_HEADER = "ds_size"
 # Who is publishing, for publish-side pacing (not trusted: the workers verify
 # the signed envelope and apply the authoritative limit).
 CALLER_HEADER = "ds_caller"

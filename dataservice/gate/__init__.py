@@ -7,10 +7,11 @@ both take a caller's last token or last slot.
 When Redis cannot be reached the gate does not become unlimited: it falls
 back to a conservative limit of this replica's own, the caller's rate, burst
 and in-flight cap divided by ``budget.max_replicas`` (so all replicas together
-stay within the shared limit), with request ids remembered in a bounded
-in-process memory. It tries Redis again after ``REDIS_RETRY_S``. While it runs
-on its own, a request replayed to *another* replica is not recognised; that
-is the one guarantee given up, and the fallback is logged and counted.
+stay within the shared limit, except that each allows at least one request
+at once), with request ids remembered in a bounded in-process memory. It
+tries Redis again after ``REDIS_RETRY_S``. While it runs on its own, a
+request replayed to *another* replica is not recognised; that is the one
+guarantee given up, and the fallback is logged and counted.
 """
 
 from __future__ import annotations
@@ -46,12 +47,15 @@ _SCRIPT = resources.files(__package__).joinpath("gate.lua").read_text("utf-8")
 
 @dataclass(frozen=True, slots=True)
 class Slot:
-    """What a request holds while it runs: its place under the in-flight cap."""
+    """What a request holds while it runs: its place under the in-flight cap,
+    in this replica's fallback count (``local``) and/or in Redis (``in_redis``:
+    also after a failed call, which may have taken it before the reply was lost)."""
 
     caller: str
     request_id: str
     capped: bool
     local: bool
+    in_redis: bool
 
 
 def _rejection(verdict: int, retry_after_ms: int, caller: str) -> Rejected:
@@ -84,7 +88,7 @@ class _LocalLimits:
         now = self._clock()
         interval = self._replicas / policy.rate_per_s
         burst = max(1, policy.burst // self._replicas)
-        cap = max(1, math.ceil(policy.max_interactive / self._replicas))
+        cap = max(1, policy.max_interactive // self._replicas)
         with self._lock:
             marker = f"{caller}:{request_id}"
             while self._seen and next(iter(self._seen.values())) <= now:
@@ -166,7 +170,12 @@ class Gate:
             else:
                 if verdict:
                     raise _rejection(int(verdict), int(retry_ms), caller)
-                return Slot(caller, request_id, capped, local=False)
+                return Slot(caller, request_id, capped, local=False, in_redis=capped)
+            # The script may have run before the reply was lost: its slot, if
+            # any, is given back with this one.
+            uncertain = True
+        else:
+            uncertain = False
         verdict, retry_ms = self._local.enter(caller, policy, request_id, ttl_ms, capped)
         if verdict == 4:
             unavailable = Unavailable(
@@ -177,21 +186,21 @@ class Gate:
             )
         if verdict:
             raise _rejection(verdict, retry_ms, caller)
-        return Slot(caller, request_id, capped, local=True)
+        return Slot(caller, request_id, capped, local=True, in_redis=capped and uncertain)
 
     @staticmethod
     def slot_member(slot: Slot) -> tuple[str, str] | None:
-        """Where a slot lives in Redis (sorted set, member); None if nowhere."""
-        if not slot.capped or slot.local:
+        """Where a slot may live in Redis (sorted set, member); None if nowhere."""
+        if not slot.in_redis:
             return None
         return inflight_key(slot.caller), slot.request_id
 
-    def leave(self, slot: Slot) -> None:
-        """Give the slot back; one that cannot be lapses at its deadline plus the grace."""
-        if not slot.capped:
-            return
-        if slot.local:
+    def leave(self, slot: Slot, *, released_in_redis: bool = False) -> None:
+        """Give the slot back (its Redis part unless ``released_in_redis``); one
+        that cannot be given back lapses at its deadline plus the grace."""
+        if slot.local and slot.capped:
             self._local.leave(slot.caller)
+        if not slot.in_redis or released_in_redis:
             return
         try:
             self._redis.zrem(inflight_key(slot.caller), slot.request_id)
