@@ -14,9 +14,13 @@ by nobody else (it is refused when other users may read it)::
     workers:
       redis_password: <...>            # optional: the workers' Redis user
 
-Rotation: add the new key second everywhere, move it first (callers now sign
-with it), then remove the old one. At most two keys per caller are valid at
-once. A :class:`Secret` never shows its value in a repr, a log line or an error.
+Rotation (:func:`rotate_key`, ``dataservice keys rotate``): the workers' file
+is the source of every key. Rotating puts a fresh key first and keeps the
+current one second; workers verify both, callers sign with the first. Restart
+the workers (the file is read at start), copy the caller's entry to the
+caller's own file and restart the caller; the next rotation drops the old key.
+At most two keys per caller are valid at once. A :class:`Secret` never shows
+its value in a repr, a log line or an error.
 """
 
 from __future__ import annotations
@@ -200,9 +204,8 @@ def rotate_key(path: Path, caller: str, key_id: str) -> str | None:
     it signed with until now as the second; an older one is dropped. Returns
     the id of the key dropped, if any.
 
-    Rotation: apply it to the workers' file first (both keys then verify),
-    then to the caller's (it signs with the new one), and rotate again, or
-    remove the old entry, once no caller signs with the old key."""
+    Apply it to the workers' file only, and copy the caller's entry from
+    there: each call makes a new secret (see the module docstring)."""
     keyring = KeyRing.load(path)
     if keyring.verifying_key(key_id) is not None:
         raise ConfigError(f"{path}: key id {key_id!r} is already in use")
