@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from dataservice.errors import DeadlineExceeded, ResourceExhausted, Unavailable
+from dataservice.loadtest.report import percentile
 from dataservice.status import ReadMode
 
 LAG_TOLERANCE_S = 0.010
@@ -96,17 +97,6 @@ def open_loop(
     for thread in pool:
         thread.join()
     return samples
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (q in 0..100); None without samples."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
 def _r(value: float | None, digits: int = 2) -> float | None:

@@ -39,12 +39,7 @@ from dataservice.metrics import (
 from dataservice.permits import LanePermits, PermitUnavailable
 from dataservice.proto import pb
 from dataservice.status import StatusCode
-from dataservice.store.connections import (
-    MIN_STATEMENT_MS,
-    ConnectRateLimited,
-    StatementTimeout,
-)
-from dataservice.store.records import (
+from dataservice.store import (
     Budget,
     DeleteRaced,
     Idempotency,
@@ -52,6 +47,11 @@ from dataservice.store.records import (
     RecordStore,
     RevisionMismatch,
     StoredRecord,
+)
+from dataservice.store.connections import (
+    MIN_STATEMENT_MS,
+    ConnectRateLimited,
+    StatementTimeout,
 )
 
 log = logging.getLogger(__name__)

@@ -44,17 +44,6 @@ from dataservice.store.idempotency import once as _once
 from dataservice.store.idempotency import purge as _purge
 from dataservice.store.schema import records
 
-__all__ = [
-    "Budget",
-    "DeleteRaced",
-    "Idempotency",
-    "IdempotencyConflict",
-    "RecordStore",
-    "RevisionMismatch",
-    "StoredRecord",
-    "WriteOutcome",
-]
-
 _MAX_DELETE_ATTEMPTS = 3
 
 
