@@ -39,7 +39,6 @@ from dataservice.errors import (
 )
 from dataservice.proto import pb
 
-SIGNATURE_BYTES = 32
 # Key id, signature and field framing around the envelope.
 SIGNED_OVERHEAD = 256
 

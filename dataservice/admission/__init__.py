@@ -111,6 +111,12 @@ def envelope_size(message: dict[str, Any]) -> int:
     return len(body) * 3 // 4 - (len(body) - len(body.rstrip("=")))
 
 
+def _admitted_size(message: dict[str, Any]) -> int:
+    """The size the publisher's channel recorded in the message, else measured here."""
+    size = message.get("headers", {}).get(SIZE_HEADER)
+    return size if isinstance(size, int) else envelope_size(message)
+
+
 def remaining_ms(message: dict[str, Any], fallback_ms: int) -> int:
     """The time the request has left, from its deadline header, else ``fallback_ms``."""
     value = message.get("headers", {}).get(DEADLINE_HEADER)
@@ -142,7 +148,7 @@ def admit(
     keys = [queue_key, lane.stats_key]
     args: list[Any] = [
         encoded,
-        envelope_size(message),
+        _admitted_size(message),
         lane.max_messages,
         lane.max_bytes,
         remaining_ms(message, lane.max_deadline_ms),
