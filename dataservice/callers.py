@@ -31,13 +31,14 @@ import secrets
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dataservice.config import CALLER_NAME_PATTERN
+from dataservice.config import CALLER_NAME_PATTERN, Config, Settings
 from dataservice.errors import ConfigError
 
 MIN_SECRET_BYTES = 32
@@ -239,3 +240,19 @@ def _write(path: Path, document: dict[str, Any]) -> None:
     path.touch(mode=0o600, exist_ok=True)
     path.chmod(0o600)
     path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+
+
+def ensure_callers_file(settings: Settings, config: Config) -> list[str]:
+    """Give every configured caller a signing key (and Redis password) in the
+    callers file, creating the file if needed; returns the callers added.
+    Existing keys are kept: rotating them is an operator's decision."""
+    path = settings.callers_file
+    if path is None:
+        return []
+    existing: set[str] = set()
+    if path.exists():
+        existing = set(KeyRing.load(path).callers)
+    missing = [caller for caller in config.callers if caller not in existing]
+    if missing or not path.exists():
+        add_callers(path, {caller: f"{caller}-{date.today():%Y%m%d}" for caller in missing})
+    return missing

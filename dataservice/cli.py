@@ -107,7 +107,7 @@ def _callers_file(settings: Settings) -> Path:
 def keys_init() -> None:
     """Give every caller in queues.yml that has none a key (and a Redis password),
     creating the callers file (mode 600) if needed. Existing keys are kept."""
-    from dataservice.localservices import ensure_callers_file
+    from dataservice.callers import ensure_callers_file
 
     settings, config = _load()
     path = _callers_file(settings)

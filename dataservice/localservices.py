@@ -23,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import date
 from pathlib import Path
 from types import TracebackType
 
@@ -31,8 +30,8 @@ import MySQLdb
 import redis
 from sqlalchemy.engine import make_url
 
-from dataservice.callers import KeyRing, add_callers
-from dataservice.config import Config, Settings
+from dataservice.callers import ensure_callers_file
+from dataservice.config import Settings
 from dataservice.errors import DataServiceError, ServiceSetupError
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -272,22 +271,6 @@ def up(settings: Settings, state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
         PrivateMariaDB(mariadb_dir(state_dir), db.port or 3306).start(detach=True)
         started.append(f"mariadb on port {db.port or 3306}")
     return started
-
-
-def ensure_callers_file(settings: Settings, config: Config) -> list[str]:
-    """Give every configured caller a signing key (and Redis password) in the
-    callers file, creating the file if needed; returns the callers added.
-    Existing keys are kept: rotating them is an operator's decision."""
-    path = settings.callers_file
-    if path is None:
-        return []
-    existing: set[str] = set()
-    if path.exists():
-        existing = set(KeyRing.load(path).callers)
-    missing = [caller for caller in config.callers if caller not in existing]
-    if missing or not path.exists():
-        add_callers(path, {caller: f"{caller}-{date.today():%Y%m%d}" for caller in missing})
-    return missing
 
 
 def down(state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:

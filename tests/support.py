@@ -121,6 +121,12 @@ def with_test_callers(shipped: Path) -> dict[str, Any]:
     return data
 
 
+def with_retry(config: Config, **retry: int) -> Config:
+    """``config`` with the client's retry policy changed (e.g. ``max_attempts=1``)."""
+    policy = config.client.retry.model_copy(update=retry)
+    return config.model_copy(update={"client": config.client.model_copy(update={"retry": policy})})
+
+
 def changed(data: dict[str, Any], path: tuple[str, ...], value: object) -> dict[str, Any]:
     """A deep copy of a configuration document with one nested key set."""
     result = copy.deepcopy(data)

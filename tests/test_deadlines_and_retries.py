@@ -25,7 +25,14 @@ from dataservice.keys import REPLAY_PREFIX, result_key
 from dataservice.localservices import redis_reachable
 from dataservice.types import ReadOp
 from tests.conftest import SERVICE_USER, require
-from tests.support import RedisWatch, on_redis, scraped, statements_by, worker_process
+from tests.support import (
+    RedisWatch,
+    on_redis,
+    scraped,
+    statements_by,
+    with_retry,
+    worker_process,
+)
 
 OWN_REDIS_URL = "redis://127.0.0.1:6379/10"
 # Nothing listens here: every connection attempt is refused at once.
@@ -82,10 +89,7 @@ def test_retries_are_bounded_jittered_and_stop_at_the_deadline(
 ) -> None:
     settings, broker = own_redis
     unreachable_db = dataclasses.replace(settings, database_url=REFUSING_DATABASE_URL)
-    retry = config.client.retry.model_copy(update={"max_attempts": 4})
-    client_config = config.model_copy(
-        update={"client": config.client.model_copy(update={"retry": retry})}
-    )
+    client_config = with_retry(config, max_attempts=4)
     log = tmp_path / "interactive.log"
     with (
         worker_process(unreachable_db, config, LaneName.INTERACTIVE, log) as (_, port),
@@ -118,10 +122,7 @@ def test_retries_are_bounded_jittered_and_stop_at_the_deadline(
 
         # Little time: the deadline runs out first, whatever the attempts allow.
         broker.delete(*markers)
-        many = retry.model_copy(update={"max_attempts": 20})
-        patient = client_config.model_copy(
-            update={"client": client_config.client.model_copy(update={"retry": many})}
-        )
+        patient = with_retry(config, max_attempts=20)
         with Client("tests", settings, patient) as bounded:
             started = time.monotonic()
             # Whichever retryable answer came last (the database's UNAVAILABLE, or

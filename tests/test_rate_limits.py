@@ -15,7 +15,7 @@ from dataservice.config import CallerPolicy, Config, Settings
 from dataservice.errors import NotFound
 from dataservice.gate import Gate
 from dataservice.keys import inflight_key
-from tests.support import counter, now_ms
+from tests.support import counter, now_ms, with_retry
 
 LIMITED = "tests-limited"
 
@@ -99,8 +99,7 @@ def test_a_client_holds_back_until_the_retry_after(
 ) -> None:
     for key in redis_client.scan_iter(f"ds:rate:{LIMITED}"):
         redis_client.delete(key)
-    once = config.client.retry.model_copy(update={"max_attempts": 1})
-    single = config.model_copy(update={"client": config.client.model_copy(update={"retry": once})})
+    single = with_retry(config, max_attempts=1)
     refused_by_service = counter(
         "dataservice_rejections", lane="interactive", reason="rate_limited"
     )

@@ -10,11 +10,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -23,7 +18,6 @@ from pathlib import Path
 import pytest
 import redis
 import yaml
-from celery import Celery
 from prometheus_client import generate_latest
 
 from dataservice import Client, DataServiceError, ReadMode
@@ -33,17 +27,10 @@ from dataservice.localservices import redis_reachable
 from dataservice.metrics import REGISTRY
 from dataservice.proto import pb
 from dataservice.transport import Transport
-from dataservice.wire import celery_settings
 from tests.conftest import require
-from tests.support import now_ms, on_redis, signed
+from tests.support import now_ms, on_redis, signed, worker_process
 
 OWN_REDIS_URL = "redis://127.0.0.1:6379/8"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def secret_forms(settings: Settings) -> list[bytes]:
@@ -73,26 +60,14 @@ def debug_worker(
     require(redis_reachable(OWN_REDIS_URL), "Redis at 127.0.0.1:6379")
     own = on_redis(settings, OWN_REDIS_URL)
     redis.Redis.from_url(OWN_REDIS_URL).flushdb()
-    port = _free_port()
     log = tmp_path / "worker.log"
-    argv = [sys.executable, "-m", "dataservice.cli", "worker", "--lane", "interactive",
-            "--loglevel", "DEBUG", "--metrics-port", str(port)]  # fmt: skip
-    with log.open("wb") as out:
-        worker = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **own.to_env()}
-        )
-    control = Celery("secrets-test", set_as_current=False)
-    control.conf.update(celery_settings(own, config))
     try:
-        until = time.monotonic() + 60
-        while not control.control.ping(timeout=0.5):
-            assert time.monotonic() < until, log.read_text()
-            assert worker.poll() is None, log.read_text()
-        yield own, log, port
+        with worker_process(own, config, LaneName.INTERACTIVE, log, "--loglevel", "DEBUG") as (
+            _,
+            port,
+        ):
+            yield own, log, port
     finally:
-        control.close()
-        worker.terminate()
-        worker.wait(15)
         redis.Redis.from_url(OWN_REDIS_URL).flushdb()
 
 
