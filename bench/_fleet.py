@@ -19,11 +19,13 @@ from typing import Any
 
 from bench import _env
 from bench._openloop import Sample, open_loop
+from dataservice.broker import celery_settings
 from dataservice.client import Client
-from dataservice.config import Config, LaneName, Settings
+from dataservice.config import Config
+from dataservice.enums import LaneName
 from dataservice.loadtest.environment import python_env, service_argv
 from dataservice.loadtest.runner import Pinger
-from dataservice.wire import celery_settings
+from dataservice.settings import Settings
 
 # Worker replicas -------------------------------------------------------------------
 

@@ -15,9 +15,9 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from dataservice.enums import ReadMode
 from dataservice.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from dataservice.loadtest.report import percentile
-from dataservice.status import ReadMode
 
 LAG_TOLERANCE_S = 0.010
 TIMEOUT_S = 2.0

@@ -47,7 +47,8 @@ from bench import _env
 from bench._fleet import Flooders, Phase, Replicas, run_phase
 from bench._openloop import summarize_flood, summarize_steady
 from dataservice.client import Client
-from dataservice.config import ClientConfig, Config, RetryConfig, Settings, load_config
+from dataservice.config import ClientConfig, Config, RetryConfig, load_config
+from dataservice.settings import Settings
 from dataservice.store.migrate import upgrade
 
 FLOODER = "flooder"

@@ -50,7 +50,8 @@ from rich.table import Table
 from bench import _env
 from bench.bare_app import NOOP_TASK, make_app
 from dataservice.client import Client
-from dataservice.config import Config, Settings
+from dataservice.config import Config
+from dataservice.settings import Settings
 
 SERVICE = "service"
 BARE = "bare"

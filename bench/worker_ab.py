@@ -42,7 +42,7 @@ from bench.roundtrip import (
     service_factory,
 )
 from dataservice.client import Client
-from dataservice.config import Settings
+from dataservice.settings import Settings
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

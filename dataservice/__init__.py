@@ -4,7 +4,8 @@ The public API is what this module exports; everything else is internal.
 """
 
 from dataservice.client import Client, Handle
-from dataservice.config import Config, LaneName, Settings, load_config
+from dataservice.config import Config, load_config
+from dataservice.enums import LaneName, ReadMode, StatusCode
 from dataservice.errors import (
     ConfigError,
     Conflict,
@@ -22,7 +23,7 @@ from dataservice.errors import (
     Unauthenticated,
     Unavailable,
 )
-from dataservice.status import ReadMode, StatusCode
+from dataservice.settings import Settings
 from dataservice.types import (
     DeleteOp,
     DeleteResult,

@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 import redis
 
 from dataservice.callers import KeyRing, Secret, load_keyring
-from dataservice.config import Config, LaneName, Settings
+from dataservice.config import Config
+from dataservice.enums import LaneName
 from dataservice.errors import ServiceSetupError
 from dataservice.keys import (
     admission_key,
@@ -54,6 +55,7 @@ from dataservice.keys import (
     priority_queue_pattern,
     result_pattern,
 )
+from dataservice.settings import Settings
 
 CALLER_USER_PREFIX = "ds-caller-"
 WORKER_USER = "ds-worker"

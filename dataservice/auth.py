@@ -14,9 +14,10 @@ the envelope whatever carries it. A shared-secret MAC gives exactly that; its
 cost is that the service holds every caller's secret, which it must anyway to
 tell callers apart.
 
-:func:`open_request` returns an authenticated envelope or raises
-:class:`Rejected`, which names the reason (for the rejection counters) and
-the error the caller is answered with.
+:meth:`Authenticator.open` returns a verified envelope and
+:meth:`Authenticator.authorise` the caller's policy for it; both raise
+:class:`~dataservice.refusals.Rejected`, which names the reason (for the
+rejection counters) and what the caller is told.
 """
 
 from __future__ import annotations
@@ -24,56 +25,20 @@ from __future__ import annotations
 import hashlib
 import hmac
 from dataclasses import dataclass
-from enum import StrEnum
 
 from google.protobuf.message import DecodeError
 
-from dataservice import codec
 from dataservice.callers import CallerKey, KeyRing
-from dataservice.config import CallerPolicy, Config, LaneConfig, LaneName
-from dataservice.errors import (
-    InvalidArgument,
-    PermissionDenied,
-    RequestError,
-    Unauthenticated,
-)
+from dataservice.codec import decode_request
+from dataservice.config import CallerPolicy, Config, LaneConfig
+from dataservice.enums import LaneName
+from dataservice.errors import InvalidArgument
+from dataservice.identifiers import CALLER_RE
 from dataservice.proto import pb
+from dataservice.refusals import Reason, Rejected
 
 # Key id, signature and field framing around the envelope.
 SIGNED_OVERHEAD = 256
-
-
-class Reason(StrEnum):
-    """Why a request was refused before any work; a label of the rejection counter."""
-
-    MALFORMED = "malformed"
-    UNSIGNED = "unsigned"
-    UNKNOWN_KEY = "unknown_key"
-    BAD_SIGNATURE = "bad_signature"
-    WRONG_CALLER = "wrong_caller"
-    CLOCK_SKEW = "clock_skew"
-    REPLAYED = "replayed"
-    UNKNOWN_CALLER = "unknown_caller"
-    OPERATION_DENIED = "operation_denied"
-    LANE_DENIED = "lane_denied"
-    SCOPE_DENIED = "scope_denied"
-    RATE_LIMITED = "rate_limited"
-    CONCURRENCY_LIMITED = "concurrency_limited"
-    LIMITS_UNAVAILABLE = "limits_unavailable"
-
-
-class Rejected(Exception):
-    """A request refused before the cache or the database saw it."""
-
-    def __init__(
-        self, reason: Reason, error: RequestError, *, caller: str = "", retry_after_ms: int = 0
-    ) -> None:
-        super().__init__(f"{reason.value}: {error.message}")
-        self.reason = reason
-        self.error = error
-        # Whom to answer: the verified caller, or the one the message claims.
-        self.caller = caller
-        self.retry_after_ms = retry_after_ms
 
 
 def sign(envelope: bytes, key: CallerKey) -> bytes:
@@ -85,7 +50,9 @@ def sign(envelope: bytes, key: CallerKey) -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
-class Authenticated:
+class Authorised:
+    """A verified envelope whose caller may do what it asks, and that caller's policy."""
+
     envelope: pb.RequestEnvelope
     policy: CallerPolicy
     operation: str
@@ -102,7 +69,7 @@ def _claimed_caller(envelope: bytes, task_id: str) -> str:
         claim = pb.RequestEnvelope.FromString(envelope)
     except (DecodeError, ValueError, RecursionError):
         return ""
-    if claim.request_id != task_id or not codec.CALLER_RE.fullmatch(claim.caller):
+    if claim.request_id != task_id or not CALLER_RE.fullmatch(claim.caller):
         return ""
     return claim.caller
 
@@ -131,34 +98,34 @@ class Authenticator:
             # Likely a bare RequestEnvelope (its fields parse as unknown ones).
             raise Rejected(
                 Reason.UNSIGNED,
-                Unauthenticated("the request is not signed"),
+                "the request is not signed",
                 caller=_claimed_caller(signed.envelope or _bytes(body), task_id),
             )
         key = self._keyring.verifying_key(signed.key_id)
         if key is None:
             raise Rejected(
                 Reason.UNKNOWN_KEY,
-                Unauthenticated("unknown signing key"),
+                "unknown signing key",
                 caller=_claimed_caller(signed.envelope, task_id),
             )
         expected = hmac.new(key.secret.value, signed.envelope, hashlib.sha256).digest()
         if not hmac.compare_digest(expected, signed.signature):
             raise Rejected(
                 Reason.BAD_SIGNATURE,
-                Unauthenticated("the signature does not match the request"),
+                "the signature does not match the request",
                 caller=_claimed_caller(signed.envelope, task_id),
             )
         # From here on the bytes are the caller's own.
         try:
-            envelope = codec.decode_request(signed.envelope, self._config.limits)
+            envelope = decode_request(signed.envelope, self._config.limits)
             if envelope.request_id != task_id:
                 raise InvalidArgument("request_id does not match the message id")
         except InvalidArgument as exc:
-            raise Rejected(Reason.MALFORMED, exc, caller=key.caller) from None
+            raise Rejected(Reason.MALFORMED, exc.message, caller=key.caller) from None
         if envelope.caller != key.caller:
             raise Rejected(
                 Reason.WRONG_CALLER,
-                Unauthenticated("the signing key belongs to another caller"),
+                "the signing key belongs to another caller",
                 caller=key.caller,
             )
         self._check_clock(envelope, now_ms)
@@ -168,18 +135,18 @@ class Authenticator:
         if not isinstance(body, bytes):
             raise Rejected(
                 Reason.MALFORMED,
-                InvalidArgument("the request body must be a protobuf SignedRequest"),
+                "the request body must be a protobuf SignedRequest",
             )
         if len(body) > self._max_bytes:
             raise Rejected(
                 Reason.MALFORMED,
-                InvalidArgument(f"request is {len(body)} bytes; the limit is {self._max_bytes}"),
+                f"request is {len(body)} bytes; the limit is {self._max_bytes}",
             )
         try:
             return pb.SignedRequest.FromString(body)
         except (DecodeError, ValueError, RecursionError):
             raise Rejected(
-                Reason.MALFORMED, InvalidArgument("request is not a valid access.v2.SignedRequest")
+                Reason.MALFORMED, "request is not a valid access.v2.SignedRequest"
             ) from None
 
     def _check_clock(self, envelope: pb.RequestEnvelope, now_ms: int) -> None:
@@ -188,45 +155,45 @@ class Authenticator:
         if issued > now_ms + self._skew_ms:
             raise Rejected(
                 Reason.CLOCK_SKEW,
-                Unauthenticated("the request is signed in the future; check the caller's clock"),
+                "the request is signed in the future; check the caller's clock",
                 caller=caller,
             )
         longest = self._lane_config.max_deadline_ms
         if envelope.deadline_unix_ms > issued + longest + self._skew_ms:
             raise Rejected(
                 Reason.MALFORMED,
-                InvalidArgument(f"the deadline is more than this lane's {longest} ms after issue"),
+                f"the deadline is more than this lane's {longest} ms after issue",
                 caller=caller,
             )
 
-    def authorise(self, envelope: pb.RequestEnvelope) -> Authenticated:
+    def authorise(self, envelope: pb.RequestEnvelope) -> Authorised:
         """The caller's policy for a verified envelope, if it allows the request."""
         caller = envelope.caller
         policy = self._config.callers.get(caller)
         if policy is None:
             raise Rejected(
                 Reason.UNKNOWN_CALLER,
-                PermissionDenied("the caller has no permissions here"),
+                "the caller has no permissions here",
                 caller=caller,
             )
         operation = envelope.WhichOneof("operation")
         if operation is None or operation not in policy.operations:
             raise Rejected(
                 Reason.OPERATION_DENIED,
-                PermissionDenied(f"the caller may not {operation}"),
+                f"the caller may not {operation}",
                 caller=caller,
             )
         if self._lane.value not in policy.lanes:
             raise Rejected(
                 Reason.LANE_DENIED,
-                PermissionDenied(f"the caller may not use the {self._lane.value} lane"),
+                f"the caller may not use the {self._lane.value} lane",
                 caller=caller,
             )
         scope: str = getattr(envelope, operation).scope
         if not policy.allows_scope(scope):
             raise Rejected(
                 Reason.SCOPE_DENIED,
-                PermissionDenied(f"the caller may not use scope {scope!r}"),
+                f"the caller may not use scope {scope!r}",
                 caller=caller,
             )
-        return Authenticated(envelope, policy, operation)
+        return Authorised(envelope, policy, operation)

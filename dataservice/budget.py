@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dataservice.config import Config, LaneName, OperationClass
+from dataservice.config import Config
+from dataservice.enums import LaneName, OperationClass
 from dataservice.errors import ConfigError
 
 

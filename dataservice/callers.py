@@ -38,12 +38,13 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dataservice.config import CALLER_NAME_PATTERN, Config, Settings
+from dataservice.config import CallerName, Config
 from dataservice.errors import ConfigError
+from dataservice.identifiers import KEY_ID, anchored
+from dataservice.settings import Settings
 
 MIN_SECRET_BYTES = 32
 MAX_KEYS_PER_CALLER = 2
-KEY_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +71,7 @@ class _Model(BaseModel):
 
 
 class _KeyEntry(_Model):
-    id: Annotated[str, Field(pattern=KEY_ID_PATTERN)]
+    id: Annotated[str, Field(pattern=anchored(KEY_ID))]
     secret: str
 
 
@@ -84,7 +85,7 @@ class _WorkersEntry(_Model):
 
 
 class _CallersFile(_Model):
-    callers: dict[Annotated[str, Field(pattern=CALLER_NAME_PATTERN)], _CallerEntry]
+    callers: dict[CallerName, _CallerEntry]
     workers: _WorkersEntry = _WorkersEntry()
 
 

@@ -11,8 +11,10 @@ from typing import Any
 import typer
 
 from dataservice.callers import KeyRing, load_keyring
-from dataservice.config import Config, LaneName, Settings
+from dataservice.config import Config
+from dataservice.enums import LaneName
 from dataservice.errors import DataServiceError
+from dataservice.settings import Settings
 
 DEMO_CALLER = "demo"
 

@@ -1,16 +1,15 @@
-"""Typed, frozen configuration: ``queues.yml`` plus ``DATASERVICE_*`` variables.
+"""Typed, frozen configuration: the ``queues.yml`` schema.
 
 Loading validates everything at once; an unknown key or a bad value raises
 :class:`~dataservice.errors.ConfigError` naming the key. Numbers derived from
-the configuration are computed here and nowhere else.
+the configuration are computed here and nowhere else. Where the services are
+(``DATASERVICE_*``) is :mod:`dataservice.settings`; the names shared by every
+part of the service are :mod:`dataservice.enums`.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass
-from enum import StrEnum
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -18,7 +17,10 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from dataservice import identifiers
+from dataservice.enums import LaneName, OperationClass
 from dataservice.errors import ConfigError
+from dataservice.limits.gcra import Rate
 
 PositiveInt = Annotated[int, Field(gt=0)]
 
@@ -29,21 +31,8 @@ PAYLOAD_CEILING = 1 << 20
 ENVELOPE_OVERHEAD = 1024
 
 
-class LaneName(StrEnum):
-    INTERACTIVE = "interactive"
-    BATCH = "batch"
-
-
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
-
-class OperationClass(StrEnum):
-    """What a statement costs the database, for permit accounting."""
-
-    POINT_READ = "point_read"
-    POINT_WRITE = "point_write"
-    BOUNDED_LIST = "bounded_list"
 
 
 class ClassPermits(_Model):
@@ -69,7 +58,7 @@ class AdmissionConfig(_Model):
 
 
 class LaneConfig(_Model):
-    queue: str = Field(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")
+    queue: str = Field(pattern=identifiers.anchored(identifiers.QUEUE))
     permits: Annotated[int, Field(gt=0, le=256)]
     concurrency: Annotated[int, Field(gt=0, le=256)]
     classes: ClassPermits
@@ -139,9 +128,7 @@ class DatabaseConfig(_Model):
 
 OperationName = Literal["read", "write", "delete", "list"]
 LaneId = Literal["interactive", "batch"]
-# A scope name, or a prefix followed by "*"; "*" alone allows every scope.
-_SCOPE_PATTERN = r"^(\*|[a-z0-9][a-z0-9_.-]{0,63}\*?)$"
-CALLER_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+CallerName = Annotated[str, Field(pattern=identifiers.anchored(identifiers.CALLER))]
 
 
 class CallerPolicy(_Model):
@@ -149,7 +136,7 @@ class CallerPolicy(_Model):
     (``DATASERVICE_CALLERS_FILE``), never in ``queues.yml``."""
 
     scopes: Annotated[
-        tuple[Annotated[str, Field(pattern=_SCOPE_PATTERN)], ...],
+        tuple[Annotated[str, Field(pattern=identifiers.anchored(identifiers.SCOPE_GRANT))], ...],
         Field(strict=False, min_length=1),
     ]
     operations: Annotated[tuple[OperationName, ...], Field(strict=False, min_length=1)]
@@ -158,6 +145,11 @@ class CallerPolicy(_Model):
     burst: Annotated[int, Field(gt=0, le=1_000_000)]
     # Interactive requests of this caller being served at once, service-wide.
     max_interactive: Annotated[int, Field(gt=0, le=10_000)]
+
+    @property
+    def rate(self) -> Rate:
+        """``rate_per_s`` and ``burst`` as the rate algorithm takes them."""
+        return Rate.per_second(self.rate_per_s, self.burst)
 
     def allows_scope(self, scope: str) -> bool:
         return any(fnmatchcase(scope, pattern) for pattern in self.scopes)
@@ -197,7 +189,7 @@ class Config(_Model):
     auth: AuthConfig
     idempotency: IdempotencyConfig
     client: ClientConfig
-    callers: dict[Annotated[str, Field(pattern=CALLER_NAME_PATTERN)], CallerPolicy]
+    callers: dict[CallerName, CallerPolicy]
 
     @model_validator(mode="after")
     def _pool_wait_below_deadlines(self) -> Config:
@@ -258,73 +250,3 @@ def load_config(path: str | Path) -> Config:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     return parse_config(data, source=str(path))
-
-
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-DEFAULT_DATABASE_URL = "mysql+mysqldb://root@127.0.0.1:3306/dataservice"
-# Relative: the working directory's queues.yml, as with other tools' config files.
-DEFAULT_CONFIG_PATH = Path("queues.yml")
-
-_ENV_PREFIX = "DATASERVICE_"
-_ENV_FIELDS = {
-    "DATASERVICE_CONFIG": "config_path",
-    "DATASERVICE_BROKER_URL": "broker_url",
-    "DATASERVICE_RESULT_BACKEND_URL": "result_backend_url",
-    "DATASERVICE_REDIS_URL": "redis_url",
-    "DATASERVICE_DATABASE_URL": "database_url",
-    "DATASERVICE_CALLERS_FILE": "callers_file",
-}
-
-
-_PATH_FIELDS = frozenset({"config_path", "callers_file"})
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """Where things are: the configuration file and the services' URLs."""
-
-    config_path: Path = DEFAULT_CONFIG_PATH
-    broker_url: str = DEFAULT_REDIS_URL
-    result_backend_url: str = DEFAULT_REDIS_URL
-    redis_url: str = DEFAULT_REDIS_URL
-    database_url: str = DEFAULT_DATABASE_URL
-    # Caller keys (and Redis passwords); see dataservice.callers. None: not configured.
-    callers_file: Path | None = None
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        env = os.environ if environ is None else environ
-        unknown = sorted(k for k in env if k.startswith(_ENV_PREFIX) and k not in _ENV_FIELDS)
-        if unknown:
-            raise ConfigError(f"unknown environment variable(s): {', '.join(unknown)}")
-        values: dict[str, Any] = {}
-        for name, field in _ENV_FIELDS.items():
-            value = env.get(name)
-            if value is None:
-                continue
-            if not value.strip():
-                raise ConfigError(f"{name} is set but empty")
-            values[field] = Path(value) if field in _PATH_FIELDS else value
-        for name in (
-            "DATASERVICE_BROKER_URL",
-            "DATASERVICE_RESULT_BACKEND_URL",
-            "DATASERVICE_REDIS_URL",
-        ):
-            if name in env and not env[name].startswith(("redis://", "rediss://", "unix://")):
-                raise ConfigError(f"{name} must be a redis://, rediss:// or unix:// URL")
-        if "DATASERVICE_DATABASE_URL" in env and not env["DATASERVICE_DATABASE_URL"].startswith(
-            "mysql"
-        ):
-            raise ConfigError("DATASERVICE_DATABASE_URL must be a mysql+mysqldb:// URL")
-        return cls(**values)
-
-    def to_env(self) -> dict[str, str]:
-        """The ``DATASERVICE_*`` variables that reproduce these settings in another process."""
-        return {
-            name: str(getattr(self, field))
-            for name, field in _ENV_FIELDS.items()
-            if getattr(self, field) is not None
-        }
-
-    def load(self) -> Config:
-        return load_config(self.config_path)

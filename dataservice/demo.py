@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from rich.table import Table
 
 from dataservice.client import Client
-from dataservice.config import LaneName
+from dataservice.enums import LaneName
 from dataservice.errors import DataServiceError
 from dataservice.types import ReadOp, Record, WriteOp, WriteResult
 

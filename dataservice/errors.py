@@ -16,18 +16,34 @@
     │   └── RetryableError          safe to retry after ``retry_after`` seconds
     │       ├── ResourceExhausted   RESOURCE_EXHAUSTED: overloaded or rate limited
     │       └── Unavailable         UNAVAILABLE: a dependency is down
-    └── ServiceSetupError           a local dependency could not be started or reached
+    ├── ServiceSetupError           a local dependency could not be started or reached
+    └── Refusal                     internal: why a request was not served (dataservice.refusals)
+        ├── Rejected                a check before any work (auth, allowlist, limits)
+        ├── AdmissionRefused        a lane queue's bounds or the caller's pace, at publish
+        ├── PermitUnavailable       no database permit within the request's wait
+        ├── ConnectRateLimited      the connect ramp has no room yet
+        ├── TooLittleTime           less time left than the operation needs
+        ├── StatementTimeout        a statement ran out of its time
+        ├── DatabaseBusy            the pool or the server had no connection to spare
+        ├── DatabaseUnavailable     unreachable, rolled back, or lost mid-statement
+        ├── DatabaseFailure         any other database error
+        ├── RecordMissing           no such record
+        ├── RevisionMismatch        a conditional change found another revision
+        ├── IdempotencyConflict     a used key, a different request
+        └── DeleteRaced             the record kept changing under a delete
 
 Retryable errors sit on their own branch so callers catch one class. A
 ``RequestError`` never carries SQL text or other internals: its message is
-what the service chose to tell the caller.
+what the service chose to tell the caller. A ``Refusal`` never reaches a
+caller as such: ``dataservice.worker.failures`` turns it into an answer (and
+the client turns an admission refusal into ``ResourceExhausted``).
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from dataservice.status import StatusCode
+from dataservice.enums import StatusCode
 
 
 class DataServiceError(Exception):

@@ -31,8 +31,8 @@ import redis
 from sqlalchemy.engine import make_url
 
 from dataservice.callers import ensure_callers_file
-from dataservice.config import Settings
 from dataservice.errors import DataServiceError, ServiceSetupError
+from dataservice.settings import Settings
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 START_TIMEOUT_S = 30.0

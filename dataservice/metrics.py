@@ -3,7 +3,7 @@
 - ``dataservice_requests_total{lane, operation, code}``: every answer given.
 - ``dataservice_rejections_total{lane, reason}``: refused before any work
   (authentication, permissions, replay, rate, in-flight cap); the reasons
-  are :class:`~dataservice.auth.Reason`.
+  are :class:`~dataservice.refusals.Reason`.
 - ``dataservice_timeouts_total{lane, stage}``: ran out of time, by where:
   ``queue`` (late at dequeue: dropped unanswered), ``before_database`` (too
   little time left to run), ``statement`` (the statement timeout fired).

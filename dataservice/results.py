@@ -127,7 +127,8 @@ class ResultStore:
                     return value if isinstance(value, bytes) else None
         return None
 
-    def pending(self, caller: str, request_id: str) -> bool:
+    def ready(self, caller: str, request_id: str) -> bool:
+        """Whether the answer is there to be taken (without taking it)."""
         with _backend_errors():
             return bool(self._redis.exists(result_key(caller, request_id)))
 

@@ -20,10 +20,12 @@ import redis
 from celery import Celery
 from rich.table import Table
 
-from dataservice.config import Config, LaneName, Settings
+from dataservice.broker import TASK_NAME, celery_settings
+from dataservice.config import Config
+from dataservice.enums import LaneName
 from dataservice.errors import ServiceSetupError
-from dataservice.permits import PERMITS_COMMAND
-from dataservice.wire import TASK_NAME, celery_settings
+from dataservice.limits.permits import PERMITS_COMMAND
+from dataservice.settings import Settings
 
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
 READY_TIMEOUT_S = 30.0

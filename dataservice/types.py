@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
-from dataservice.status import ReadMode
+from dataservice.enums import ReadMode
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +69,3 @@ class ListOp:
 
 Operation = ReadOp | WriteOp | DeleteOp | ListOp
 Result = Record | WriteResult | DeleteResult | Page
-
-
-def from_unix_ms(value: int) -> datetime:
-    return datetime.fromtimestamp(value / 1000, tz=UTC)

@@ -24,13 +24,15 @@ import yaml
 from sqlalchemy import Engine, create_engine, text
 
 from dataservice import Client
+from dataservice.broker import celery_settings
 from dataservice.callers import write_callers_file
-from dataservice.config import Config, LaneName, Settings
+from dataservice.client.transport import Transport
+from dataservice.config import Config
+from dataservice.enums import LaneName
 from dataservice.localservices import mysql_reachable, redis_reachable
+from dataservice.settings import Settings
 from dataservice.store.migrate import upgrade
 from dataservice.supervisor import Supervisor
-from dataservice.transport import Transport
-from dataservice.wire import celery_settings
 from tests.support import TEST_CALLERS, on_redis, with_test_callers
 from workers.app import LaneRuntime, register_task
 

@@ -23,15 +23,19 @@ from celery import Celery
 from sqlalchemy import Engine, text
 
 from dataservice.auth import Authenticator, sign
+from dataservice.broker import celery_settings
 from dataservice.callers import CallerKey, load_keyring
-from dataservice.config import Config, LaneName, Settings
-from dataservice.gate import Gate
+from dataservice.config import Config
+from dataservice.enums import LaneName
+from dataservice.limits.gate import Gate
+from dataservice.limits.permits import LanePermits
 from dataservice.metrics import REGISTRY
-from dataservice.permits import LanePermits
 from dataservice.proto import pb
-from dataservice.service import RequestHandler
+from dataservice.settings import Settings
 from dataservice.store import RecordStore
-from dataservice.wire import celery_settings
+from dataservice.worker import RequestHandler
+from dataservice.worker.database import Database
+from dataservice.worker.operations import operations
 
 
 def row_count(engine: Engine, scope: str | None = None) -> int:
@@ -172,12 +176,17 @@ def counter(name: str, **labels: str) -> float:
 
 def handler_for(
     settings: Settings, config: Config, lane: LaneName, store: RecordStore
-) -> tuple[RequestHandler, redis.Redis]:
-    """A request handler with the real authenticator and gate (on ``settings.redis_url``)."""
+) -> tuple[RequestHandler, Database, redis.Redis]:
+    """A request handler with the real authenticator and gate (on ``settings.redis_url``),
+    its way to the database (permits and recent durations), and the gate's client."""
     client = redis.Redis.from_url(settings.redis_url)
     authenticator = Authenticator(load_keyring(settings.callers_file), config, lane)
-    permits = LanePermits(config.lanes[lane])
-    return RequestHandler(config, lane, store, permits, authenticator, Gate(client, config)), client
+    database = Database(LanePermits(config.lanes[lane]), config.database.pool_timeout_ms)
+    gate = Gate(client, config)
+    handler = RequestHandler(
+        config, lane, authenticator, gate, operations(database, store, config.limits)
+    )
+    return handler, database, client
 
 
 class RedisWatch:

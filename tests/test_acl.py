@@ -21,8 +21,10 @@ from redis.exceptions import NoPermissionError, ResponseError
 from dataservice import Client
 from dataservice.acl import WORKER_USER, acl_users, apply_acl, caller_user
 from dataservice.callers import KeyRing, load_keyring
-from dataservice.config import Config, LaneName, Settings
+from dataservice.config import Config
+from dataservice.enums import LaneName
 from dataservice.keys import inflight_key, rate_key, replay_key, result_key
+from dataservice.settings import Settings
 from tests.conftest import require
 
 CALLER = "tests"

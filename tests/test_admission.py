@@ -15,10 +15,13 @@ import redis
 import yaml
 
 from dataservice import Client, ReadOp, ResourceExhausted
-from dataservice.config import Config, LaneName, Settings, load_config
+from dataservice.client.transport import Transport, refused
+from dataservice.config import Config, load_config
+from dataservice.enums import LaneName
 from dataservice.keys import admission_key
+from dataservice.limits.admission import AdmissionRefused
 from dataservice.localservices import redis_reachable
-from dataservice.transport import Refused, Transport
+from dataservice.settings import Settings
 from tests.conftest import require
 from tests.support import on_redis
 
@@ -66,8 +69,8 @@ def test_concurrent_producers_never_overshoot_the_message_bound(
                 transport.publish(b"x" * 100, request_id=rid, lane=LaneName.INTERACTIVE,
                                   deadline_ms=_deadline(30))  # fmt: skip
                 outcome = admitted
-            except Refused as exc:
-                reasons.add(exc.refusal.reason)
+            except AdmissionRefused as exc:
+                reasons.add(exc.reason)
                 outcome = refused
             with lock:
                 outcome[0] += 1
@@ -81,7 +84,7 @@ def test_concurrent_producers_never_overshoot_the_message_bound(
     assert broker.llen(config.lanes.interactive.queue) == MAX_MESSAGES
     assert admitted[0] == MAX_MESSAGES
     assert refused[0] == producers * each - MAX_MESSAGES
-    assert reasons == {"messages"}
+    assert reasons == {"queue_full"}
 
 
 def test_a_full_lane_refuses_fast_and_retryably(
@@ -163,12 +166,12 @@ def test_a_request_already_past_its_deadline_is_not_admitted(
     settings, config, broker = bounded
     transport = Transport(settings, config)
     try:
-        with pytest.raises(Refused) as caught:
+        with pytest.raises(AdmissionRefused) as caught:
             transport.publish(b"x", request_id=uuid.uuid4().hex, lane=LaneName.BATCH,
                               deadline_ms=_deadline(-1))  # fmt: skip
     finally:
         transport.close()
-    assert caught.value.refusal.reason == "wait"
+    assert caught.value.reason == "queue_too_long"
     assert broker.llen(config.lanes.batch.queue) == 0
 
 
@@ -201,9 +204,9 @@ def test_a_caller_over_its_rate_is_refused_before_the_queue(
                 transport.publish(b"x", request_id=uuid.uuid4().hex, lane=LaneName.INTERACTIVE,
                                   deadline_ms=_deadline(5), caller="tests-limited")  # fmt: skip
                 outcomes.append("queued")
-            except Refused as refused:
-                outcomes.append(refused.refusal.reason)
-                error = refused.error()
+            except AdmissionRefused as refusal:
+                outcomes.append(refusal.reason)
+                error = refused(refusal)
                 assert error.reason == "rate_limited"
                 assert 0 < error.retry_after <= 1 / policy.rate_per_s + 0.01
         # Unpaced messages (no caller named) only meet the queue's bounds.
@@ -211,5 +214,5 @@ def test_a_caller_over_its_rate_is_refused_before_the_queue(
                           deadline_ms=_deadline(5))  # fmt: skip
     finally:
         transport.close()
-    assert outcomes == ["queued"] * policy.burst + ["rate"] * 3
+    assert outcomes == ["queued"] * policy.burst + ["rate_limited"] * 3
     assert broker.llen(config.lanes.interactive.queue) == policy.burst + 1

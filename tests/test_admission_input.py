@@ -12,25 +12,41 @@ from sqlalchemy import Engine
 
 from dataservice import Client, InvalidArgument
 from dataservice.callers import CallerKey
-from dataservice.client import decode_response
-from dataservice.config import Config, LaneName, Settings
+from dataservice.client.transport import Transport
+from dataservice.codec import decode_response
+from dataservice.config import Config
+from dataservice.enums import LaneName, StatusCode
 from dataservice.keys import admission_key
+from dataservice.limits.permits import LanePermits
 from dataservice.proto import pb
-from dataservice.service import RequestHandler
-from dataservice.status import StatusCode
+from dataservice.settings import Settings
 from dataservice.store import RecordStore, create_store_engine
-from dataservice.transport import Transport
+from dataservice.worker import RequestHandler
+from dataservice.worker.database import Database
 from tests.support import caller_key, handler_for, signed
 
 
 @pytest.fixture
-def handler(settings: Settings, config: Config, database: Engine) -> Iterator[RequestHandler]:
+def parts(
+    settings: Settings, config: Config, database: Engine
+) -> Iterator[tuple[RequestHandler, Database]]:
     engine = create_store_engine(settings.database_url, 2, config.database)
     store = RecordStore(engine, max_statement_ms=config.database.max_statement_ms)
-    handler, limits = handler_for(settings, config, LaneName.INTERACTIVE, store)
-    yield handler
+    handler, way_in, limits = handler_for(settings, config, LaneName.INTERACTIVE, store)
+    yield handler, way_in
     limits.close()
     engine.dispose()
+
+
+@pytest.fixture
+def handler(parts: tuple[RequestHandler, Database]) -> RequestHandler:
+    return parts[0]
+
+
+@pytest.fixture
+def permits(parts: tuple[RequestHandler, Database]) -> LanePermits:
+    """The permits the handler's operations take."""
+    return parts[1].permits
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +80,7 @@ def _code(
 
 
 def test_bad_deadlines_and_payloads_get_typed_errors_and_hold_no_permit(
-    handler: RequestHandler, config: Config, key: CallerKey
+    handler: RequestHandler, permits: LanePermits, config: Config, key: CallerKey
 ) -> None:
     limit = config.limits.max_payload_bytes
     cases = {
@@ -86,13 +102,13 @@ def test_bad_deadlines_and_payloads_get_typed_errors_and_hold_no_permit(
         assert _code(handler, key, deadline, payload) is expected, name
     too_little_time = _code(handler, key, _now_ms() + 3)
     assert too_little_time is StatusCode.DEADLINE_EXCEEDED
-    assert handler.permits.snapshot().acquired_total == 0
+    assert permits.snapshot().acquired_total == 0
     # A deadline already past is dropped unanswered, also without a permit.
     assert _code(handler, key, _now_ms() - 1) is None
-    assert handler.permits.snapshot().acquired_total == 0
+    assert permits.snapshot().acquired_total == 0
 
     assert _code(handler, key, _now_ms() + 2000, b"x" * limit) is StatusCode.OK
-    snapshot = handler.permits.snapshot()
+    snapshot = permits.snapshot()
     assert (snapshot.acquired_total, snapshot.released_total, snapshot.in_use) == (1, 1, 0)
 
 
@@ -140,13 +156,14 @@ def test_a_request_dropped_as_late_gives_its_bytes_back(
 
 
 def test_a_request_with_less_time_than_its_operation_needs_never_reaches_the_database(
-    handler: RequestHandler, key: CallerKey
+    parts: tuple[RequestHandler, Database], key: CallerKey
 ) -> None:
-    from dataservice.config import OperationClass
+    from dataservice.enums import OperationClass
 
+    handler, database = parts
     # Writes have recently taken about 400 ms in the database.
     for _ in range(20):
-        handler.durations.record(OperationClass.POINT_WRITE, 400.0)
+        database.durations.record(OperationClass.POINT_WRITE, 400.0)
     assert _code(handler, key, _now_ms() + 200) is StatusCode.DEADLINE_EXCEEDED
-    assert handler.permits.snapshot().acquired_total == 0
+    assert database.permits.snapshot().acquired_total == 0
     assert _code(handler, key, _now_ms() + 2000) is StatusCode.OK

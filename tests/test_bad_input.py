@@ -19,13 +19,15 @@ from sqlalchemy import Engine
 
 from dataservice import Client, InvalidArgument, ReadMode
 from dataservice.auth import sign
+from dataservice.broker import TASK_NAME, celery_settings
 from dataservice.callers import CallerKey
-from dataservice.client import decode_response
-from dataservice.config import Config, LaneName, Settings
+from dataservice.client.transport import Transport
+from dataservice.codec import decode_response
+from dataservice.config import Config
+from dataservice.enums import LaneName
 from dataservice.keys import admission_key
 from dataservice.proto import pb
-from dataservice.transport import Transport
-from dataservice.wire import TASK_NAME, celery_settings
+from dataservice.settings import Settings
 from tests.conftest import SERVICE_USER
 from tests.support import (
     caller_key,
@@ -194,7 +196,7 @@ def test_task_message_in_json_is_counted_and_dropped(
 
 
 def test_pickle_is_never_accepted(config: Config) -> None:
-    from dataservice.wire import celery_settings as shared
+    from dataservice.broker import celery_settings as shared
 
     accepted = shared(Settings(), config)["accept_content"]
     assert not any("pickle" in content for content in accepted)

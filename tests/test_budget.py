@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from dataservice.budget import check_budget, require_within_budget
-from dataservice.config import ConfigError, LaneName, parse_config
+from dataservice.config import ConfigError, parse_config
+from dataservice.enums import LaneName
 from tests.conftest import SHIPPED_CONFIG
 from tests.support import changed
 

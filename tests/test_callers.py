@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from dataservice.auth import Authenticator, Rejected, sign
 from dataservice.callers import KeyRing, write_callers_file
 from dataservice.cli import app
-from dataservice.config import LaneName, load_config
+from dataservice.config import load_config
+from dataservice.enums import LaneName
 from dataservice.errors import ConfigError
 from dataservice.proto import pb
 from tests.conftest import SHIPPED_CONFIG

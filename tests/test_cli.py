@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from dataservice.config import Settings
+from dataservice.settings import Settings
 
 
 def _run(args: list[str], settings: Settings, timeout: float) -> subprocess.CompletedProcess[str]:

@@ -21,8 +21,10 @@ import typer.main
 import yaml
 
 import dataservice.cli
-from dataservice.config import Config, LaneName, Settings, load_config
+from dataservice.config import Config, load_config
+from dataservice.enums import LaneName
 from dataservice.errors import ConfigError
+from dataservice.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_DIR = ROOT / "compose"

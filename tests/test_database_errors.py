@@ -2,31 +2,42 @@
 
 from __future__ import annotations
 
+import MySQLdb
 import pytest
+from sqlalchemy.exc import DBAPIError
 
-from dataservice.service import _database_error
-from dataservice.status import StatusCode
+from dataservice.enums import StatusCode
+from dataservice.worker.failures import database_error, verdict
+
+
+def _driver_error(errno: int | None, lost: bool) -> DBAPIError:
+    orig = MySQLdb.OperationalError(errno, "detail") if errno else MySQLdb.OperationalError()
+    return DBAPIError.instance(
+        "SELECT secret FROM records", {}, orig, MySQLdb.Error, connection_invalidated=lost
+    )
 
 
 @pytest.mark.parametrize(
-    ("errno", "lost", "mutation", "code"),
+    ("errno", "lost", "code"),
     [
-        (2003, False, True, StatusCode.UNAVAILABLE),  # cannot connect: nothing was sent
-        (1213, False, True, StatusCode.UNAVAILABLE),  # deadlock: rolled back
-        (1205, False, True, StatusCode.UNAVAILABLE),  # lock wait timeout: rolled back
-        (1040, False, False, StatusCode.RESOURCE_EXHAUSTED),  # too many connections
-        (2013, True, False, StatusCode.UNAVAILABLE),  # a read lost mid-statement
-        (2013, True, True, StatusCode.DEADLINE_EXCEEDED),  # a write's outcome is unknown
-        (1054, False, False, StatusCode.INTERNAL),  # unknown column: retrying cannot help
-        (1142, False, True, StatusCode.INTERNAL),  # privilege
-        (None, False, False, StatusCode.INTERNAL),
+        (2003, False, StatusCode.UNAVAILABLE),  # cannot connect: nothing was sent
+        (1213, False, StatusCode.UNAVAILABLE),  # deadlock: rolled back
+        (1205, False, StatusCode.UNAVAILABLE),  # lock wait timeout: rolled back
+        (1040, False, StatusCode.RESOURCE_EXHAUSTED),  # too many connections
+        # Lost mid-statement: a read, or a write under its idempotency key, is
+        # safe to retry (the key finds the outcome if the first attempt committed).
+        (2013, True, StatusCode.UNAVAILABLE),
+        (2006, False, StatusCode.UNAVAILABLE),
+        (1054, False, StatusCode.INTERNAL),  # unknown column: retrying cannot help
+        (1142, False, StatusCode.INTERNAL),  # privilege
+        (None, False, StatusCode.INTERNAL),
     ],
 )
 def test_database_errors_are_retryable_only_when_a_retry_is_safe(
-    errno: int | None, lost: bool, mutation: bool, code: StatusCode
+    errno: int | None, lost: bool, code: StatusCode
 ) -> None:
-    error, retry_after_ms = _database_error(errno, lost, mutation)
-    assert error.code is code
-    assert (retry_after_ms > 0) == code.retryable
-    assert "SELECT" not in error.message
-    assert "INSERT" not in error.message
+    answer = verdict(database_error(_driver_error(errno, lost)))
+    assert answer.code is code
+    assert (answer.retry_after_ms > 0) == code.retryable
+    assert "SELECT" not in answer.message
+    assert "secret" not in answer.message

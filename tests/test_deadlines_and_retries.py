@@ -20,9 +20,11 @@ import redis
 from sqlalchemy import Engine
 
 from dataservice import Client, DeadlineExceeded, ReadMode, RetryableError, Unavailable
-from dataservice.config import Config, LaneName, Settings
+from dataservice.config import Config
+from dataservice.enums import LaneName
 from dataservice.keys import REPLAY_PREFIX, result_key
 from dataservice.localservices import redis_reachable
+from dataservice.settings import Settings
 from dataservice.types import ReadOp
 from tests.conftest import SERVICE_USER, require
 from tests.support import (

@@ -30,19 +30,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dataservice.codec import (
+from dataservice.codec import decode_request, encode_cursor
+from dataservice.codec.requests import MAX_CURSOR_CHARS
+from dataservice.errors import InvalidArgument
+from dataservice.identifiers import (
     CALLER_RE,
     IDEMPOTENCY_KEY_RE,
-    MAX_CURSOR_CHARS,
     OBJECT_ID_RE,
     REQUEST_ID_RE,
     SCOPE_RE,
-    decode_request,
-    encode_cursor,
 )
-from dataservice.config import Settings
-from dataservice.errors import InvalidArgument
 from dataservice.proto import pb
+from dataservice.settings import Settings
 
 LIMITS = Settings.from_env({}).load().limits
 

@@ -24,8 +24,9 @@ from bench._openloop import summarize_flood, summarize_steady
 from bench.flood import FLOODER, SCOPE, STEADY, one_attempt, write_config
 from dataservice.callers import write_callers_file
 from dataservice.client import Client
-from dataservice.config import Config, Settings
+from dataservice.config import Config
 from dataservice.localservices import redis_reachable
+from dataservice.settings import Settings
 from tests.conftest import SHIPPED_CONFIG, require
 from tests.support import on_redis, with_test_callers
 

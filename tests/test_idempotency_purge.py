@@ -9,7 +9,9 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, text
 
-from dataservice.config import Config, LaneName, Settings
+from dataservice.config import Config
+from dataservice.enums import LaneName
+from dataservice.settings import Settings
 from workers.app import LaneRuntime
 
 CALLER = "tests-purge"

@@ -16,9 +16,10 @@ import pytest
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
-from dataservice.config import Config, Settings
+from dataservice.config import Config
+from dataservice.settings import Settings
 from dataservice.store import (
-    Budget,
+    Bounds,
     Idempotency,
     IdempotencyConflict,
     RecordStore,
@@ -313,7 +314,7 @@ def test_a_statement_timeout_mid_transaction_leaves_neither_change_nor_key(
     before = records_of(database, scope)
 
     def change() -> object:
-        budget = Budget(deadline_ms=now_ms() + 300)
+        budget = Bounds(deadline_ms=now_ms() + 300)
         if operation == "write":
             return store.write(scope, "a", b"after", budget, idempotency=keyed(caller))
         return store.delete(scope, "a", budget, idempotency=keyed(caller))
@@ -340,7 +341,7 @@ def test_a_killed_connection_mid_transaction_leaves_neither_change_nor_key(
     failures: list[BaseException] = []
 
     def write() -> None:
-        budget = Budget(deadline_ms=now_ms() + 2000)
+        budget = Bounds(deadline_ms=now_ms() + 2000)
         try:
             store.write(scope, "a", b"after", budget, idempotency=keyed(caller))
         except BaseException as exc:

@@ -26,10 +26,11 @@ from celery import Celery
 from sqlalchemy import Engine, text
 
 from dataservice import Client, DataServiceError
-from dataservice.config import Config, Settings
+from dataservice.broker import celery_settings
+from dataservice.config import Config
 from dataservice.localservices import redis_reachable
+from dataservice.settings import Settings
 from dataservice.types import WriteResult
-from dataservice.wire import celery_settings
 from tests.conftest import require
 from tests.support import on_redis
 

@@ -10,7 +10,8 @@ import pytest
 import redis
 
 from dataservice import Client, ReadOp
-from dataservice.config import Config, Settings
+from dataservice.config import Config
+from dataservice.settings import Settings
 
 BACKLOG = 10_000
 READS = 40

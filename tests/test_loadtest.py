@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from dataservice.config import LaneName
+from dataservice.enums import LaneName
 from dataservice.loadtest import environment as env
 from dataservice.loadtest.report import write_chart, write_json
 from dataservice.loadtest.runner import Run, RunOptions

@@ -8,7 +8,6 @@ from pathlib import Path
 import MySQLdb
 import pytest
 
-from dataservice.config import Settings
 from dataservice.localservices import (
     TemporaryBinlogMariaDB,
     down,
@@ -18,6 +17,7 @@ from dataservice.localservices import (
     redis_reachable,
     up,
 )
+from dataservice.settings import Settings
 
 
 @pytest.mark.timeout(60)

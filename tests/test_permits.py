@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from dataservice.config import LaneName, OperationClass, parse_config
-from dataservice.permits import LanePermits, PermitUnavailable
+from dataservice.config import parse_config
+from dataservice.enums import LaneName, OperationClass
+from dataservice.limits.permits import LanePermits, PermitUnavailable
 from dataservice.store.connections import ConnectRamp, ConnectRateLimited
 from tests.conftest import SHIPPED_CONFIG
 

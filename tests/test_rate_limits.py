@@ -10,11 +10,12 @@ import pytest
 import redis
 
 from dataservice import Client, ReadMode, ResourceExhausted
-from dataservice.auth import Reason, Rejected
-from dataservice.config import CallerPolicy, Config, Settings
+from dataservice.config import CallerPolicy, Config
 from dataservice.errors import NotFound
-from dataservice.gate import Gate
 from dataservice.keys import inflight_key
+from dataservice.limits.gate import Gate
+from dataservice.refusals import Reason, Rejected
+from dataservice.settings import Settings
 from tests.support import counter, now_ms, with_retry
 
 LIMITED = "tests-limited"

@@ -20,14 +20,15 @@ from kombu import Connection, Exchange
 from sqlalchemy import Engine
 
 from dataservice import Client, ReadMode
-from dataservice.admission import DEADLINE_HEADER
+from dataservice.broker import CONTENT_TYPE, TASK_NAME, celery_settings
 from dataservice.callers import CallerKey, Secret
-from dataservice.client import decode_response
-from dataservice.config import Config, Settings
+from dataservice.codec import decode_response
+from dataservice.config import Config
 from dataservice.errors import PermissionDenied, RequestError, Unauthenticated
+from dataservice.limits.admission import DEADLINE_HEADER
 from dataservice.proto import pb
 from dataservice.results import ResultStore
-from dataservice.wire import CONTENT_TYPE, TASK_NAME, celery_settings
+from dataservice.settings import Settings
 from tests.conftest import SERVICE_USER
 from tests.support import RedisWatch, caller_key, counter, now_ms, signed, statements_by
 

@@ -21,8 +21,9 @@ from dataservice import (
     WriteOp,
     WriteResult,
 )
-from dataservice.config import Config, Settings
+from dataservice.config import Config
 from dataservice.keys import result_key
+from dataservice.settings import Settings
 from dataservice.supervisor import Supervisor
 from tests.support import row_count
 

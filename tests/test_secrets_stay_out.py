@@ -22,11 +22,13 @@ from prometheus_client import generate_latest
 
 from dataservice import Client, DataServiceError, ReadMode
 from dataservice.callers import CallerKey, Secret, load_keyring
-from dataservice.config import Config, LaneName, Settings
+from dataservice.client.transport import Transport
+from dataservice.config import Config
+from dataservice.enums import LaneName
 from dataservice.localservices import redis_reachable
 from dataservice.metrics import REGISTRY
 from dataservice.proto import pb
-from dataservice.transport import Transport
+from dataservice.settings import Settings
 from tests.conftest import require
 from tests.support import now_ms, on_redis, signed, worker_process
 

@@ -23,14 +23,15 @@ from dataservice import (
     ResourceExhausted,
     Unavailable,
 )
-from dataservice.config import Config, LaneName, OperationClass, Settings, load_config
+from dataservice.broker import celery_settings
+from dataservice.config import Config, load_config
+from dataservice.enums import LaneName, OperationClass
+from dataservice.limits.permits import PERMITS_COMMAND, LanePermits
 from dataservice.localservices import redis_reachable
-from dataservice.permits import PERMITS_COMMAND, LanePermits
-from dataservice.store import RecordStore, create_store_engine
+from dataservice.settings import Settings
+from dataservice.store import Bounds, RecordStore, create_store_engine
 from dataservice.store.connections import StatementTimeout, now_ms
-from dataservice.store.records import Budget
 from dataservice.supervisor import Supervisor
-from dataservice.wire import celery_settings
 from tests.conftest import SERVICE_USER, require
 from tests.support import connection_ids, on_redis, running_statements
 
@@ -171,7 +172,7 @@ def test_a_timed_out_statement_leaves_with_its_connection(
     try:
         with permits.acquire(OperationClass.POINT_READ, 1.0) as permit:
             with pytest.raises(StatementTimeout):
-                slow.read("s", "a", Budget(permit, deadline_ms=now_ms() + 50))
+                slow.read("s", "a", Bounds(permit, deadline_ms=now_ms() + 50))
             killed = permit.connection_id
         assert killed is not None
         assert permits.snapshot().in_use == 0
@@ -179,7 +180,7 @@ def test_a_timed_out_statement_leaves_with_its_connection(
         assert killed not in connection_ids(database, SERVICE_USER)
         fresh = RecordStore(engine, max_statement_ms=limit)
         with permits.acquire(OperationClass.POINT_READ, 1.0) as permit:
-            fresh.read("s", "a", Budget(permit, deadline_ms=now_ms() + 1000))
+            fresh.read("s", "a", Bounds(permit, deadline_ms=now_ms() + 1000))
             assert permit.connection_id not in (None, killed)
     finally:
         engine.dispose()

@@ -7,8 +7,9 @@ import time
 import pytest
 
 from dataservice import Client, RetryableError, Unavailable
-from dataservice.config import Config, Settings
+from dataservice.config import Config
 from dataservice.localservices import free_port
+from dataservice.settings import Settings
 from tests.support import on_redis
 
 

@@ -12,20 +12,21 @@ import redis
 from celery import Celery, Task
 from celery.worker.control import inspect_command
 
-from dataservice.admission import DEADLINE_HEADER, SIZE_HEADER
 from dataservice.auth import Authenticator
+from dataservice.broker import TASK_NAME, celery_settings
 from dataservice.callers import KeyRing, load_keyring
-from dataservice.config import Config, LaneName, OperationClass, Settings
-from dataservice.gate import Gate
+from dataservice.config import Config
+from dataservice.enums import LaneName, OperationClass
 from dataservice.keys import admission_key
+from dataservice.limits.admission import DEADLINE_HEADER, SIZE_HEADER
+from dataservice.limits.gate import Gate
+from dataservice.limits.permits import PERMITS_COMMAND, LanePermits
 from dataservice.metrics import DEPENDENCY_FAILURES, Dependency
-from dataservice.permits import PERMITS_COMMAND, LanePermits
 from dataservice.results import Completion, ResultStore
-from dataservice.service import RequestHandler
-from dataservice.store import RecordStore, create_store_engine
+from dataservice.settings import Settings
+from dataservice.store import Bounds, RecordStore, create_store_engine
 from dataservice.store.connections import now_ms
-from dataservice.store.records import Budget
-from dataservice.wire import TASK_NAME, celery_settings
+from dataservice.worker import build_handler
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class LaneRuntime:
             config,
             on_fallback=DEPENDENCY_FAILURES.labels(lane.value, Dependency.LIMITS.value).inc,
         )
-        self.handler = RequestHandler(
+        self.handler = build_handler(
             config, lane, store, self.permits, Authenticator(keyring, config, lane), gate
         )
         self.results = ResultStore.from_url(
@@ -143,7 +144,7 @@ class LaneRuntime:
                     with self.permits.acquire(OperationClass.POINT_WRITE, 1.0) as permit:
                         deadline = now_ms() + config.database.max_statement_ms
                         purged = store.purge_idempotency(
-                            settings.purge_batch, Budget(permit, deadline)
+                            settings.purge_batch, Bounds(permit, deadline)
                         )
                     if purged < settings.purge_batch:
                         break

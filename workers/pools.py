@@ -15,7 +15,9 @@ import logging
 import os
 import socket
 
-from dataservice.config import Config, LaneName, Settings
+from dataservice.config import Config
+from dataservice.enums import LaneName
+from dataservice.settings import Settings
 from workers.app import create_app
 
 # Celery logs every task received and succeeded at INFO: a line per request

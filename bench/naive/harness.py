@@ -9,7 +9,8 @@ import sys
 from celery.exceptions import TimeoutError as CeleryTimeout
 
 from bench.naive.app import READ_TASK, WRITE_TASK, make_app
-from dataservice.config import Config, LaneName
+from dataservice.config import Config
+from dataservice.enums import LaneName
 from dataservice.loadtest.traffic import Outcome
 
 __all__ = ["NaiveAdapter", "make_app", "worker_argv"]

@@ -26,8 +26,10 @@ from sqlalchemy import create_engine, func, insert, text
 from sqlalchemy.engine import URL, make_url
 
 from dataservice.callers import write_callers_file
-from dataservice.config import Config, LaneName, Settings, load_config
+from dataservice.config import Config, load_config
+from dataservice.enums import LaneName
 from dataservice.errors import ServiceSetupError
+from dataservice.settings import Settings
 
 ROOT_URL = "mysql+mysqldb://root@127.0.0.1:3306/"
 REDIS_BASE = "redis://127.0.0.1:6379"

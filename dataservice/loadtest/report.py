@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dataservice.config import LaneName
+from dataservice.enums import LaneName
 from dataservice.loadtest.sampler import Sample
 from dataservice.loadtest.traffic import Outcome, RequestRecord
 

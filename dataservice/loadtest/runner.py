@@ -18,8 +18,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from dataservice.broker import celery_settings
 from dataservice.budget import check_budget
-from dataservice.config import Config, LaneName
+from dataservice.config import Config
+from dataservice.enums import LaneName
 from dataservice.errors import ServiceSetupError
 from dataservice.loadtest import environment as env
 from dataservice.loadtest import report as rep
@@ -32,7 +34,6 @@ from dataservice.loadtest.traffic import (
     ServiceAdapter,
     closed_loop_capacity,
 )
-from dataservice.wire import celery_settings
 
 BATCH_TIMEOUT_S = 5.0
 # Slack on the connection-ramp bound: a sample's time is taken before its two

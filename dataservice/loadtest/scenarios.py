@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dataservice.config import LaneName
+from dataservice.enums import LaneName
 
 # (start fraction, end fraction, multiple of the lane's capacity)
 Segment = tuple[float, float, float]

@@ -20,9 +20,10 @@ from enum import StrEnum
 from typing import Protocol
 
 from dataservice.client import Client
-from dataservice.config import Config, LaneName, Settings
+from dataservice.config import Config
+from dataservice.enums import LaneName, ReadMode
 from dataservice.errors import DataServiceError, DeadlineExceeded, RetryableError
-from dataservice.status import ReadMode
+from dataservice.settings import Settings
 from dataservice.types import ReadOp, WriteOp
 
 CALLER = "loadtest"

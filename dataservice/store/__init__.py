@@ -3,22 +3,20 @@
 from dataservice.store.engine import create_store_engine, ensure_database
 from dataservice.store.idempotency import Idempotency, IdempotencyConflict
 from dataservice.store.records import (
-    Budget,
+    Bounds,
     DeleteRaced,
     RecordStore,
     RevisionMismatch,
-    StoredRecord,
     WriteOutcome,
 )
 
 __all__ = [
-    "Budget",
+    "Bounds",
     "DeleteRaced",
     "Idempotency",
     "IdempotencyConflict",
     "RecordStore",
     "RevisionMismatch",
-    "StoredRecord",
     "WriteOutcome",
     "create_store_engine",
     "ensure_database",

@@ -24,6 +24,8 @@ from typing import Any
 from sqlalchemy import Engine, event
 from sqlalchemy.pool import ConnectionPoolEntry
 
+from dataservice.refusals import Refusal
+
 CONNECTION_ID = "dataservice.connection_id"
 DEADLINE_OPTION = "dataservice_deadline_ms"
 # The least time worth starting a statement with: a primary-key statement and
@@ -33,7 +35,7 @@ MIN_STATEMENT_MS = 5
 STATEMENT_TIMEOUT_CODES = frozenset({1969, 3024})
 
 
-class StatementTimeout(Exception):
+class StatementTimeout(Refusal):
     """A statement ran, or would have run, past its request's remaining time."""
 
 
@@ -41,11 +43,14 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class ConnectRateLimited(Exception):
+class ConnectRateLimited(Refusal):
     """Opening another connection now would exceed this process's reconnect ramp."""
 
     def __init__(self, retry_after: float) -> None:
-        super().__init__(f"connection ramp exhausted; retry in {retry_after:.3f} s")
+        super().__init__(
+            f"connection ramp exhausted; retry in {retry_after:.3f} s",
+            retry_after_ms=max(1, int(retry_after * 1000)),
+        )
         self.retry_after = retry_after
 
 

@@ -32,6 +32,7 @@ from sqlalchemy import Connection, bindparam, func, literal_column, select, text
 from sqlalchemy.dialects.mysql import insert
 from sqlalchemy.exc import IntegrityError
 
+from dataservice.refusals import Refusal
 from dataservice.store.connections import DEADLINE_OPTION
 from dataservice.store.schema import idempotency_keys
 
@@ -64,7 +65,7 @@ class Idempotency:
             raise ValueError(f"fingerprint must be {_FINGERPRINT_BYTES} bytes (a sha256 digest)")
 
 
-class IdempotencyConflict(Exception):
+class IdempotencyConflict(Refusal):
     """The idempotency key was already used for a different request; nothing was changed."""
 
 

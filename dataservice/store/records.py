@@ -2,7 +2,7 @@
 
 Each operation is one primary-key statement (or one key-range scan with a
 LIMIT), run in autocommit: no statement can touch an unbounded number of rows
-and no lock outlives its statement. Each runs within a :class:`Budget`: the
+and no lock outlives its statement. Each runs within its :class:`Bounds`: the
 permit it holds learns which connection it uses, and every statement gets the
 request's remaining time as a server-side timeout.
 
@@ -24,14 +24,15 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, bindparam, func, select, text
-from sqlalchemy.dialects.mysql import insert
+from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from dataservice.permits import Permit
+from dataservice.limits.permits import Permit
+from dataservice.refusals import Refusal
+from dataservice.store import statements
 from dataservice.store.connections import (
     CONNECTION_ID,
     DEADLINE_OPTION,
@@ -42,17 +43,15 @@ from dataservice.store.connections import (
 from dataservice.store.idempotency import Idempotency, IdempotencyConflict, Outcome, Recorded
 from dataservice.store.idempotency import once as _once
 from dataservice.store.idempotency import purge as _purge
-from dataservice.store.schema import records
+from dataservice.store.statements import delete_change, write_change
+from dataservice.types import Record
 
 _MAX_DELETE_ATTEMPTS = 3
 
 
-@dataclass(frozen=True, slots=True)
-class StoredRecord:
-    object_id: str
-    revision: int
-    payload: bytes
-    updated_at: datetime
+def _record(object_id: str, revision: int, payload: bytes, updated_at: datetime) -> Record:
+    # DATETIME columns hold UTC without a zone (the statements write UTC_TIMESTAMP).
+    return Record(object_id, int(revision), bytes(payload), updated_at.replace(tzinfo=UTC))
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +63,11 @@ class WriteOutcome:
     replayed: bool = False
 
 
-class DeleteRaced(Exception):
+class DeleteRaced(Refusal):
     """The record kept changing while it was being deleted."""
 
 
-class RevisionMismatch(Exception):
+class RevisionMismatch(Refusal):
     """A conditional change found the record at another revision; nothing was changed.
 
     ``current`` is the revision read once the condition had failed, None if
@@ -82,64 +81,15 @@ class RevisionMismatch(Exception):
         self.current = current
 
 
-# Statements are built once with bound parameters: SQLAlchemy then reuses the
-# compiled form instead of rebuilding a cache key on every call.
-_COLUMNS = (records.c.object_id, records.c.revision, records.c.payload, records.c.updated_at)
-_KEY = (records.c.scope == bindparam("scope"), records.c.object_id == bindparam("object_id"))
-_READ = select(*_COLUMNS).where(*_KEY)
-_REVISION = select(records.c.revision).where(*_KEY)
-# Inside a transaction a plain read would come from its snapshot; a locking
-# read sees the latest revision and keeps it until the outcome is recorded.
-_REVISION_LOCKED = _REVISION.with_for_update()
-_DELETE = records.delete().where(*_KEY, records.c.revision == bindparam("revision"))
-_DELETE_KEY = records.delete().where(*_KEY)
-# MariaDB: the deleted revision comes back with the DELETE, saving a round trip.
-_DELETE_RETURNING = _DELETE_KEY.returning(records.c.revision)
-_LIST = (
-    select(*_COLUMNS)
-    .where(records.c.scope == bindparam("scope"), records.c.object_id > bindparam("after"))
-    .order_by(records.c.object_id)
-    .limit(bindparam("limit"))
-)
-_NOW = func.utc_timestamp(6)
-_UPSERT = insert(records).values(
-    scope=bindparam("scope"),
-    object_id=bindparam("object_id"),
-    revision=1,
-    payload=bindparam("payload"),
-    created_at=_NOW,
-    updated_at=_NOW,
-)
-# LAST_INSERT_ID(expr) hands the new revision back through the client protocol,
-# so an upsert and its revision cost one round trip.
-_UPSERT = _UPSERT.on_duplicate_key_update(
-    revision=func.last_insert_id(records.c.revision + 1),
-    payload=_UPSERT.inserted.payload,
-    updated_at=_NOW,
-)
-# Conditional: the record must exist at the expected revision, so the new one
-# is known without asking the server. Parameters of an UPDATE named like a
-# column would be taken as values to SET, hence the prefix.
-_UPDATE_IF = (
-    records.update()
-    .where(
-        records.c.scope == bindparam("if_scope"),
-        records.c.object_id == bindparam("if_object_id"),
-        records.c.revision == bindparam("if_revision"),
-    )
-    .values(revision=records.c.revision + 1, payload=bindparam("if_payload"), updated_at=_NOW)
-)
-
-
 @dataclass(frozen=True, slots=True)
-class Budget:
-    """What one operation may spend: its permit, and time until ``deadline_ms`` (Unix ms)."""
+class Bounds:
+    """What one operation runs under: its permit, and time until ``deadline_ms`` (Unix ms)."""
 
     permit: Permit | None = None
     deadline_ms: int | None = None
 
 
-_UNBOUNDED = Budget()
+_UNBOUNDED = Bounds()
 # Slack after the server-side bound before a lost statement is taken as gone.
 _SERVER_BOUND_SLACK_S = 0.1
 
@@ -152,47 +102,9 @@ def _timed_out(exc: BaseException) -> bool:
 _SLEEP = text("SELECT SLEEP(:seconds)")
 
 
-def _current(conn: Connection, key: dict[str, Any], locked: bool) -> int | None:
-    revision = conn.execute(_REVISION_LOCKED if locked else _REVISION, key).scalar()
-    return None if revision is None else int(revision)
-
-
 def _check(expected_revision: int) -> None:
     if expected_revision < 0:
         raise ValueError("expected_revision must be 0 (unconditional) or a revision")
-
-
-def _write_change(
-    conn: Connection, params: dict[str, Any], expected: int, locked: bool
-) -> Recorded:
-    if not expected:
-        result = conn.execute(_UPSERT, params)
-        # rowcount is 1 for an insert and 2 for an update (MySQL's convention).
-        if result.rowcount == 1:
-            return Recorded(Outcome.OK, 1, created=True)
-        return Recorded(Outcome.OK, int(result.lastrowid))
-    conditional = {f"if_{name}": value for name, value in params.items()}
-    if conn.execute(_UPDATE_IF, {**conditional, "if_revision": expected}).rowcount == 1:
-        return Recorded(Outcome.OK, expected + 1)
-    key = {"scope": params["scope"], "object_id": params["object_id"]}
-    return Recorded(Outcome.REVISION_MISMATCH, _current(conn, key, locked))
-
-
-def _delete_change(conn: Connection, key: dict[str, Any], expected: int, locked: bool) -> Recorded:
-    if expected:
-        if conn.execute(_DELETE, {**key, "revision": expected}).rowcount == 1:
-            return Recorded(Outcome.OK, expected)
-        return Recorded(Outcome.REVISION_MISMATCH, _current(conn, key, locked))
-    # Unconditional deletes without a key take the optimistic path instead.
-    if conn.dialect.delete_returning:
-        revision = conn.execute(_DELETE_RETURNING, key).scalar()
-    else:
-        revision = _current(conn, key, locked=True)
-        if revision is not None:
-            conn.execute(_DELETE_KEY, key)
-    if revision is None:
-        return Recorded(Outcome.NOT_FOUND, None)
-    return Recorded(Outcome.OK, int(revision))
 
 
 class RecordStore:
@@ -212,18 +124,18 @@ class RecordStore:
         self._retention_s = idempotency_retention_s
 
     @contextmanager
-    def _connection(self, budget: Budget) -> Iterator[Connection]:
-        """A pooled connection, bound to the budget; discarded on any failure.
+    def _connection(self, bounds: Bounds) -> Iterator[Connection]:
+        """A pooled connection, bound to the bounds; discarded on any failure.
 
         After an error nothing is known for sure about the session (a
         statement may have been cut off half way), so the connection is
         invalidated, never returned to the pool.
         """
         with self.engine.connect() as conn:
-            if budget.permit is not None:
-                budget.permit.connection_id = conn.info.get(CONNECTION_ID)
-            if budget.deadline_ms is not None:
-                conn.execution_options(**{DEADLINE_OPTION: budget.deadline_ms})
+            if bounds.permit is not None:
+                bounds.permit.connection_id = conn.info.get(CONNECTION_ID)
+            if bounds.deadline_ms is not None:
+                conn.execution_options(**{DEADLINE_OPTION: bounds.deadline_ms})
             try:
                 if self._delay_s:
                     conn.execute(_SLEEP, {"seconds": self._delay_s})
@@ -233,10 +145,10 @@ class RecordStore:
                 if _timed_out(exc):
                     raise StatementTimeout from None
                 if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-                    self._outlast_server_bound(budget)
+                    self._outlast_server_bound(bounds)
                 raise
 
-    def _outlast_server_bound(self, budget: Budget) -> None:
+    def _outlast_server_bound(self, bounds: Bounds) -> None:
         """After losing a connection mid-statement, wait until the server has
         certainly stopped the statement (its own timeout), so that the permit
         is never released while the database still works for the request.
@@ -245,23 +157,23 @@ class RecordStore:
         min(deadline, now + cap): wait until then.
         """
         bound_ms = now_ms() + self._max_statement_ms
-        if budget.deadline_ms is not None:
-            bound_ms = min(bound_ms, budget.deadline_ms)
+        if bounds.deadline_ms is not None:
+            bound_ms = min(bound_ms, bounds.deadline_ms)
         wait_s = (bound_ms - now_ms()) / 1000 + _SERVER_BOUND_SLACK_S
         if wait_s > 0:
             time.sleep(wait_s)
 
-    def read(self, scope: str, object_id: str, budget: Budget = _UNBOUNDED) -> StoredRecord | None:
-        with self._connection(budget) as conn:
-            row = conn.execute(_READ, {"scope": scope, "object_id": object_id}).first()
-        return None if row is None else StoredRecord(*row)
+    def read(self, scope: str, object_id: str, bounds: Bounds = _UNBOUNDED) -> Record | None:
+        with self._connection(bounds) as conn:
+            row = conn.execute(statements.READ, {"scope": scope, "object_id": object_id}).first()
+        return None if row is None else _record(*row)
 
     def write(
         self,
         scope: str,
         object_id: str,
         payload: bytes,
-        budget: Budget = _UNBOUNDED,
+        bounds: Bounds = _UNBOUNDED,
         *,
         idempotency: Idempotency | None = None,
         expected_revision: int = 0,
@@ -274,9 +186,9 @@ class RecordStore:
         _check(expected_revision)
         params = {"scope": scope, "object_id": object_id, "payload": payload}
         recorded = self._mutate(
-            budget,
+            bounds,
             idempotency,
-            lambda conn, locked: _write_change(conn, params, expected_revision, locked),
+            lambda conn, locked: write_change(conn, params, expected_revision, locked),
         )
         if recorded.outcome is Outcome.REVISION_MISMATCH:
             raise RevisionMismatch(recorded.revision)
@@ -289,7 +201,7 @@ class RecordStore:
         self,
         scope: str,
         object_id: str,
-        budget: Budget = _UNBOUNDED,
+        bounds: Bounds = _UNBOUNDED,
         *,
         idempotency: Idempotency | None = None,
         expected_revision: int = 0,
@@ -304,33 +216,33 @@ class RecordStore:
         _check(expected_revision)
         key = {"scope": scope, "object_id": object_id}
         if idempotency is None and not expected_revision:
-            return self._delete_optimistic(key, budget)
+            return self._delete_optimistic(key, bounds)
         recorded = self._mutate(
-            budget,
+            bounds,
             idempotency,
-            lambda conn, locked: _delete_change(conn, key, expected_revision, locked),
+            lambda conn, locked: delete_change(conn, key, expected_revision, locked),
         )
         if recorded.outcome is Outcome.REVISION_MISMATCH:
             raise RevisionMismatch(recorded.revision)
         return recorded.revision
 
-    def _delete_optimistic(self, key: dict[str, Any], budget: Budget) -> int | None:
+    def _delete_optimistic(self, key: dict[str, Any], bounds: Bounds) -> int | None:
         """Optimistic: the delete names the revision just read, so a concurrent
         write makes it match nothing and the loop reads again; no lock is held
         between the statements, which run one after another under one permit.
         """
-        with self._connection(budget) as conn:
+        with self._connection(bounds) as conn:
             for _ in range(_MAX_DELETE_ATTEMPTS):
-                revision = conn.execute(_REVISION, key).scalar()
+                revision = conn.execute(statements.REVISION, key).scalar()
                 if revision is None:
                     return None
-                if conn.execute(_DELETE, {**key, "revision": revision}).rowcount == 1:
+                if conn.execute(statements.DELETE, {**key, "revision": revision}).rowcount == 1:
                     return int(revision)
         raise DeleteRaced(key["object_id"])
 
     def _mutate(
         self,
-        budget: Budget,
+        bounds: Bounds,
         idempotency: Idempotency | None,
         change: Callable[[Connection, bool], Recorded],
     ) -> Recorded:
@@ -340,7 +252,7 @@ class RecordStore:
         lock). Exceptions for the caller are raised only once the connection
         is back in autocommit, so they do not cost it.
         """
-        with self._connection(budget) as conn:
+        with self._connection(bounds) as conn:
             if idempotency is None:
                 return change(conn, False)
             recorded = _once(conn, idempotency, self._retention_s, lambda c: change(c, True))
@@ -348,7 +260,7 @@ class RecordStore:
             raise IdempotencyConflict("the key was used for a different request")
         return recorded
 
-    def purge_idempotency(self, limit: int, budget: Budget = _UNBOUNDED) -> int:
+    def purge_idempotency(self, limit: int, bounds: Bounds = _UNBOUNDED) -> int:
         """Delete at most ``limit`` expired idempotency keys; returns how many.
 
         One bounded statement: call it repeatedly, until it returns less than
@@ -356,13 +268,11 @@ class RecordStore:
         """
         if limit <= 0:
             raise ValueError("limit must be positive")
-        with self._connection(budget) as conn:
+        with self._connection(bounds) as conn:
             return _purge(conn, limit)
 
-    def list(
-        self, scope: str, after: str, limit: int, budget: Budget = _UNBOUNDED
-    ) -> list[StoredRecord]:
+    def list(self, scope: str, after: str, limit: int, bounds: Bounds = _UNBOUNDED) -> list[Record]:
         """Up to ``limit`` records of ``scope`` with ids after ``after``, in id order."""
         params = {"scope": scope, "after": after, "limit": limit}
-        with self._connection(budget) as conn:
-            return [StoredRecord(*row) for row in conn.execute(_LIST, params)]
+        with self._connection(bounds) as conn:
+            return [_record(*row) for row in conn.execute(statements.LIST, params)]

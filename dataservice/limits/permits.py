@@ -20,13 +20,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from dataservice.config import LaneConfig, OperationClass
+from dataservice.config import LaneConfig
+from dataservice.enums import OperationClass
+from dataservice.refusals import Refusal
 
 # The Celery control command that reports a replica's gauge.
 PERMITS_COMMAND = "dataservice_permits"
 
 
-class PermitUnavailable(Exception):
+class PermitUnavailable(Refusal):
     """No permit became free within the wait the request could afford."""
 
 

@@ -13,44 +13,38 @@ from typing import Any
 from celery import Celery
 from kombu.exceptions import OperationalError as BrokerError
 
-from dataservice.admission import (
+from dataservice.broker import SERIALIZER, TASK_NAME, celery_settings
+from dataservice.config import Config
+from dataservice.enums import LaneName
+from dataservice.errors import ResourceExhausted, Unavailable
+from dataservice.limits.admission import (
     CALLER_HEADER,
     DEADLINE_HEADER,
     AdmissionRefused,
     take_refusal,
 )
-from dataservice.auth import Reason
-from dataservice.config import Config, LaneName, Settings
-from dataservice.errors import ResourceExhausted, Unavailable
+from dataservice.refusals import Reason
 from dataservice.results import ResultStore
-from dataservice.wire import SERIALIZER, TASK_NAME, celery_settings
+from dataservice.settings import Settings
 
 RETRY_BROKER_DOWN_S = 0.5
+# What a caller reads when admission refuses its request.
+_REFUSED = {
+    Reason.RATE_LIMITED: "the caller is over its rate; not queued",
+    Reason.QUEUE_FULL: "the lane queue is full; retry later",
+    Reason.QUEUE_BYTES: "the lane queue holds too many bytes; retry later",
+    Reason.QUEUE_TOO_LONG: "the lane queue is too long to start before the deadline; retry later",
+}
 
 
-class Refused(Exception):
-    """Admission refused a message after ``sent`` others had been published."""
-
-    def __init__(self, sent: int, refusal: AdmissionRefused) -> None:
-        super().__init__(str(refusal))
-        self.sent = sent
-        self.refusal = refusal
-
-    def error(self, accepted: tuple[object, ...] = ()) -> ResourceExhausted:
-        retry_after = self.refusal.retry_after_ms / 1000
-        if self.refusal.reason == "rate":
-            return ResourceExhausted(
-                "the caller is over its rate; not queued",
-                retry_after=retry_after,
-                reason=Reason.RATE_LIMITED.value,
-                accepted=accepted,
-            )
-        reason = {"messages": "is full", "bytes": "holds too many bytes"}.get(
-            self.refusal.reason, "is too long to start before the deadline"
-        )
-        return ResourceExhausted(
-            f"the lane queue {reason}; retry later", retry_after=retry_after, accepted=accepted
-        )
+def refused(refusal: AdmissionRefused, accepted: tuple[object, ...] = ()) -> ResourceExhausted:
+    """The caller's error for an admission refusal (``accepted``: what went before it)."""
+    return ResourceExhausted(
+        _REFUSED[refusal.reason],
+        retry_after=refusal.retry_after_ms / 1000,
+        reason=refusal.reason,
+        accepted=accepted,
+    )
 
 
 class Transport:
@@ -93,8 +87,9 @@ class Transport:
         self, items: Iterable[tuple[bytes, str, int]], *, lane: LaneName, caller: str = ""
     ) -> int:
         """Publish in order; returns how many were sent. A refusal raises
-        :class:`Refused`. ``caller`` (when given) holds the messages to that
-        caller's rate at admission, as the workers will."""
+        :class:`AdmissionRefused` (its ``sent``: how many went before it).
+        ``caller`` (when given) holds the messages to that caller's rate at
+        admission, as the workers will."""
         sent = 0
         refusal = take_refusal()  # nothing stale from an earlier publish on this thread
         try:
@@ -117,7 +112,8 @@ class Transport:
                 "the broker is unreachable", retry_after=RETRY_BROKER_DOWN_S
             ) from None
         if refusal is not None:
-            raise Refused(sent, refusal)
+            refusal.sent = sent
+            raise refusal
         return sent
 
     def close(self) -> None:

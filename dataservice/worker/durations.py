@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from dataservice.config import OperationClass
+from dataservice.enums import OperationClass
 
 WINDOW = 64
 QUANTILE = 0.9

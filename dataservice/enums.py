@@ -1,10 +1,24 @@
-"""Status codes shared by the wire format and the Python API."""
+"""The closed sets of names every part of the service shares."""
 
 from __future__ import annotations
 
 import enum
+from enum import StrEnum
 
 from dataservice.proto import pb
+
+
+class LaneName(StrEnum):
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
+class OperationClass(StrEnum):
+    """What a statement costs the database, for permit accounting."""
+
+    POINT_READ = "point_read"
+    POINT_WRITE = "point_write"
+    BOUNDED_LIST = "bounded_list"
 
 
 class StatusCode(enum.IntEnum):

@@ -1,11 +1,14 @@
-"""How requests travel through Celery: the protobuf serializer and the shared
-Celery settings used by both the client's publisher and the worker pools.
+"""The Celery and kombu glue: how requests travel through the broker.
 
-The task body *is* the ``RequestEnvelope``: the serializer carries exactly one
-``bytes`` argument and nothing else (no kwargs, no callbacks), with content
-type ``application/x-protobuf``. Decoding never fails in the serializer, so a
-malformed envelope reaches the task and gets an ``INVALID_ARGUMENT`` answer
-instead of being dropped by Celery.
+The protobuf serializer, the broker channel that runs admission, and the
+Celery settings shared by the client's publisher and the worker pools. The
+wire format itself is :mod:`dataservice.codec`.
+
+The task body *is* the ``SignedRequest`` bytes: the serializer carries exactly
+one ``bytes`` argument and nothing else (no kwargs, no callbacks), with
+content type ``application/x-protobuf``. Decoding never fails in the
+serializer, so a malformed body reaches the task and gets an
+``INVALID_ARGUMENT`` answer instead of being dropped by Celery.
 
 Pickle is never accepted. JSON is accepted only because Celery's control plane
 (``inspect``, ``ping``, used by Flower and ``make run``'s summary) speaks it; a
@@ -23,7 +26,8 @@ from kombu.serialization import register
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
-from dataservice.admission import (
+from dataservice.config import Config
+from dataservice.limits.admission import (
     SIZE_HEADER,
     AdmissionRefused,
     LaneAdmission,
@@ -33,7 +37,7 @@ from dataservice.admission import (
     lane_admissions,
     refuse,
 )
-from dataservice.config import Config, Settings
+from dataservice.settings import Settings
 
 TASK_NAME = "dataservice.handle"
 SERIALIZER = "protobuf"
@@ -47,7 +51,7 @@ def _encode(body: Any) -> bytes:
     except (TypeError, ValueError):
         raise TypeError("the protobuf serializer carries only task messages") from None
     if kwargs or len(args) != 1 or not isinstance(args[0], bytes) or any(embed.values()):
-        raise TypeError("a protobuf task message carries exactly one RequestEnvelope")
+        raise TypeError("a protobuf task message carries exactly one SignedRequest")
     return bytes(args[0])
 
 

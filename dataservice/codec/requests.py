@@ -1,8 +1,9 @@
-"""Decoding and validating request envelopes; encoding responses.
+"""Decoding and validating request envelopes, and list cursors.
 
 Everything a caller sends passes through :func:`decode_request` before any
 other code sees it: size first, then the protobuf parse, then every field.
 The only exception it raises is :class:`~dataservice.errors.InvalidArgument`.
+The client validates with the same :func:`validate_request` before it sends.
 """
 
 from __future__ import annotations
@@ -15,15 +16,15 @@ from google.protobuf.message import DecodeError
 
 from dataservice.config import Limits
 from dataservice.errors import InvalidArgument
+from dataservice.identifiers import (
+    CALLER_RE,
+    IDEMPOTENCY_KEY_RE,
+    OBJECT_ID_RE,
+    REQUEST_ID_RE,
+    SCOPE_RE,
+)
 from dataservice.proto import pb
-from dataservice.status import StatusCode
 
-CALLER_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
-REQUEST_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
-SCOPE_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
-# ':' separates scope and id in cache keys; the scope cannot hold one, so ids may.
-OBJECT_ID_RE = re.compile(r"[A-Za-z0-9._~:@/+=-]{1,128}")
-IDEMPOTENCY_KEY_RE = re.compile(r"[\x21-\x7e]{1,128}")
 # A cursor holds a scope (<= 64) and an object id (<= 128) plus framing:
 # under 200 bytes, under 270 characters of base64; twice that is plenty.
 MAX_CURSOR_CHARS = 512
@@ -120,15 +121,3 @@ def decode_cursor(cursor: str, scope: str) -> str:
     if not OBJECT_ID_RE.fullmatch(parsed.after_object_id):
         raise InvalidArgument("cursor is malformed")
     return parsed.after_object_id
-
-
-def error_response(
-    request_id: str, code: StatusCode, message: str, retry_after_ms: int = 0, reason: str = ""
-) -> pb.ResponseEnvelope:
-    status = pb.Status(
-        code=int(code),  # type: ignore[arg-type]
-        message=message,
-        retry_after_ms=retry_after_ms,
-        reason=reason,
-    )
-    return pb.ResponseEnvelope(request_id=request_id, status=status)

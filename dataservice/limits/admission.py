@@ -2,29 +2,29 @@
 that could not start before its deadline is refused instead of joining it.
 
 The check and the push are one Lua script (``admit.lua``), run by the
-broker channel in place of kombu's plain LPUSH, so concurrent producers cannot
-overshoot: the queue never holds more than ``admission.max_messages``, and
-queued plus in-flight envelopes never exceed ``admission.max_bytes``, however
-many publish at once. A refusal is a fast, retryable ``RESOURCE_EXHAUSTED``
-whose retry-after is the time the queue needs to drain enough at its measured
-rate. Workers give the bytes back, and count the completion that the rate is
-measured from, in the same Redis transaction that stores the answer.
+broker channel (:mod:`dataservice.broker`) in place of kombu's plain LPUSH,
+so concurrent producers cannot overshoot: the queue never holds more than
+``admission.max_messages``, and queued plus in-flight envelopes never exceed
+``admission.max_bytes``, however many publish at once. A refusal is a fast,
+retryable ``RESOURCE_EXHAUSTED`` whose retry-after is the time the queue needs
+to drain enough at its measured rate. Workers give the bytes back, and count
+the completion that the rate is measured from, in the same Redis transaction
+that stores the answer.
 """
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 from dataclasses import asdict, dataclass
-from importlib import resources
 from typing import Any
 
 import redis
-from redis.exceptions import NoScriptError
 
 from dataservice.config import Config
 from dataservice.keys import admission_key, pace_key
+from dataservice.limits.scripts import LuaScript
+from dataservice.refusals import Reason, Refusal
 
 # The request's deadline (Unix ms) as a message header. Celery's own `expires`
 # is not used: a message Celery drops as expired never reaches the handler, so
@@ -37,16 +37,7 @@ SIZE_HEADER = "ds_size"
 # the signed envelope and apply the authoritative limit).
 CALLER_HEADER = "ds_caller"
 
-_ADMIT = resources.files(__package__).joinpath("admit.lua").read_text("utf-8")
-_ADMIT_SHA = hashlib.sha1(_ADMIT.encode()).hexdigest()
-
-
-def _run_admit(client: redis.Redis, keys: list[str], args: list[Any]) -> Any:
-    """EVALSHA, and EVAL (which also loads the script) the first time a server lacks it."""
-    try:
-        return client.evalsha(_ADMIT_SHA, len(keys), *keys, *args)
-    except NoScriptError:
-        return client.eval(_ADMIT, len(keys), *keys, *args)
+_ADMIT = LuaScript("admit.lua")
 
 
 # A refusal is handed from the broker channel to its publisher through the
@@ -68,13 +59,20 @@ def take_refusal() -> AdmissionRefused | None:
     return refusal
 
 
-class AdmissionRefused(Exception):
-    """The lane's queue is full, or too long for the request's deadline."""
+class AdmissionRefused(Refusal):
+    """The lane's queue is full or too long for the request's deadline, or the
+    caller is over its rate. ``sent``: how many messages of the same publish
+    went out before this one."""
 
-    def __init__(self, reason: str, retry_after_ms: int) -> None:
-        super().__init__(f"lane queue refused the request ({reason})")
-        self.reason = reason
-        self.retry_after_ms = retry_after_ms
+    reason: Reason
+
+    def __init__(self, reason: Reason, retry_after_ms: int, sent: int = 0) -> None:
+        super().__init__(
+            f"admission refused the request ({reason.value})",
+            reason=reason,
+            retry_after_ms=retry_after_ms,
+        )
+        self.sent = sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +124,10 @@ def remaining_ms(message: dict[str, Any], fallback_ms: int) -> int:
 
 
 def caller_pacing(config: Config) -> dict[str, tuple[int, int]]:
-    """Each caller's emission interval (µs) and burst, as the workers' gate applies them."""
+    """Each caller's emission interval (µs) and burst, as the workers' gate applies them
+    (plain data: it travels in the broker's transport options, like the bounds)."""
     return {
-        caller: (max(1, round(1_000_000 / policy.rate_per_s)), policy.burst)
+        caller: (policy.rate.interval_us, policy.rate.burst)
         for caller, policy in config.callers.items()
     }
 
@@ -160,7 +159,7 @@ def admit(
     if paced is not None:
         keys.append(pace_key(caller))
         args += [paced[0], paced[1]]
-    answer = _run_admit(client, keys, args)
-    if int(answer[0]) != 1:
-        reason = answer[1].decode() if isinstance(answer[1], bytes) else str(answer[1])
-        raise AdmissionRefused(reason, int(answer[2]))
+    answer = _ADMIT(client, keys, args)
+    reason = answer[0].decode() if isinstance(answer[0], bytes) else str(answer[0])
+    if reason:
+        raise AdmissionRefused(Reason(reason), int(answer[1]))

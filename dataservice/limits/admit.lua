@@ -19,9 +19,11 @@
 -- ARGV[8]  with KEYS[3]: the caller's emission interval (µs per request: 1e6 / rate)
 -- ARGV[9]  with KEYS[3]: the caller's burst (requests)
 --
--- Returns {1} when the message was pushed, or {0, reason, retry_after_ms}:
--- reason is 'messages', 'bytes', 'wait' (it could not start before its
--- deadline) or 'rate' (the caller is over its rate: the workers would refuse it).
+-- Returns {''} when the message was pushed, or {reason, retry_after_ms} with a
+-- dataservice.refusals.Reason value: 'queue_full' (messages), 'queue_bytes',
+-- 'queue_too_long' (it could not start before its deadline) or 'rate_limited'
+-- (the caller is over its rate: the workers would refuse it).
+--#include gcra.lua
 
 local depth = redis.call('LLEN', KEYS[1])
 local h = redis.call('HMGET', KEYS[2], 'bytes', 'done', 'rate', 'rate_at', 'done_at')
@@ -59,37 +61,33 @@ local function drain_ms(n)
 end
 
 if remaining <= 0 then
-  return {0, 'wait', 10}
+  return {'queue_too_long', 10}
 end
 if depth + 1 > tonumber(ARGV[3]) then
-  return {0, 'messages', drain_ms(depth + 1 - tonumber(ARGV[3]))}
+  return {'queue_full', drain_ms(depth + 1 - tonumber(ARGV[3]))}
 end
 if bytes + size > tonumber(ARGV[4]) then
-  return {0, 'bytes', drain_ms(1)}
+  return {'queue_bytes', drain_ms(1)}
 end
 if rate > 0 then
   local wait = depth * 1000 / rate
   if wait > remaining then
-    return {0, 'wait', math.min(cap, math.max(10, math.ceil(wait - remaining)))}
+    return {'queue_too_long', math.min(cap, math.max(10, math.ceil(wait - remaining)))}
   end
 end
 
 -- The caller's rate, as the workers' gate will apply it: a request it would
 -- refuse is not queued. The gate stays the authority (a caller can reset its
 -- own pacing key); this only keeps a well-behaved caller's excess off the queue.
-local pace_tat = nil
 if KEYS[3] then
   local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local interval = tonumber(ARGV[8])
-  local tat = math.max(tonumber(redis.call('GET', KEYS[3]) or '0'), now_us)
-  local allow_at = tat + interval - tonumber(ARGV[9]) * interval
-  if allow_at > now_us then
-    return {0, 'rate', math.max(1, math.ceil((allow_at - now_us) / 1000))}
+  local new_tat, retry_ms = gcra_check(KEYS[3], now_us, tonumber(ARGV[8]), tonumber(ARGV[9]))
+  if not new_tat then
+    return {'rate_limited', retry_ms}
   end
-  pace_tat = tat + interval
-  redis.call('SET', KEYS[3], pace_tat, 'PX', math.ceil((pace_tat - now_us) / 1000) + 1000)
+  gcra_commit(KEYS[3], new_tat, now_us)
 end
 
 redis.call('LPUSH', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[2], 'bytes', bytes + size)
-return {1}
+return {''}

@@ -1,0 +1,31 @@
+"""The wire format's Python side (``access.v2``, see ``docs/protocol.md``).
+
+- :mod:`.requests`: decode and validate a request envelope; list cursors.
+- :mod:`.envelopes`: build a request from an operation; build and read answers.
+- :mod:`.records`: a record's one conversion to and from its message.
+"""
+
+from dataservice.codec.envelopes import decode_response, error_response, request_envelope
+from dataservice.codec.records import record_from_pb, record_to_pb
+from dataservice.codec.requests import (
+    MUTATIONS,
+    decode_cursor,
+    decode_request,
+    encode_cursor,
+    page_size,
+    validate_request,
+)
+
+__all__ = [
+    "MUTATIONS",
+    "decode_cursor",
+    "decode_request",
+    "decode_response",
+    "encode_cursor",
+    "error_response",
+    "page_size",
+    "record_from_pb",
+    "record_to_pb",
+    "request_envelope",
+    "validate_request",
+]

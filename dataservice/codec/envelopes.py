@@ -1,0 +1,122 @@
+"""Envelopes: a caller's operation into a ``RequestEnvelope``, an answer into
+a ``ResponseEnvelope``, and an answer's bytes back into a result or its error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from dataservice.codec.records import record_from_pb
+from dataservice.codec.requests import validate_request
+from dataservice.config import Limits
+from dataservice.enums import StatusCode
+from dataservice.errors import InternalError, InvalidArgument, error_for
+from dataservice.proto import pb
+from dataservice.types import (
+    DeleteOp,
+    DeleteResult,
+    ListOp,
+    Operation,
+    Page,
+    ReadOp,
+    Result,
+    WriteOp,
+    WriteResult,
+)
+
+# Each operation's oneof member and message; their fields carry the same
+# names as the operation's, less the idempotency key (an envelope field).
+_MESSAGES: dict[type[Any], tuple[str, type[Any]]] = {
+    ReadOp: ("read", pb.ReadRecordRequest),
+    WriteOp: ("write", pb.WriteRecordRequest),
+    DeleteOp: ("delete", pb.DeleteRecordRequest),
+    ListOp: ("list", pb.ListRecordsRequest),
+}
+_NOT_NEGATIVE = ("expected_revision", "page_size")
+
+
+def request_envelope(
+    caller: str,
+    operation: Operation,
+    *,
+    request_id: str,
+    deadline_ms: int,
+    issued_at_ms: int,
+    idempotency_key: str,
+    limits: Limits,
+) -> pb.RequestEnvelope:
+    """The envelope for ``operation``, checked by the rules the worker applies."""
+    try:
+        member, message = _MESSAGES[type(operation)]
+    except KeyError:
+        raise InvalidArgument(f"unknown operation type {type(operation).__name__}") from None
+    fields = {}
+    for field in dataclasses.fields(operation):
+        value = getattr(operation, field.name)
+        if field.name in _NOT_NEGATIVE and value < 0:
+            raise InvalidArgument(f"{field.name} must not be negative")
+        if field.name != "idempotency_key":
+            # An absent cursor is the empty string on the wire; a read mode its number.
+            fields[field.name] = "" if value is None else value
+    envelope = pb.RequestEnvelope(
+        caller=caller,
+        request_id=request_id,
+        deadline_unix_ms=deadline_ms,
+        issued_at_unix_ms=issued_at_ms,
+        idempotency_key=idempotency_key,
+    )
+    getattr(envelope, member).CopyFrom(message(**fields))
+    # Fail fast, before anything is sent, with the same rules the worker applies.
+    validate_request(envelope, limits)
+    return envelope
+
+
+def error_response(
+    request_id: str, code: StatusCode, message: str, retry_after_ms: int = 0, reason: str = ""
+) -> pb.ResponseEnvelope:
+    status = pb.Status(
+        code=int(code),  # type: ignore[arg-type]
+        message=message,
+        retry_after_ms=retry_after_ms,
+        reason=reason,
+    )
+    return pb.ResponseEnvelope(request_id=request_id, status=status)
+
+
+def decode_response(body: bytes, request_id: str) -> Result:
+    """The result in an encoded ``ResponseEnvelope``, or its typed error."""
+    response = pb.ResponseEnvelope()
+    try:
+        response.ParseFromString(body)
+    except DecodeError:
+        raise InternalError(
+            "the service sent an unreadable answer", request_id=request_id
+        ) from None
+    code = response.status.code
+    if code != pb.STATUS_CODE_OK:
+        status = StatusCode(code) if code in StatusCode._value2member_map_ else StatusCode.INTERNAL
+        raise error_for(
+            status,
+            response.status.message,
+            request_id=request_id,
+            retry_after=response.status.retry_after_ms / 1000,
+            reason=response.status.reason,
+        )
+    kind = response.WhichOneof("result")
+    if kind == "read":
+        return record_from_pb(response.read.record)
+    if kind == "write":
+        w = response.write
+        return WriteResult(object_id=w.object_id, revision=w.revision, created=w.created)
+    if kind == "delete":
+        return DeleteResult(object_id=response.delete.object_id, revision=response.delete.revision)
+    if kind == "list":
+        page = response.list
+        return Page(
+            records=tuple(record_from_pb(r) for r in page.records),
+            next_cursor=page.next_cursor or None,
+        )
+    raise InternalError("the service sent an answer without a result", request_id=request_id)

@@ -1,0 +1,157 @@
+"""Per-caller limits shared by every replica: replay memory, rate and in-flight cap.
+
+One Lua script (``gate.lua``) checks and records all three in Redis, so a
+request is counted once, by every replica alike, and two replicas can never
+both take a caller's last token or last slot.
+
+When Redis cannot be reached the gate does not become unlimited: it falls
+back to this replica's share (:mod:`dataservice.limits.local`) and tries
+Redis again after ``REDIS_RETRY_S``; the fallback is logged and counted.
+Both backends keep one contract (``tests/test_limits_contract.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import redis
+
+from dataservice.config import CallerPolicy, Config
+from dataservice.keys import inflight_key, rate_key, replay_key
+from dataservice.limits.local import LocalLimits
+from dataservice.limits.scripts import LuaScript
+from dataservice.limits.slots import RETRY_AT_CAP_MS, Slot, rejection
+from dataservice.refusals import Reason, Rejected
+
+log = logging.getLogger(__name__)
+
+REDIS_RETRY_S = 1.0
+_SCRIPT = LuaScript("gate.lua")
+
+
+class CallerLimits(Protocol):
+    """Take a request's place under its caller's limits, or raise :class:`Rejected`."""
+
+    def enter(
+        self,
+        policy: CallerPolicy,
+        caller: str,
+        request_id: str,
+        deadline_ms: int,
+        now_ms: int,
+        *,
+        capped: bool,
+    ) -> Slot: ...
+
+    def leave(self, slot: Slot) -> None: ...
+
+
+class RedisLimits:
+    """The limits in Redis, shared by every replica; raises ``redis.RedisError``
+    when Redis does not answer."""
+
+    def __init__(self, client: redis.Redis, config: Config) -> None:
+        self._redis = client
+        self._skew_ms = config.auth.max_clock_skew_ms
+        self._grace_ms = config.results.grace_ms
+
+    def enter(
+        self,
+        policy: CallerPolicy,
+        caller: str,
+        request_id: str,
+        deadline_ms: int,
+        now_ms: int,
+        *,
+        capped: bool,
+    ) -> Slot:
+        # Beyond its deadline (plus the skew) a replay would be dropped as late anyway.
+        remember_ms = max(1, deadline_ms - now_ms + self._skew_ms)
+        rate = policy.rate
+        reason, retry_ms = _SCRIPT(
+            self._redis,
+            [replay_key(caller, request_id), rate_key(caller), inflight_key(caller)],
+            [
+                remember_ms,
+                rate.interval_us,
+                rate.burst,
+                policy.max_interactive if capped else 0,
+                request_id,
+                deadline_ms + self._grace_ms,
+                RETRY_AT_CAP_MS,
+            ],
+        )
+        if reason:
+            name = reason.decode() if isinstance(reason, bytes) else str(reason)
+            raise rejection(Reason(name), caller, int(retry_ms))
+        return Slot(caller, request_id, capped, local=False, in_redis=capped)
+
+    def leave(self, slot: Slot) -> None:
+        if slot.in_redis:
+            self._redis.zrem(inflight_key(slot.caller), slot.request_id)
+
+
+class Gate:
+    """Admits a caller's request against its shared limits, or rejects it."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        config: Config,
+        on_fallback: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._shared = RedisLimits(client, config)
+        self._local = LocalLimits(config, config.budget.max_replicas)
+        self._redis_retry_at = 0.0
+        self._on_fallback = on_fallback
+
+    def enter(
+        self,
+        policy: CallerPolicy,
+        caller: str,
+        request_id: str,
+        deadline_ms: int,
+        now_ms: int,
+        *,
+        capped: bool,
+    ) -> Slot:
+        """Take the request's place, or raise :class:`~dataservice.refusals.Rejected`."""
+        uncertain = False
+        if time.monotonic() >= self._redis_retry_at:
+            try:
+                return self._shared.enter(
+                    policy, caller, request_id, deadline_ms, now_ms, capped=capped
+                )
+            except Rejected:
+                raise
+            except redis.RedisError as exc:
+                log.warning("limits fall back to this replica's share: %s", type(exc).__name__)
+                self._redis_retry_at = time.monotonic() + REDIS_RETRY_S
+                self._on_fallback()
+                # The script may have run before the reply was lost: its slot,
+                # if any, is given back with this one.
+                uncertain = capped
+        slot = self._local.enter(policy, caller, request_id, deadline_ms, now_ms, capped=capped)
+        return dataclasses.replace(slot, in_redis=uncertain)
+
+    @staticmethod
+    def slot_member(slot: Slot) -> tuple[str, str] | None:
+        """Where a slot may live in Redis (sorted set, member); None if nowhere."""
+        if not slot.in_redis:
+            return None
+        return inflight_key(slot.caller), slot.request_id
+
+    def leave(self, slot: Slot, *, released_in_redis: bool = False) -> None:
+        """Give the slot back (its Redis part unless ``released_in_redis``); one
+        that cannot be given back lapses at its deadline plus the grace."""
+        self._local.leave(slot)
+        if released_in_redis:
+            return
+        try:
+            self._shared.leave(slot)
+        except redis.RedisError as exc:
+            log.warning("could not release an in-flight slot: %s", type(exc).__name__)

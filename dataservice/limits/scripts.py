@@ -1,0 +1,48 @@
+"""The limits' Lua scripts, loaded from their ``.lua`` files.
+
+A line ``--#include <name>.lua`` in a script is replaced by that fragment
+(``gcra.lua``: one rate algorithm for every script that needs it). A script
+runs by EVALSHA, and by EVAL (which also loads it) the first time a server
+lacks it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from importlib import resources
+from typing import Any
+
+import redis
+from redis.exceptions import NoScriptError
+
+_INCLUDE = "--#include "
+
+
+def _text(name: str) -> str:
+    return resources.files(__package__).joinpath(name).read_text("utf-8")
+
+
+def compose(name: str) -> str:
+    """The script in ``name`` with its fragments included."""
+    lines = []
+    for line in _text(name).splitlines():
+        if line.startswith(_INCLUDE):
+            lines.append(_text(line.removeprefix(_INCLUDE).strip()))
+        else:
+            lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+class LuaScript:
+    """One script, runnable on any client of any server."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.text = compose(name)
+        self.sha = hashlib.sha1(self.text.encode()).hexdigest()
+
+    def __call__(self, client: redis.Redis, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return client.eval(self.text, len(keys), *keys, *args)

@@ -1,0 +1,85 @@
+"""Where things are: ``DATASERVICE_*`` environment variables, typed and checked.
+
+Secrets never live in ``queues.yml``; the URLs (which may carry Redis
+passwords) and the callers file come from the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dataservice.config import Config, load_config
+from dataservice.errors import ConfigError
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_DATABASE_URL = "mysql+mysqldb://root@127.0.0.1:3306/dataservice"
+# Relative: the working directory's queues.yml, as with other tools' config files.
+DEFAULT_CONFIG_PATH = Path("queues.yml")
+
+_ENV_PREFIX = "DATASERVICE_"
+_ENV_FIELDS = {
+    "DATASERVICE_CONFIG": "config_path",
+    "DATASERVICE_BROKER_URL": "broker_url",
+    "DATASERVICE_RESULT_BACKEND_URL": "result_backend_url",
+    "DATASERVICE_REDIS_URL": "redis_url",
+    "DATASERVICE_DATABASE_URL": "database_url",
+    "DATASERVICE_CALLERS_FILE": "callers_file",
+}
+
+
+_PATH_FIELDS = frozenset({"config_path", "callers_file"})
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Where things are: the configuration file and the services' URLs."""
+
+    config_path: Path = DEFAULT_CONFIG_PATH
+    broker_url: str = DEFAULT_REDIS_URL
+    result_backend_url: str = DEFAULT_REDIS_URL
+    redis_url: str = DEFAULT_REDIS_URL
+    database_url: str = DEFAULT_DATABASE_URL
+    # Caller keys (and Redis passwords); see dataservice.callers. None: not configured.
+    callers_file: Path | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        unknown = sorted(k for k in env if k.startswith(_ENV_PREFIX) and k not in _ENV_FIELDS)
+        if unknown:
+            raise ConfigError(f"unknown environment variable(s): {', '.join(unknown)}")
+        values: dict[str, Any] = {}
+        for name, field in _ENV_FIELDS.items():
+            value = env.get(name)
+            if value is None:
+                continue
+            if not value.strip():
+                raise ConfigError(f"{name} is set but empty")
+            values[field] = Path(value) if field in _PATH_FIELDS else value
+        for name in (
+            "DATASERVICE_BROKER_URL",
+            "DATASERVICE_RESULT_BACKEND_URL",
+            "DATASERVICE_REDIS_URL",
+        ):
+            if name in env and not env[name].startswith(("redis://", "rediss://", "unix://")):
+                raise ConfigError(f"{name} must be a redis://, rediss:// or unix:// URL")
+        if "DATASERVICE_DATABASE_URL" in env and not env["DATASERVICE_DATABASE_URL"].startswith(
+            "mysql"
+        ):
+            raise ConfigError("DATASERVICE_DATABASE_URL must be a mysql+mysqldb:// URL")
+        return cls(**values)
+
+    def to_env(self) -> dict[str, str]:
+        """The ``DATASERVICE_*`` variables that reproduce these settings in another process."""
+        return {
+            name: str(getattr(self, field))
+            for name, field in _ENV_FIELDS.items()
+            if getattr(self, field) is not None
+        }
+
+    def load(self) -> Config:
+        return load_config(self.config_path)

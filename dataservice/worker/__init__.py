@@ -1,0 +1,40 @@
+"""The worker's request path, as stages.
+
+- :mod:`.handler`: the order of the contract (open, drop if late, authorise,
+  gate, operation, answer): ``RequestHandler.handle(task_id, body, deadline) -> Reply | None``.
+- :mod:`.operations`: one object per operation: ``Operation.run(envelope) -> ResponseEnvelope``;
+  reads go through a ``RecordSource`` (the cache's seam).
+- :mod:`.database`: the time budget and the permit: ``Database.run(op_class, deadline, fn)``.
+- :mod:`.failures`: every internal failure to a status code and retry-after:
+  ``verdict(refusal) -> Verdict``.
+- :mod:`.durations`: how long each operation class recently took.
+"""
+
+from __future__ import annotations
+
+from dataservice.auth import Authenticator
+from dataservice.config import Config
+from dataservice.enums import LaneName
+from dataservice.limits.gate import Gate
+from dataservice.limits.permits import LanePermits
+from dataservice.store import RecordStore
+from dataservice.worker.database import Database
+from dataservice.worker.handler import Reply, RequestHandler
+from dataservice.worker.operations import operations
+
+__all__ = ["Reply", "RequestHandler", "build_handler"]
+
+
+def build_handler(
+    config: Config,
+    lane: LaneName,
+    store: RecordStore,
+    permits: LanePermits,
+    authenticator: Authenticator,
+    gate: Gate,
+) -> RequestHandler:
+    """A lane's request path, stage by stage."""
+    database = Database(permits, config.database.pool_timeout_ms)
+    return RequestHandler(
+        config, lane, authenticator, gate, operations(database, store, config.limits)
+    )

@@ -1,0 +1,213 @@
+"""Every internal failure, mapped to what its caller is told: one table.
+
+Two steps, httpx's ``map_exceptions`` being the model:
+
+1. :func:`database_errors` turns the database driver's exceptions into the
+   service's own :class:`~dataservice.refusals.Refusal` kinds, by MySQL error
+   number, according to whether a retry is safe.
+2. :func:`verdict` looks a refusal up in ``_TABLE``: its status code, the
+   message the caller reads, its retry-after, and which counter it feeds.
+
+A refusal the table does not know is a bug; it is answered ``INTERNAL``.
+``docs/protocol.md`` ("Status codes") describes the same table, and a test
+keeps the two in step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from dataservice.enums import StatusCode
+from dataservice.limits.admission import AdmissionRefused
+from dataservice.limits.permits import PermitUnavailable
+from dataservice.metrics import Dependency, Stage
+from dataservice.refusals import Reason, Refusal, Rejected
+from dataservice.store import DeleteRaced, IdempotencyConflict, RevisionMismatch
+from dataservice.store.connections import ConnectRateLimited, StatementTimeout
+
+log = logging.getLogger(__name__)
+
+RETRY_POOL_BUSY_MS = 50
+RETRY_DB_UNAVAILABLE_MS = 250
+
+
+class TooLittleTime(Refusal):
+    """Less time is left than the operation needs in the database."""
+
+
+class DatabaseBusy(Refusal):
+    """The pool or the server had no connection to spare."""
+
+
+class DatabaseUnavailable(Refusal):
+    """The database could not be reached, rolled the statement back, or the
+    connection was lost mid-statement: nothing is known to be applied that a
+    retry under the same idempotency key would apply again."""
+
+
+class DatabaseFailure(Refusal):
+    """Any other database error: retrying cannot help."""
+
+
+class RecordMissing(Refusal):
+    """No such record."""
+
+
+# MySQL/MariaDB error numbers, by what they mean for the caller.
+_CANNOT_CONNECT = frozenset({2002, 2003, 2005, 1053, 1927, 4031})  # nothing was sent
+_TOO_MANY_CONNECTIONS = frozenset({1040, 1203})
+_ROLLED_BACK = frozenset({1205, 1213})  # lock wait timeout, deadlock: nothing applied
+# Lost mid-statement. A read is safe to repeat; so is a mutation, since each
+# carries an idempotency key and its change commits with its outcome: a retry
+# finds the outcome if the first attempt committed, and applies it if not.
+_LOST_MID_STATEMENT = frozenset({2006, 2013, 2055})
+
+
+def database_error(exc: DBAPIError) -> Refusal:
+    """The refusal a driver error amounts to."""
+    errno = exc.orig.args[0] if exc.orig is not None and exc.orig.args else None
+    log.warning("database error %s: %s", errno, type(exc.orig).__name__)
+    if errno in _TOO_MANY_CONNECTIONS:
+        return DatabaseBusy(f"database error {errno}")
+    if (
+        errno in _CANNOT_CONNECT
+        or errno in _ROLLED_BACK
+        or errno in _LOST_MID_STATEMENT
+        or exc.connection_invalidated
+    ):
+        return DatabaseUnavailable(f"database error {errno}")
+    return DatabaseFailure(f"database error {errno}")
+
+
+@contextmanager
+def database_errors() -> Iterator[None]:
+    """Raise the driver's and the pool's exceptions as refusals."""
+    try:
+        yield
+    except PoolTimeout:
+        raise PermitUnavailable("no pooled connection in time") from None
+    except DBAPIError as exc:
+        raise database_error(exc) from None
+    except SQLAlchemyError as exc:
+        log.error("store error: %s", type(exc).__name__)
+        raise DatabaseFailure(type(exc).__name__) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the caller is told about a refusal, and what it is counted as."""
+
+    code: StatusCode
+    message: str
+    retry_after_ms: int = 0
+    reason: Reason | None = None
+    # The timeout counter's stage, or the failed dependency's counter.
+    stage: Stage | None = None
+    dependency: Dependency | None = None
+
+
+def _revision(exc: Refusal) -> str:
+    current = exc.current if isinstance(exc, RevisionMismatch) else None
+    if current is None:
+        return "the record does not exist at the expected revision"
+    return f"the record is at revision {current}"
+
+
+# Refusal kind -> status code (None: by its reason, REASON_CODES), what the
+# caller reads (None: the refusal's own message, written for the caller), and
+# the retry-after (None: the refusal's own, from the rate, ramp or queue).
+_Row = tuple[StatusCode | None, str | Callable[[Refusal], str] | None, int | None]
+_TABLE: dict[type[Refusal], _Row] = {
+    Rejected: (None, None, None),
+    AdmissionRefused: (None, None, None),
+    PermitUnavailable: (
+        StatusCode.RESOURCE_EXHAUSTED,
+        "the service is at its database budget",
+        RETRY_POOL_BUSY_MS,
+    ),
+    DatabaseBusy: (
+        StatusCode.RESOURCE_EXHAUSTED,
+        "the database has no connection to spare",
+        RETRY_DB_UNAVAILABLE_MS,
+    ),
+    ConnectRateLimited: (
+        StatusCode.UNAVAILABLE,
+        "the service is reconnecting to the database",
+        None,
+    ),
+    DatabaseUnavailable: (
+        StatusCode.UNAVAILABLE,
+        "the database is unavailable",
+        RETRY_DB_UNAVAILABLE_MS,
+    ),
+    TooLittleTime: (StatusCode.DEADLINE_EXCEEDED, "too little time left to run", 0),
+    StatementTimeout: (StatusCode.DEADLINE_EXCEEDED, "the statement ran out of time", 0),
+    RecordMissing: (StatusCode.NOT_FOUND, "no such record", 0),
+    RevisionMismatch: (StatusCode.CONFLICT, _revision, 0),
+    IdempotencyConflict: (
+        StatusCode.CONFLICT,
+        "the idempotency key was already used for a different request",
+        0,
+    ),
+    DeleteRaced: (StatusCode.CONFLICT, "the record changed while it was being deleted", 0),
+    DatabaseFailure: (StatusCode.INTERNAL, "internal error", 0),
+}
+
+# A check's reason -> the code its refusal is answered with.
+REASON_CODES: dict[Reason, StatusCode] = {
+    Reason.MALFORMED: StatusCode.INVALID_ARGUMENT,
+    Reason.UNSIGNED: StatusCode.UNAUTHENTICATED,
+    Reason.UNKNOWN_KEY: StatusCode.UNAUTHENTICATED,
+    Reason.BAD_SIGNATURE: StatusCode.UNAUTHENTICATED,
+    Reason.WRONG_CALLER: StatusCode.UNAUTHENTICATED,
+    Reason.CLOCK_SKEW: StatusCode.UNAUTHENTICATED,
+    Reason.UNKNOWN_CALLER: StatusCode.PERMISSION_DENIED,
+    Reason.OPERATION_DENIED: StatusCode.PERMISSION_DENIED,
+    Reason.LANE_DENIED: StatusCode.PERMISSION_DENIED,
+    Reason.SCOPE_DENIED: StatusCode.PERMISSION_DENIED,
+    # Never answered: the first delivery answers under the request id.
+    Reason.REPLAYED: StatusCode.UNAUTHENTICATED,
+    Reason.RATE_LIMITED: StatusCode.RESOURCE_EXHAUSTED,
+    Reason.CONCURRENCY_LIMITED: StatusCode.RESOURCE_EXHAUSTED,
+    Reason.LIMITS_UNAVAILABLE: StatusCode.UNAVAILABLE,
+    Reason.QUEUE_FULL: StatusCode.RESOURCE_EXHAUSTED,
+    Reason.QUEUE_BYTES: StatusCode.RESOURCE_EXHAUSTED,
+    Reason.QUEUE_TOO_LONG: StatusCode.RESOURCE_EXHAUSTED,
+}
+
+_STAGES: dict[type[Refusal], Stage] = {
+    TooLittleTime: Stage.BEFORE_DATABASE,
+    StatementTimeout: Stage.STATEMENT,
+}
+_DEPENDENCIES = (DatabaseBusy, DatabaseUnavailable, DatabaseFailure)
+
+INTERNAL = Verdict(StatusCode.INTERNAL, "internal error")
+
+
+def verdict(exc: Refusal) -> Verdict:
+    """What the caller of a refused request is told."""
+    kind = next((k for k in type(exc).__mro__ if k in _TABLE), None)
+    if kind is None:
+        log.error("no verdict for %s", type(exc).__name__)
+        return INTERNAL
+    code, message, retry_after_ms = _TABLE[kind]
+    if code is None:
+        code = REASON_CODES[exc.reason] if exc.reason is not None else StatusCode.INTERNAL
+    if message is None:
+        message = exc.message
+    elif callable(message):
+        message = message(exc)
+    return Verdict(
+        code,
+        message,
+        exc.retry_after_ms if retry_after_ms is None else retry_after_ms,
+        exc.reason,
+        _STAGES.get(kind),
+        Dependency.DATABASE if kind in _DEPENDENCIES else None,
+    )

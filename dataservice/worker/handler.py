@@ -1,0 +1,169 @@
+"""The worker side of one request: signed envelope bytes in, encoded answer out.
+
+The handler keeps only the order of the contract: open the envelope (its
+size, signature and fields; :mod:`dataservice.auth`, no I/O), drop it if it
+is late, authorise it, pass the caller's shared limits
+(:mod:`dataservice.limits.gate`), run its operation
+(:mod:`dataservice.worker.operations`), answer. Nothing here knows about
+Celery, SQL or Redis keys. :meth:`RequestHandler.handle` never raises:
+every refusal becomes a status code (:mod:`dataservice.worker.failures`),
+and internal details stay in the log (never the payload, never a key, never
+SQL text) while the caller sees a short message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from dataservice.auth import Authenticator, Authorised
+from dataservice.codec import error_response
+from dataservice.config import Config, LaneConfig
+from dataservice.enums import LaneName, StatusCode
+from dataservice.limits.gate import Gate
+from dataservice.limits.slots import Slot
+from dataservice.metrics import DEPENDENCY_FAILURES, REJECTIONS, REQUESTS, TIMEOUTS, Stage
+from dataservice.proto import pb
+from dataservice.refusals import Reason, Refusal, Rejected
+from dataservice.store.connections import now_ms
+from dataservice.worker.failures import INTERNAL, Verdict, verdict
+from dataservice.worker.operations import Operation
+
+log = logging.getLogger(__name__)
+
+# Limits refuse by the hundred under a flood; the counter tells the story.
+_ROUTINE_REFUSALS = frozenset({Reason.RATE_LIMITED, Reason.CONCURRENCY_LIMITED})
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """An encoded ``ResponseEnvelope``, for whom, and until when (Unix ms) it is
+    of use. ``caller`` is empty when the message named nobody to answer."""
+
+    caller: str
+    body: bytes
+    expires_at_ms: int
+    code: StatusCode
+    # The caller's in-flight slot, held until the answer is stored: give it
+    # back with the answer (ResultStore) or with RequestHandler.release.
+    slot: Slot | None = None
+
+
+class RequestHandler:
+    def __init__(
+        self,
+        config: Config,
+        lane: LaneName,
+        authenticator: Authenticator,
+        gate: Gate,
+        operations: Mapping[str, Operation],
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        self.lane_name = lane
+        self.lane: LaneConfig = config.lanes[lane]
+        self.authenticator = authenticator
+        self.gate = gate
+        self._operations = operations
+        self._grace_ms = config.results.grace_ms
+        self._clock = clock
+        self._capped = lane is LaneName.INTERACTIVE
+
+    def handle(self, task_id: str, body: object, deadline_ms: int | None = None) -> Reply | None:
+        """Answer one request; None when its caller has already given up."""
+        now = self._clock()
+        try:
+            envelope = self.authenticator.open(task_id, body, now)
+        except Rejected as rejected:
+            return self._refused(task_id, rejected, rejected.caller, self._fallback(deadline_ms))
+        late_ms = now - envelope.deadline_unix_ms
+        if late_ms >= 0:
+            TIMEOUTS.labels(self.lane_name.value, Stage.QUEUE.value).inc()
+            log.info("dropped request %s: deadline passed %d ms ago", task_id, late_ms)
+            return None
+        # Absolute: time spent serving the request does not extend the answer's life.
+        expires_at_ms = envelope.deadline_unix_ms + self._grace_ms
+        try:
+            request = self.authenticator.authorise(envelope)
+            slot = self.gate.enter(
+                request.policy,
+                envelope.caller,
+                task_id,
+                envelope.deadline_unix_ms,
+                now,
+                capped=self._capped,
+            )
+        except Rejected as rejected:
+            if rejected.reason is Reason.REPLAYED:
+                # The id belongs to the first delivery, which answers under it; an
+                # answer here could reach its caller first (a redelivery, say).
+                REJECTIONS.labels(self.lane_name.value, rejected.reason.value).inc()
+                log.info("dropped request %s: replayed", task_id)
+                return None
+            return self._refused(task_id, rejected, rejected.caller, expires_at_ms)
+        try:
+            reply = self._serve(task_id, request, expires_at_ms)
+        except BaseException:
+            self.gate.leave(slot)
+            raise
+        REQUESTS.labels(self.lane_name.value, request.operation, reply.code.name).inc()
+        return dataclasses.replace(reply, slot=slot)
+
+    def internal_error(self, caller: str, task_id: str, deadline_ms: int | None) -> Reply:
+        """The answer for a request whose handling failed outside the handler."""
+        return self._answer(caller, task_id, INTERNAL, self._fallback(deadline_ms))
+
+    def release(self, reply: Reply | None, *, released_in_redis: bool = False) -> None:
+        """Give back the in-flight slot a reply holds (its Redis part, unless
+        that went back with the answer)."""
+        if reply is not None and reply.slot is not None:
+            self.gate.leave(reply.slot, released_in_redis=released_in_redis)
+
+    def _fallback(self, deadline_ms: int | None) -> int:
+        """Until the envelope is verified, the message's deadline header bounds
+        how long an answer is worth keeping; the header is not signed, so
+        never beyond the lane's longest deadline."""
+        now = self._clock()
+        longest = now + self.lane.max_deadline_ms
+        return min(max(deadline_ms or longest, now), longest) + self._grace_ms
+
+    def _serve(self, task_id: str, request: Authorised, expires_at_ms: int) -> Reply:
+        envelope = request.envelope
+        try:
+            response = self._operations[request.operation].run(envelope)
+        except Refusal as refusal:
+            return self._refused(task_id, refusal, envelope.caller, expires_at_ms)
+        except Exception as exc:
+            # A bug, not the request's fault: answer rather than leave the caller waiting.
+            log.error("unexpected %s on %s", type(exc).__name__, task_id, exc_info=True)
+            return self._answer(envelope.caller, task_id, INTERNAL, expires_at_ms)
+        response.request_id = task_id
+        response.status.code = pb.STATUS_CODE_OK
+        return Reply(envelope.caller, response.SerializeToString(), expires_at_ms, StatusCode.OK)
+
+    def _refused(self, task_id: str, refusal: Refusal, caller: str, expires_at_ms: int) -> Reply:
+        answer = verdict(refusal)
+        lane = self.lane_name.value
+        if answer.reason is not None:
+            REJECTIONS.labels(lane, answer.reason.value).inc()
+            routine = answer.reason in _ROUTINE_REFUSALS
+            log.log(
+                logging.DEBUG if routine else logging.INFO,
+                "rejected request %s: %s",
+                task_id,
+                answer.reason.value,
+            )
+        else:
+            log.debug("request %s: %s", task_id, type(refusal).__name__)
+        if answer.stage is not None:
+            TIMEOUTS.labels(lane, answer.stage.value).inc()
+        if answer.dependency is not None:
+            DEPENDENCY_FAILURES.labels(lane, answer.dependency.value).inc()
+        return self._answer(caller, task_id, answer, expires_at_ms)
+
+    def _answer(self, caller: str, task_id: str, answer: Verdict, expires_at_ms: int) -> Reply:
+        envelope = error_response(
+            task_id, answer.code, answer.message, answer.retry_after_ms, answer.reason or ""
+        )
+        return Reply(caller, envelope.SerializeToString(), expires_at_ms, answer.code)
