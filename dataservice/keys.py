@@ -39,6 +39,10 @@ KOMBU_BINDING_PREFIX = "_kombu.binding."
 KOMBU_PERMANENT_BINDING_PREFIX = "_kombu.binding_permanent."
 # kombu.transport.redis.Channel.sep: between a queue's name and its priority.
 KOMBU_PRIORITY_SEP = "\x06\x16"
+# The workers' own state about callers and requests: only the workers' Redis
+# user reaches these, and only for a request that passed authentication and
+# the allowlist. (The cache and its locks join them when they exist.)
+WORKER_STATE_PREFIXES = (REPLAY_PREFIX, RATE_PREFIX, INFLIGHT_PREFIX)
 
 
 def result_key(caller: str, request_id: str) -> str:

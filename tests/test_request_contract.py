@@ -19,7 +19,7 @@ import pytest
 from kombu import Connection, Exchange
 from sqlalchemy import Engine
 
-from dataservice import Client, ReadMode
+from dataservice import Client, ReadMode, keys
 from dataservice.broker import CONTENT_TYPE, TASK_NAME, celery_settings
 from dataservice.callers import CallerKey, Secret
 from dataservice.codec import decode_response
@@ -35,15 +35,11 @@ from tests.support import RedisWatch, caller_key, counter, now_ms, signed, state
 pytestmark = pytest.mark.usefixtures("interactive_worker")
 
 # Keys only the workers may touch; a rejected request must touch none of them.
-FORBIDDEN_PREFIXES = (b"record:", b"ds:replay:", b"ds:rate:", b"ds:inflight:", b"ds:lock:")
+FORBIDDEN_PREFIXES = keys.WORKER_STATE_PREFIXES
 
 
 def forbidden(commands: list[bytes]) -> list[bytes]:
-    return [
-        c
-        for c in commands
-        if any(f" {p.decode()}" in c.decode("latin-1") for p in FORBIDDEN_PREFIXES)
-    ]
+    return [c for c in commands if any(f" {p}" in c.decode("latin-1") for p in FORBIDDEN_PREFIXES)]
 
 
 @dataclass
@@ -284,7 +280,7 @@ def test_a_replayed_request_is_refused_without_database_work(
     assert results.wait("tests", message.request_id, 0.3) is None
     assert statements_by(database, SERVICE_USER) == statements
     # The replay check itself is the one limit key it may read; nothing of the cache.
-    assert [c for c in forbidden(commands) if b"ds:replay:" not in c] == []
+    assert [c for c in forbidden(commands) if keys.REPLAY_PREFIX.encode() not in c] == []
 
 
 def test_an_expired_request_is_dropped_without_database_work(

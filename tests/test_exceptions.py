@@ -1,0 +1,52 @@
+"""Every exception class the package defines descends from one root, and the
+tree drawn in ``dataservice/errors.py`` is the tree the code has."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import re
+
+import dataservice
+import workers
+from dataservice.errors import DataServiceError
+from dataservice.refusals import Refusal
+
+
+def _modules() -> list[str]:
+    names = []
+    for package in (dataservice, workers):
+        names.append(package.__name__)
+        for info in pkgutil.walk_packages(package.__path__, prefix=f"{package.__name__}."):
+            if not info.name.endswith("_pb2"):
+                names.append(info.name)
+    return names
+
+
+def _defined_exceptions() -> dict[str, type[BaseException]]:
+    found: dict[str, type[BaseException]] = {}
+    for name in _modules():
+        module = importlib.import_module(name)
+        for _, value in inspect.getmembers(module, inspect.isclass):
+            if issubclass(value, BaseException) and value.__module__ == name:
+                found[f"{name}.{value.__qualname__}"] = value
+    return found
+
+
+def test_every_exception_class_has_the_one_root() -> None:
+    exceptions = _defined_exceptions()
+    assert len(exceptions) > 20
+    outside = sorted(
+        name for name, cls in exceptions.items() if not issubclass(cls, DataServiceError)
+    )
+    assert not outside, f"exception classes outside DataServiceError: {outside}"
+
+
+def test_the_drawn_tree_is_the_code() -> None:
+    drawn = set(re.findall(r"[├└]── (\w+)", dataservice.errors.__doc__ or ""))
+    defined = {cls.__name__ for cls in _defined_exceptions().values()}
+    assert drawn | {DataServiceError.__name__} == defined
+    refusals = {cls.__name__ for cls in _defined_exceptions().values() if issubclass(cls, Refusal)}
+    tree = (dataservice.errors.__doc__ or "").split("└── Refusal", 1)[1]
+    assert set(re.findall(r"[├└]── (\w+)", tree)) == refusals - {"Refusal"}
