@@ -16,16 +16,13 @@ from __future__ import annotations
 import builtins
 import random
 import time
-import uuid
 from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
-from dataservice.auth import sign
 from dataservice.callers import CallerKey, load_keyring
 from dataservice.client.handle import Handle, now_ms
-from dataservice.client.pacer import PACER
-from dataservice.client.transport import Transport, refused
-from dataservice.codec import request_envelope
+from dataservice.client.publisher import Publisher, mutation_key
+from dataservice.client.transport import Transport
 from dataservice.config import Config
 from dataservice.enums import LaneName, ReadMode
 from dataservice.errors import (
@@ -35,9 +32,6 @@ from dataservice.errors import (
     RetryableError,
 )
 from dataservice.identifiers import CALLER_RE
-from dataservice.limits.admission import AdmissionRefused
-from dataservice.proto import pb
-from dataservice.refusals import Reason
 from dataservice.settings import Settings
 from dataservice.types import (
     DeleteOp,
@@ -77,14 +71,12 @@ class Client:
         callers file (``DATASERVICE_CALLERS_FILE``)."""
         if not CALLER_RE.fullmatch(caller):
             raise InvalidArgument(f"caller name is malformed (allowed: {CALLER_RE.pattern})")
-        self._key = load_keyring(settings.callers_file).signing_key(caller) if key is None else key
-        if self._key.caller != caller:
+        key = load_keyring(settings.callers_file).signing_key(caller) if key is None else key
+        if key.caller != caller:
             raise InvalidArgument("the signing key belongs to another caller")
         self.caller = caller
         self.config = config
-        policy = config.callers.get(caller)
-        self._rate = None if policy is None else policy.rate
-        self._transport = Transport(settings, config)
+        self._publisher = Publisher(caller, key, Transport(settings, config), config)
 
     @classmethod
     def from_env(cls, caller: str, environ: Mapping[str, str] | None = None) -> Client:
@@ -99,7 +91,7 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self._transport.close()
+        self._publisher.transport.close()
 
     # Interactive lane -------------------------------------------------------
 
@@ -160,32 +152,15 @@ class Client:
 
         All are validated before any is sent: one bad operation enqueues none.
         """
-        deadline = self._deadline(LaneName.BATCH, timeout)
-        prepared = [self._envelope(op, deadline, _idempotency_key(op)) for op in operations]
-        # Admission paces a batch at publish (and says how many it took); here
-        # only a standing rate refusal holds it back.
-        PACER.take(self.caller, None)
-        handles = [
-            Handle(self._transport, self.caller, env.request_id, deadline) for env in prepared
-        ]
-        try:
-            self._transport.publish_many(
-                ((self._sign(env), env.request_id, deadline) for env in prepared),
-                lane=LaneName.BATCH,
-                caller=self.caller,
-            )
-        except AdmissionRefused as refusal:
-            error = refused(refusal, accepted=tuple(handles[: refusal.sent]))
-            if error.reason == Reason.RATE_LIMITED:
-                PACER.refused(self.caller, error.retry_after)
-            raise error from None
-        return handles
+        deadline = self._publisher.deadline(LaneName.BATCH, timeout)
+        return self._publisher.send_batch(builtins.list(operations), deadline)
 
     # Internals --------------------------------------------------------------
 
     def _call(self, operation: Operation, timeout: float | None) -> Result:
-        deadline = self._deadline(LaneName.INTERACTIVE, timeout)
-        key = _idempotency_key(operation)
+        """One interactive call: attempts until an answer, a final error or the deadline."""
+        deadline = self._publisher.deadline(LaneName.INTERACTIVE, timeout)
+        key = mutation_key(operation)
         retry = self.config.client.retry
         attempt = 1
         while True:
@@ -201,55 +176,9 @@ class Client:
                 time.sleep(delay_ms / 1000)
                 attempt += 1
 
-    def _attempt(self, operation: Operation, deadline: int, idempotency_key: str) -> Result:
-        PACER.take(self.caller, self._rate)
-        envelope = self._envelope(operation, deadline, idempotency_key)
+    def _attempt(self, operation: Operation, deadline: int, key: str) -> Result:
         try:
-            try:
-                self._transport.publish(
-                    self._sign(envelope),
-                    request_id=envelope.request_id,
-                    lane=LaneName.INTERACTIVE,
-                    deadline_ms=deadline,
-                    caller=self.caller,
-                )
-            except AdmissionRefused as refusal:
-                raise refused(refusal) from None
-            return Handle(self._transport, self.caller, envelope.request_id, deadline).result()
+            return self._publisher.send(operation, deadline, key).result()
         except ResourceExhausted as exc:
-            if exc.reason == Reason.RATE_LIMITED:
-                PACER.refused(self.caller, exc.retry_after)
+            self._publisher.held_back(exc)
             raise
-
-    def _sign(self, envelope: pb.RequestEnvelope) -> bytes:
-        return sign(envelope.SerializeToString(), self._key)
-
-    def _envelope(
-        self, operation: Operation, deadline_ms: int, idempotency_key: str
-    ) -> pb.RequestEnvelope:
-        return request_envelope(
-            self.caller,
-            operation,
-            request_id=uuid.uuid4().hex,
-            deadline_ms=deadline_ms,
-            issued_at_ms=now_ms(),
-            idempotency_key=idempotency_key,
-            limits=self.config.limits,
-        )
-
-    def _deadline(self, lane: LaneName, timeout: float | None) -> int:
-        lane_config = self.config.lanes[lane]
-        if timeout is None:
-            budget_ms = lane_config.default_deadline_ms
-        elif timeout < 0.001:
-            raise InvalidArgument("timeout must be at least 1 ms")
-        else:
-            budget_ms = min(int(timeout * 1000), lane_config.max_deadline_ms)
-        return now_ms() + budget_ms
-
-
-def _idempotency_key(operation: Operation) -> str:
-    """The key a mutation keeps across its attempts; reads and lists have none."""
-    if isinstance(operation, WriteOp | DeleteOp):
-        return operation.idempotency_key or uuid.uuid4().hex
-    return ""

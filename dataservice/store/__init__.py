@@ -3,12 +3,12 @@
 from dataservice.store.engine import create_store_engine, ensure_database
 from dataservice.store.idempotency import Idempotency, IdempotencyConflict
 from dataservice.store.records import (
-    Bounds,
     DeleteRaced,
     RecordStore,
     RevisionMismatch,
     WriteOutcome,
 )
+from dataservice.store.sessions import Bounds
 
 __all__ = [
     "Bounds",

@@ -20,29 +20,19 @@ Two options change that, on writes and deletes only:
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, text
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy import Connection, Engine
 
-from dataservice.limits.permits import Permit
 from dataservice.refusals import Refusal
 from dataservice.store import statements
-from dataservice.store.connections import (
-    CONNECTION_ID,
-    DEADLINE_OPTION,
-    STATEMENT_TIMEOUT_CODES,
-    StatementTimeout,
-    now_ms,
-)
 from dataservice.store.idempotency import Idempotency, IdempotencyConflict, Outcome, Recorded
 from dataservice.store.idempotency import once as _once
 from dataservice.store.idempotency import purge as _purge
+from dataservice.store.sessions import UNBOUNDED, Bounds, Sessions
 from dataservice.store.statements import delete_change, write_change
 from dataservice.types import Record
 
@@ -81,27 +71,6 @@ class RevisionMismatch(Refusal):
         self.current = current
 
 
-@dataclass(frozen=True, slots=True)
-class Bounds:
-    """What one operation runs under: its permit, and time until ``deadline_ms`` (Unix ms)."""
-
-    permit: Permit | None = None
-    deadline_ms: int | None = None
-
-
-_UNBOUNDED = Bounds()
-# Slack after the server-side bound before a lost statement is taken as gone.
-_SERVER_BOUND_SLACK_S = 0.1
-
-
-def _timed_out(exc: BaseException) -> bool:
-    orig = getattr(exc, "orig", None) if isinstance(exc, OperationalError) else None
-    return bool(orig is not None and orig.args and orig.args[0] in STATEMENT_TIMEOUT_CODES)
-
-
-_SLEEP = text("SELECT SLEEP(:seconds)")
-
-
 def _check(expected_revision: int) -> None:
     if expected_revision < 0:
         raise ValueError("expected_revision must be 0 (unconditional) or a revision")
@@ -119,52 +88,11 @@ class RecordStore:
         if idempotency_retention_s < 0:
             raise ValueError("idempotency_retention_s must not be negative")
         self.engine = engine
-        self._max_statement_ms = max_statement_ms
-        self._delay_s = injected_delay_ms / 1000
+        self._sessions = Sessions(engine, max_statement_ms, injected_delay_ms)
         self._retention_s = idempotency_retention_s
 
-    @contextmanager
-    def _connection(self, bounds: Bounds) -> Iterator[Connection]:
-        """A pooled connection, bound to the bounds; discarded on any failure.
-
-        After an error nothing is known for sure about the session (a
-        statement may have been cut off half way), so the connection is
-        invalidated, never returned to the pool.
-        """
-        with self.engine.connect() as conn:
-            if bounds.permit is not None:
-                bounds.permit.connection_id = conn.info.get(CONNECTION_ID)
-            if bounds.deadline_ms is not None:
-                conn.execution_options(**{DEADLINE_OPTION: bounds.deadline_ms})
-            try:
-                if self._delay_s:
-                    conn.execute(_SLEEP, {"seconds": self._delay_s})
-                yield conn
-            except BaseException as exc:
-                conn.invalidate()
-                if _timed_out(exc):
-                    raise StatementTimeout from None
-                if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-                    self._outlast_server_bound(bounds)
-                raise
-
-    def _outlast_server_bound(self, bounds: Bounds) -> None:
-        """After losing a connection mid-statement, wait until the server has
-        certainly stopped the statement (its own timeout), so that the permit
-        is never released while the database still works for the request.
-
-        A statement started at t with timeout min(deadline - t, cap) is over by
-        min(deadline, now + cap): wait until then.
-        """
-        bound_ms = now_ms() + self._max_statement_ms
-        if bounds.deadline_ms is not None:
-            bound_ms = min(bound_ms, bounds.deadline_ms)
-        wait_s = (bound_ms - now_ms()) / 1000 + _SERVER_BOUND_SLACK_S
-        if wait_s > 0:
-            time.sleep(wait_s)
-
-    def read(self, scope: str, object_id: str, bounds: Bounds = _UNBOUNDED) -> Record | None:
-        with self._connection(bounds) as conn:
+    def read(self, scope: str, object_id: str, bounds: Bounds = UNBOUNDED) -> Record | None:
+        with self._sessions.connection(bounds) as conn:
             row = conn.execute(statements.READ, {"scope": scope, "object_id": object_id}).first()
         return None if row is None else _record(*row)
 
@@ -173,7 +101,7 @@ class RecordStore:
         scope: str,
         object_id: str,
         payload: bytes,
-        bounds: Bounds = _UNBOUNDED,
+        bounds: Bounds = UNBOUNDED,
         *,
         idempotency: Idempotency | None = None,
         expected_revision: int = 0,
@@ -201,7 +129,7 @@ class RecordStore:
         self,
         scope: str,
         object_id: str,
-        bounds: Bounds = _UNBOUNDED,
+        bounds: Bounds = UNBOUNDED,
         *,
         idempotency: Idempotency | None = None,
         expected_revision: int = 0,
@@ -231,7 +159,7 @@ class RecordStore:
         write makes it match nothing and the loop reads again; no lock is held
         between the statements, which run one after another under one permit.
         """
-        with self._connection(bounds) as conn:
+        with self._sessions.connection(bounds) as conn:
             for _ in range(_MAX_DELETE_ATTEMPTS):
                 revision = conn.execute(statements.REVISION, key).scalar()
                 if revision is None:
@@ -252,7 +180,7 @@ class RecordStore:
         lock). Exceptions for the caller are raised only once the connection
         is back in autocommit, so they do not cost it.
         """
-        with self._connection(bounds) as conn:
+        with self._sessions.connection(bounds) as conn:
             if idempotency is None:
                 return change(conn, False)
             recorded = _once(conn, idempotency, self._retention_s, lambda c: change(c, True))
@@ -260,7 +188,7 @@ class RecordStore:
             raise IdempotencyConflict("the key was used for a different request")
         return recorded
 
-    def purge_idempotency(self, limit: int, bounds: Bounds = _UNBOUNDED) -> int:
+    def purge_idempotency(self, limit: int, bounds: Bounds = UNBOUNDED) -> int:
         """Delete at most ``limit`` expired idempotency keys; returns how many.
 
         One bounded statement: call it repeatedly, until it returns less than
@@ -268,11 +196,11 @@ class RecordStore:
         """
         if limit <= 0:
             raise ValueError("limit must be positive")
-        with self._connection(bounds) as conn:
+        with self._sessions.connection(bounds) as conn:
             return _purge(conn, limit)
 
-    def list(self, scope: str, after: str, limit: int, bounds: Bounds = _UNBOUNDED) -> list[Record]:
+    def list(self, scope: str, after: str, limit: int, bounds: Bounds = UNBOUNDED) -> list[Record]:
         """Up to ``limit`` records of ``scope`` with ids after ``after``, in id order."""
         params = {"scope": scope, "after": after, "limit": limit}
-        with self._connection(bounds) as conn:
+        with self._sessions.connection(bounds) as conn:
             return [_record(*row) for row in conn.execute(statements.LIST, params)]

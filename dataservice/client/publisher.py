@@ -1,0 +1,112 @@
+"""What a caller's request goes through before it waits: its envelope, its
+signature, the caller's pace in this process, and the lane's admission."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from dataservice.auth import sign
+from dataservice.callers import CallerKey
+from dataservice.client.handle import Handle, now_ms
+from dataservice.client.pacer import PACER
+from dataservice.client.transport import Transport, refused
+from dataservice.codec import request_envelope
+from dataservice.config import Config
+from dataservice.enums import LaneName
+from dataservice.errors import InvalidArgument, ResourceExhausted
+from dataservice.limits.admission import AdmissionRefused
+from dataservice.proto import pb
+from dataservice.refusals import Reason
+from dataservice.types import DeleteOp, Operation, WriteOp
+
+
+def mutation_key(operation: Operation) -> str:
+    """The key a mutation keeps across its attempts; reads and lists have none."""
+    if isinstance(operation, WriteOp | DeleteOp):
+        return operation.idempotency_key or uuid.uuid4().hex
+    return ""
+
+
+class Publisher:
+    """One caller's way onto the lanes."""
+
+    def __init__(self, caller: str, key: CallerKey, transport: Transport, config: Config) -> None:
+        policy = config.callers.get(caller)
+        self.caller = caller
+        self.transport = transport
+        self._key = key
+        self._config = config
+        self._rate = None if policy is None else policy.rate
+
+    def deadline(self, lane: LaneName, timeout: float | None) -> int:
+        """The absolute deadline (Unix ms) of a call with ``timeout`` seconds on ``lane``."""
+        lane_config = self._config.lanes[lane]
+        if timeout is None:
+            budget_ms = lane_config.default_deadline_ms
+        elif timeout < 0.001:
+            raise InvalidArgument("timeout must be at least 1 ms")
+        else:
+            budget_ms = min(int(timeout * 1000), lane_config.max_deadline_ms)
+        return now_ms() + budget_ms
+
+    def send(self, operation: Operation, deadline_ms: int, key: str) -> Handle:
+        """Publish one interactive request (one attempt) and return its handle."""
+        PACER.take(self.caller, self._rate)
+        envelope = self._envelope(operation, deadline_ms, key)
+        try:
+            self.transport.publish(
+                self._sign(envelope),
+                request_id=envelope.request_id,
+                lane=LaneName.INTERACTIVE,
+                deadline_ms=deadline_ms,
+                caller=self.caller,
+            )
+        except AdmissionRefused as refusal:
+            raise self.refused(refusal) from None
+        return Handle(self.transport, self.caller, envelope.request_id, deadline_ms)
+
+    def send_batch(self, operations: Sequence[Operation], deadline_ms: int) -> list[Handle]:
+        """Publish every operation on the batch lane, all validated before any is sent."""
+        prepared = [self._envelope(op, deadline_ms, mutation_key(op)) for op in operations]
+        # Admission paces a batch at publish (and says how many it took); here
+        # only a standing rate refusal holds it back.
+        PACER.take(self.caller, None)
+        handles = [
+            Handle(self.transport, self.caller, env.request_id, deadline_ms) for env in prepared
+        ]
+        try:
+            self.transport.publish_many(
+                ((self._sign(env), env.request_id, deadline_ms) for env in prepared),
+                lane=LaneName.BATCH,
+                caller=self.caller,
+            )
+        except AdmissionRefused as refusal:
+            raise self.refused(refusal, tuple(handles[: refusal.sent])) from None
+        return handles
+
+    def refused(
+        self, refusal: AdmissionRefused, accepted: tuple[object, ...] = ()
+    ) -> ResourceExhausted:
+        error = refused(refusal, accepted)
+        self.held_back(error)
+        return error
+
+    def held_back(self, error: ResourceExhausted) -> None:
+        """After the service refused the caller for its rate, hold it back here."""
+        if error.reason == Reason.RATE_LIMITED:
+            PACER.refused(self.caller, error.retry_after)
+
+    def _sign(self, envelope: pb.RequestEnvelope) -> bytes:
+        return sign(envelope.SerializeToString(), self._key)
+
+    def _envelope(self, operation: Operation, deadline_ms: int, key: str) -> pb.RequestEnvelope:
+        return request_envelope(
+            self.caller,
+            operation,
+            request_id=uuid.uuid4().hex,
+            deadline_ms=deadline_ms,
+            issued_at_ms=now_ms(),
+            idempotency_key=key,
+            limits=self._config.limits,
+        )

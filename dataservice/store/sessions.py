@@ -1,0 +1,91 @@
+"""Connections for one operation: bound to its permit and deadline, and
+discarded whenever anything went wrong on them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from dataservice.limits.permits import Permit
+from dataservice.store.connections import (
+    CONNECTION_ID,
+    DEADLINE_OPTION,
+    STATEMENT_TIMEOUT_CODES,
+    StatementTimeout,
+    now_ms,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """What one operation runs under: its permit, and time until ``deadline_ms`` (Unix ms)."""
+
+    permit: Permit | None = None
+    deadline_ms: int | None = None
+
+
+UNBOUNDED = Bounds()
+# Slack after the server-side bound before a lost statement is taken as gone.
+_SERVER_BOUND_SLACK_S = 0.1
+
+
+def _timed_out(exc: BaseException) -> bool:
+    orig = getattr(exc, "orig", None) if isinstance(exc, OperationalError) else None
+    return bool(orig is not None and orig.args and orig.args[0] in STATEMENT_TIMEOUT_CODES)
+
+
+_SLEEP = text("SELECT SLEEP(:seconds)")
+
+
+class Sessions:
+    """The engine's connections, handed out one operation at a time."""
+
+    def __init__(self, engine: Engine, max_statement_ms: int, injected_delay_ms: int = 0) -> None:
+        self._engine = engine
+        self._max_statement_ms = max_statement_ms
+        self._delay_s = injected_delay_ms / 1000
+
+    @contextmanager
+    def connection(self, bounds: Bounds) -> Iterator[Connection]:
+        """A pooled connection, bound to the bounds; discarded on any failure.
+
+        After an error nothing is known for sure about the session (a
+        statement may have been cut off half way), so the connection is
+        invalidated, never returned to the pool.
+        """
+        with self._engine.connect() as conn:
+            if bounds.permit is not None:
+                bounds.permit.connection_id = conn.info.get(CONNECTION_ID)
+            if bounds.deadline_ms is not None:
+                conn.execution_options(**{DEADLINE_OPTION: bounds.deadline_ms})
+            try:
+                if self._delay_s:
+                    conn.execute(_SLEEP, {"seconds": self._delay_s})
+                yield conn
+            except BaseException as exc:
+                conn.invalidate()
+                if _timed_out(exc):
+                    raise StatementTimeout from None
+                if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+                    self._outlast_server_bound(bounds)
+                raise
+
+    def _outlast_server_bound(self, bounds: Bounds) -> None:
+        """After losing a connection mid-statement, wait until the server has
+        certainly stopped the statement (its own timeout), so that the permit
+        is never released while the database still works for the request.
+
+        A statement started at t with timeout min(deadline - t, cap) is over by
+        min(deadline, now + cap): wait until then.
+        """
+        bound_ms = now_ms() + self._max_statement_ms
+        if bounds.deadline_ms is not None:
+            bound_ms = min(bound_ms, bounds.deadline_ms)
+        wait_s = (bound_ms - now_ms()) / 1000 + _SERVER_BOUND_SLACK_S
+        if wait_s > 0:
+            time.sleep(wait_s)
