@@ -46,6 +46,19 @@ class Reason(StrEnum):
     QUEUE_TOO_LONG = "queue_too_long"
 
 
+# What a caller reads when a limit refuses it, wherever the limit is applied
+# (the workers' gate, admission at publish, the client's own pacing).
+LIMIT_MESSAGES = {
+    Reason.REPLAYED: "request id already used",
+    Reason.RATE_LIMITED: "the caller is over its rate",
+    Reason.CONCURRENCY_LIMITED: "the caller has too many interactive requests in flight",
+    Reason.LIMITS_UNAVAILABLE: "the service cannot check for replays right now",
+    Reason.QUEUE_FULL: "the lane queue is full",
+    Reason.QUEUE_BYTES: "the lane queue holds too many bytes",
+    Reason.QUEUE_TOO_LONG: "the lane queue is too long to start before the deadline",
+}
+
+
 class Refusal(DataServiceError):
     """Internal: the service refused or failed to do what a request asked.
 

@@ -15,7 +15,7 @@ import redis
 from dataservice.config import CallerPolicy, Config
 from dataservice.limits.gate import CallerLimits, RedisLimits
 from dataservice.limits.local import LocalLimits
-from dataservice.limits.slots import RETRY_AT_CAP_MS, Slot
+from dataservice.limits.slots import RETRY_AT_CAP_MS, Entry, Slot
 from dataservice.refusals import Reason, Rejected
 from tests.support import now_ms
 
@@ -49,7 +49,7 @@ def enter(limits: CallerLimits, caller: str) -> Enter:
     def _enter(policy: CallerPolicy, *, capped: bool = False, request_id: str = "") -> Slot:
         now = now_ms()
         rid = request_id or uuid.uuid4().hex
-        return limits.enter(policy, caller, rid, now + 2000, now, capped=capped)
+        return limits.enter(Entry(policy, caller, rid, now + 2000, now, capped))
 
     return _enter
 
@@ -138,7 +138,7 @@ def test_callers_are_limited_apart(limits: CallerLimits, caller: str, policy: Ca
     one = policy.model_copy(update={"rate_per_s": 0.5, "burst": 1})
     other = f"{caller}-other"
     now = now_ms()
-    limits.enter(one, caller, uuid.uuid4().hex, now + 2000, now, capped=False)
+    limits.enter(Entry(one, caller, uuid.uuid4().hex, now + 2000, now, False))
     with pytest.raises(Rejected):
-        limits.enter(one, caller, uuid.uuid4().hex, now + 2000, now, capped=False)
-    limits.enter(one, other, uuid.uuid4().hex, now + 2000, now, capped=False)
+        limits.enter(Entry(one, caller, uuid.uuid4().hex, now + 2000, now, False))
+    limits.enter(Entry(one, other, uuid.uuid4().hex, now + 2000, now, False))

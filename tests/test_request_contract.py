@@ -19,12 +19,13 @@ import pytest
 from kombu import Connection, Exchange
 from sqlalchemy import Engine
 
-from dataservice import Client, ReadMode, keys
+from dataservice import Client, ReadMode
 from dataservice.broker import CONTENT_TYPE, TASK_NAME, celery_settings
 from dataservice.callers import CallerKey, Secret
 from dataservice.codec import decode_response
 from dataservice.config import Config
 from dataservice.errors import PermissionDenied, RequestError, Unauthenticated
+from dataservice.keys import REPLAY_PREFIX, WORKER_STATE_PREFIXES
 from dataservice.limits.admission import DEADLINE_HEADER
 from dataservice.proto import pb
 from dataservice.results import ResultStore
@@ -35,7 +36,7 @@ from tests.support import RedisWatch, caller_key, counter, now_ms, signed, state
 pytestmark = pytest.mark.usefixtures("interactive_worker")
 
 # Keys only the workers may touch; a rejected request must touch none of them.
-FORBIDDEN_PREFIXES = keys.WORKER_STATE_PREFIXES
+FORBIDDEN_PREFIXES = WORKER_STATE_PREFIXES
 
 
 def forbidden(commands: list[bytes]) -> list[bytes]:
@@ -280,7 +281,7 @@ def test_a_replayed_request_is_refused_without_database_work(
     assert results.wait("tests", message.request_id, 0.3) is None
     assert statements_by(database, SERVICE_USER) == statements
     # The replay check itself is the one limit key it may read; nothing of the cache.
-    assert [c for c in forbidden(commands) if keys.REPLAY_PREFIX.encode() not in c] == []
+    assert [c for c in forbidden(commands) if REPLAY_PREFIX.encode() not in c] == []
 
 
 def test_an_expired_request_is_dropped_without_database_work(

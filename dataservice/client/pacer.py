@@ -19,7 +19,7 @@ import threading
 
 from dataservice.errors import ResourceExhausted
 from dataservice.limits.gcra import Arrivals, Rate, monotonic_us
-from dataservice.refusals import Reason
+from dataservice.refusals import LIMIT_MESSAGES, Reason
 
 
 class Pacer:
@@ -42,7 +42,7 @@ class Pacer:
                     self._arrivals.record(caller, tat)
         if wait_us > 0:
             raise ResourceExhausted(
-                "the caller is over its rate; not sent",
+                LIMIT_MESSAGES[Reason.RATE_LIMITED] + "; not sent",
                 retry_after=wait_us / 1_000_000,
                 reason=Reason.RATE_LIMITED,
             )

@@ -23,24 +23,18 @@ from dataservice.limits.admission import (
     AdmissionRefused,
     take_refusal,
 )
-from dataservice.refusals import Reason
+from dataservice.refusals import LIMIT_MESSAGES, Reason
 from dataservice.results import ResultStore
 from dataservice.settings import Settings
 
 RETRY_BROKER_DOWN_S = 0.5
-# What a caller reads when admission refuses its request.
-_REFUSED = {
-    Reason.RATE_LIMITED: "the caller is over its rate; not queued",
-    Reason.QUEUE_FULL: "the lane queue is full; retry later",
-    Reason.QUEUE_BYTES: "the lane queue holds too many bytes; retry later",
-    Reason.QUEUE_TOO_LONG: "the lane queue is too long to start before the deadline; retry later",
-}
 
 
 def refused(refusal: AdmissionRefused, accepted: tuple[object, ...] = ()) -> ResourceExhausted:
     """The caller's error for an admission refusal (``accepted``: what went before it)."""
+    rate = refusal.reason is Reason.RATE_LIMITED
     return ResourceExhausted(
-        _REFUSED[refusal.reason],
+        LIMIT_MESSAGES[refusal.reason] + ("; not queued" if rate else "; retry later"),
         retry_after=refusal.retry_after_ms / 1000,
         reason=refusal.reason,
         accepted=accepted,

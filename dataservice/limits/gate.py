@@ -24,7 +24,7 @@ from dataservice.config import CallerPolicy, Config
 from dataservice.keys import inflight_key, rate_key, replay_key
 from dataservice.limits.local import LocalLimits
 from dataservice.limits.scripts import LuaScript
-from dataservice.limits.slots import RETRY_AT_CAP_MS, Slot, rejection
+from dataservice.limits.slots import RETRY_AT_CAP_MS, Entry, Slot, rejection
 from dataservice.refusals import Reason, Rejected
 
 log = logging.getLogger(__name__)
@@ -36,16 +36,7 @@ _SCRIPT = LuaScript("gate.lua")
 class CallerLimits(Protocol):
     """Take a request's place under its caller's limits, or raise :class:`Rejected`."""
 
-    def enter(
-        self,
-        policy: CallerPolicy,
-        caller: str,
-        request_id: str,
-        deadline_ms: int,
-        now_ms: int,
-        *,
-        capped: bool,
-    ) -> Slot: ...
+    def enter(self, entry: Entry) -> Slot: ...
 
     def leave(self, slot: Slot) -> None: ...
 
@@ -59,19 +50,10 @@ class RedisLimits:
         self._skew_ms = config.auth.max_clock_skew_ms
         self._grace_ms = config.results.grace_ms
 
-    def enter(
-        self,
-        policy: CallerPolicy,
-        caller: str,
-        request_id: str,
-        deadline_ms: int,
-        now_ms: int,
-        *,
-        capped: bool,
-    ) -> Slot:
+    def enter(self, entry: Entry) -> Slot:
+        caller, request_id, rate = entry.caller, entry.request_id, entry.policy.rate
         # Beyond its deadline (plus the skew) a replay would be dropped as late anyway.
-        remember_ms = max(1, deadline_ms - now_ms + self._skew_ms)
-        rate = policy.rate
+        remember_ms = max(1, entry.deadline_ms - entry.now_ms + self._skew_ms)
         reason, retry_ms = _SCRIPT(
             self._redis,
             [replay_key(caller, request_id), rate_key(caller), inflight_key(caller)],
@@ -79,16 +61,16 @@ class RedisLimits:
                 remember_ms,
                 rate.interval_us,
                 rate.burst,
-                policy.max_interactive if capped else 0,
+                entry.policy.max_interactive if entry.capped else 0,
                 request_id,
-                deadline_ms + self._grace_ms,
+                entry.deadline_ms + self._grace_ms,
                 RETRY_AT_CAP_MS,
             ],
         )
         if reason:
             name = reason.decode() if isinstance(reason, bytes) else str(reason)
             raise rejection(Reason(name), caller, int(retry_ms))
-        return Slot(caller, request_id, capped, local=False, in_redis=capped)
+        return Slot(caller, request_id, entry.capped, local=False, in_redis=entry.capped)
 
     def leave(self, slot: Slot) -> None:
         if slot.in_redis:
@@ -120,12 +102,11 @@ class Gate:
         capped: bool,
     ) -> Slot:
         """Take the request's place, or raise :class:`~dataservice.refusals.Rejected`."""
+        entry = Entry(policy, caller, request_id, deadline_ms, now_ms, capped)
         uncertain = False
         if time.monotonic() >= self._redis_retry_at:
             try:
-                return self._shared.enter(
-                    policy, caller, request_id, deadline_ms, now_ms, capped=capped
-                )
+                return self._shared.enter(entry)
             except Rejected:
                 raise
             except redis.RedisError as exc:
@@ -135,7 +116,7 @@ class Gate:
                 # The script may have run before the reply was lost: its slot,
                 # if any, is given back with this one.
                 uncertain = capped
-        slot = self._local.enter(policy, caller, request_id, deadline_ms, now_ms, capped=capped)
+        slot = self._local.enter(entry)
         return dataclasses.replace(slot, in_redis=uncertain)
 
     @staticmethod

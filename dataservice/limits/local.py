@@ -14,9 +14,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from dataservice.config import CallerPolicy, Config
+from dataservice.config import Config
 from dataservice.limits.gcra import Arrivals
-from dataservice.limits.slots import RETRY_AT_CAP_MS, Slot, rejection
+from dataservice.limits.slots import RETRY_AT_CAP_MS, Entry, Slot, rejection
 from dataservice.refusals import Reason
 
 # Request ids the fallback remembers; beyond this it refuses rather than forget.
@@ -39,21 +39,13 @@ class LocalLimits:
         # Request ids by when they may be forgotten (monotonic µs).
         self._seen: OrderedDict[str, int] = OrderedDict()
 
-    def enter(
-        self,
-        policy: CallerPolicy,
-        caller: str,
-        request_id: str,
-        deadline_ms: int,
-        now_ms: int,
-        *,
-        capped: bool,
-    ) -> Slot:
+    def enter(self, entry: Entry) -> Slot:
+        policy, caller, capped = entry.policy, entry.caller, entry.capped
         now_us = self._clock_ns() // 1000
         rate = policy.rate.share(self._replicas)
         cap = max(1, policy.max_interactive // self._replicas)
-        remember_us = max(1, deadline_ms - now_ms + self._skew_ms) * 1000
-        marker = f"{caller}:{request_id}"
+        remember_us = max(1, entry.deadline_ms - entry.now_ms + self._skew_ms) * 1000
+        marker = f"{caller}:{entry.request_id}"
         with self._lock:
             while self._seen and next(iter(self._seen.values())) <= now_us:
                 self._seen.popitem(last=False)
@@ -71,7 +63,7 @@ class LocalLimits:
                     raise rejection(Reason.CONCURRENCY_LIMITED, caller, RETRY_AT_CAP_MS)
                 self._inflight[caller] = self._inflight.get(caller, 0) + 1
             self._arrivals.record(caller, tat)
-        return Slot(caller, request_id, capped, local=True, in_redis=False)
+        return Slot(caller, entry.request_id, capped, local=True, in_redis=False)
 
     def leave(self, slot: Slot) -> None:
         if not (slot.local and slot.capped):

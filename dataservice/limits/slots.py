@@ -4,17 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dataservice.refusals import Reason, Rejected
+from dataservice.config import CallerPolicy
+from dataservice.refusals import LIMIT_MESSAGES, Reason, Rejected
 
 # Slots are few and short; a freed one is usually this far away.
 RETRY_AT_CAP_MS = 25
 
-_MESSAGES = {
-    Reason.REPLAYED: "request id already used",
-    Reason.RATE_LIMITED: "the caller is over its rate",
-    Reason.CONCURRENCY_LIMITED: "the caller has too many interactive requests in flight",
-    Reason.LIMITS_UNAVAILABLE: "the service cannot check for replays right now",
-}
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One request at its caller's limits. ``capped``: it counts against the
+    caller's in-flight cap (interactive requests do)."""
+
+    policy: CallerPolicy
+    caller: str
+    request_id: str
+    deadline_ms: int
+    now_ms: int
+    capped: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,4 +38,4 @@ class Slot:
 
 
 def rejection(reason: Reason, caller: str, retry_after_ms: int = 0) -> Rejected:
-    return Rejected(reason, _MESSAGES[reason], caller=caller, retry_after_ms=retry_after_ms)
+    return Rejected(reason, LIMIT_MESSAGES[reason], caller=caller, retry_after_ms=retry_after_ms)

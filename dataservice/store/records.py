@@ -118,8 +118,6 @@ class RecordStore:
             idempotency,
             lambda conn, locked: write_change(conn, params, expected_revision, locked),
         )
-        if recorded.outcome is Outcome.REVISION_MISMATCH:
-            raise RevisionMismatch(recorded.revision)
         if recorded.revision is None:
             # Only a delete records "not found": the key was used for one.
             raise IdempotencyConflict("the key was used for a delete")
@@ -145,14 +143,11 @@ class RecordStore:
         key = {"scope": scope, "object_id": object_id}
         if idempotency is None and not expected_revision:
             return self._delete_optimistic(key, bounds)
-        recorded = self._mutate(
+        return self._mutate(
             bounds,
             idempotency,
             lambda conn, locked: delete_change(conn, key, expected_revision, locked),
-        )
-        if recorded.outcome is Outcome.REVISION_MISMATCH:
-            raise RevisionMismatch(recorded.revision)
-        return recorded.revision
+        ).revision
 
     def _delete_optimistic(self, key: dict[str, Any], bounds: Bounds) -> int | None:
         """Optimistic: the delete names the revision just read, so a concurrent
@@ -177,15 +172,19 @@ class RecordStore:
         """Apply ``change`` in autocommit, or keyed in a transaction of its own.
 
         ``change`` gets whether it runs in a transaction (its reads must then
-        lock). Exceptions for the caller are raised only once the connection
-        is back in autocommit, so they do not cost it.
+        lock). Exceptions for the caller (:class:`IdempotencyConflict`,
+        :class:`RevisionMismatch`) are raised only once the connection is back
+        in autocommit, so they do not cost it.
         """
         with self._sessions.connection(bounds) as conn:
             if idempotency is None:
-                return change(conn, False)
-            recorded = _once(conn, idempotency, self._retention_s, lambda c: change(c, True))
+                recorded: Recorded | None = change(conn, False)
+            else:
+                recorded = _once(conn, idempotency, self._retention_s, lambda c: change(c, True))
         if recorded is None:
             raise IdempotencyConflict("the key was used for a different request")
+        if recorded.outcome is Outcome.REVISION_MISMATCH:
+            raise RevisionMismatch(recorded.revision)
         return recorded
 
     def purge_idempotency(self, limit: int, bounds: Bounds = UNBOUNDED) -> int:

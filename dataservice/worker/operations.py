@@ -17,7 +17,7 @@ from dataservice.codec import decode_cursor, encode_cursor, page_size, record_to
 from dataservice.config import Limits
 from dataservice.enums import OperationClass, ReadMode
 from dataservice.proto import pb
-from dataservice.store import Bounds, Idempotency, RecordStore
+from dataservice.store import Idempotency, RecordStore
 from dataservice.types import Record
 from dataservice.worker.database import Database
 from dataservice.worker.failures import RecordMissing
@@ -96,23 +96,33 @@ class _Mutation:
         self._database = database
         self._store = store
 
-    def _apply(self, envelope: pb.RequestEnvelope, change: Callable[[Bounds, Idempotency], T]) -> T:
+    def _apply(
+        self,
+        envelope: pb.RequestEnvelope,
+        request: pb.WriteRecordRequest | pb.DeleteRecordRequest,
+        change: Callable[..., T],
+        *values: object,
+    ) -> T:
+        """``change(scope, object_id, *values, bounds, idempotency=, expected_revision=)``."""
         key = idempotency(envelope)
         return self._database.run(
-            self.op_class, envelope.deadline_unix_ms, lambda bounds: change(bounds, key)
+            self.op_class,
+            envelope.deadline_unix_ms,
+            lambda bounds: change(
+                request.scope,
+                request.object_id,
+                *values,
+                bounds,
+                idempotency=key,
+                expected_revision=request.expected_revision,
+            ),
         )
 
 
 class Write(_Mutation):
     def run(self, envelope: pb.RequestEnvelope) -> pb.ResponseEnvelope:
         w = envelope.write
-        outcome = self._apply(
-            envelope,
-            lambda bounds, key: self._store.write(
-                w.scope, w.object_id, w.payload, bounds, idempotency=key,
-                expected_revision=w.expected_revision,
-            ),
-        )  # fmt: skip
+        outcome = self._apply(envelope, w, self._store.write, w.payload)
         result = pb.WriteRecordResponse(
             object_id=w.object_id, revision=outcome.revision, created=outcome.created
         )
@@ -122,17 +132,12 @@ class Write(_Mutation):
 class Delete(_Mutation):
     def run(self, envelope: pb.RequestEnvelope) -> pb.ResponseEnvelope:
         d = envelope.delete
-        revision = self._apply(
-            envelope,
-            lambda bounds, key: self._store.delete(
-                d.scope, d.object_id, bounds, idempotency=key,
-                expected_revision=d.expected_revision,
-            ),
-        )  # fmt: skip
+        revision = self._apply(envelope, d, self._store.delete)
         if revision is None:
             raise RecordMissing
-        result = pb.DeleteRecordResponse(object_id=d.object_id, revision=revision)
-        return pb.ResponseEnvelope(delete=result)
+        return pb.ResponseEnvelope(
+            delete=pb.DeleteRecordResponse(object_id=d.object_id, revision=revision)
+        )
 
 
 class List:
