@@ -70,19 +70,20 @@ _LOST_MID_STATEMENT = frozenset({2006, 2013, 2055})
 
 
 def database_error(exc: DBAPIError) -> Refusal:
-    """The refusal a driver error amounts to."""
+    """The refusal a driver error amounts to. Its message names the error
+    number and the driver's exception type, never the statement."""
     errno = exc.orig.args[0] if exc.orig is not None and exc.orig.args else None
-    log.warning("database error %s: %s", errno, type(exc.orig).__name__)
+    detail = f"database error {errno} ({type(exc.orig).__name__})"
     if errno in _TOO_MANY_CONNECTIONS:
-        return DatabaseBusy(f"database error {errno}")
+        return DatabaseBusy(detail)
     if (
         errno in _CANNOT_CONNECT
         or errno in _ROLLED_BACK
         or errno in _LOST_MID_STATEMENT
         or exc.connection_invalidated
     ):
-        return DatabaseUnavailable(f"database error {errno}")
-    return DatabaseFailure(f"database error {errno}")
+        return DatabaseUnavailable(detail)
+    return DatabaseFailure(detail)
 
 
 @contextmanager
@@ -95,8 +96,7 @@ def database_errors() -> Iterator[None]:
     except DBAPIError as exc:
         raise database_error(exc) from None
     except SQLAlchemyError as exc:
-        log.error("store error: %s", type(exc).__name__)
-        raise DatabaseFailure(type(exc).__name__) from None
+        raise DatabaseFailure(f"store error ({type(exc).__name__})") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -154,12 +154,13 @@ class RequestHandler:
                 task_id,
                 answer.reason.value,
             )
+        elif answer.dependency is not None:
+            DEPENDENCY_FAILURES.labels(lane, answer.dependency.value).inc()
+            log.warning("request %s: %s", task_id, refusal.message)
         else:
             log.debug("request %s: %s", task_id, type(refusal).__name__)
         if answer.stage is not None:
             TIMEOUTS.labels(lane, answer.stage.value).inc()
-        if answer.dependency is not None:
-            DEPENDENCY_FAILURES.labels(lane, answer.dependency.value).inc()
         return self._answer(caller, task_id, answer, expires_at_ms)
 
     def _answer(self, caller: str, task_id: str, answer: Verdict, expires_at_ms: int) -> Reply:
