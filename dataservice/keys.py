@@ -1,20 +1,20 @@
-"""Every Redis key and queue name the service uses is built here.
+r"""Every Redis key and queue name the service uses is built here.
 
 =====================================  ===========================================
 key                                    what it holds
 =====================================  ===========================================
 ``<lane queue>``                       Celery's list for a lane (``interactive``, ``batch``)
+``<lane queue>\x06\x16<n>``            kombu's priority sub-queues of a lane
 ``_kombu.binding.<lane queue>``        kombu's routing table for the lane's exchange (and
-``_kombu.binding_permanent.<queue>``   its permanent twin); ``<queue>\x06\x16<n>``: kombu's
-                                       priority sub-queues of a lane
+``_kombu.binding_permanent.<queue>``   its permanent twin)
 ``ds:admission:<lane queue>``          a hash: envelope bytes queued or in flight,
                                        completions and the measured drain rate
-                                       (``dataservice/admission/admit.lua``)
+                                       (``dataservice/limits/admit.lua``)
 ``ds:result:<caller>:<request id>``    a list holding one encoded ``ResponseEnvelope``;
                                        expires at the request deadline plus a grace
 ``ds:replay:<caller>:<request id>``    a request id already seen; expires with the
                                        request's deadline plus the clock skew
-``ds:rate:<caller>``                   the caller's rate state (``dataservice/gate/gate.lua``)
+``ds:rate:<caller>``                   the caller's rate state (``dataservice/limits/gate.lua``)
 ``ds:inflight:<caller>``               a sorted set of the caller's interactive requests
                                        being served, scored by when each slot lapses
 ``ds:pace:<caller>``                   the caller's publish pacing (``admit.lua``): its
@@ -25,6 +25,7 @@ Who may touch what is decided by key pattern (:mod:`dataservice.acl`): a
 caller's Redis user reaches the lane queues, their routing tables and
 admission hashes, and its *own* result and pacing keys; everything else, including
 every key added later for the cache and its locks, only the workers' user.
+``docs/operations.md`` names these keys too, and a test keeps the two in step.
 """
 
 from __future__ import annotations

@@ -1,0 +1,400 @@
+"""The docs describe the code: status codes, refusal reasons, Redis keys,
+identifier patterns and the repository paths they name.
+
+The code is the truth. Each test reads a table (or the code spans) out of the
+Markdown, or the table in ``dataservice/keys.py``'s docstring, compares it with
+what the code defines, and names the doc line that disagrees. No services.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+from dataservice import identifiers, keys
+from dataservice.codec.requests import MAX_CURSOR_CHARS
+from dataservice.enums import StatusCode
+from dataservice.limits.local import RETRY_LOCAL_FULL_MS
+from dataservice.limits.slots import RETRY_AT_CAP_MS
+from dataservice.metrics import Dependency, Stage
+from dataservice.proto import pb
+from dataservice.refusals import Reason
+from dataservice.worker import failures
+from dataservice.worker.failures import REASON_CODES
+
+ROOT = Path(__file__).resolve().parents[1]
+PROTOCOL = ROOT / "docs" / "protocol.md"
+OPERATIONS = ROOT / "docs" / "operations.md"
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "compose" / "README.md"]
+
+REASONS = {reason.value for reason in Reason}
+
+
+# Markdown ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    where: str  # "docs/protocol.md:160"
+    cells: dict[str, str]  # by column header
+
+    def __getitem__(self, column: str) -> str:
+        return self.cells[column]
+
+
+@dataclass(frozen=True)
+class Table:
+    where: str
+    header: list[str]
+    rows: list[Row]
+
+
+def _where(path: Path, line: int) -> str:
+    return f"{path.relative_to(ROOT)}:{line}"
+
+
+def _cells(line: str) -> list[str]:
+    # A `|` inside a cell is written `\|`.
+    return [cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+
+
+def tables(path: Path) -> list[Table]:
+    """Every pipe table in a Markdown file."""
+    lines = path.read_text().splitlines()
+    found = []
+    n = 0
+    while n + 1 < len(lines):
+        if not (lines[n].startswith("|") and re.fullmatch(r"\|[-:| ]+", lines[n + 1].strip())):
+            n += 1
+            continue
+        header = _cells(lines[n])
+        rows = []
+        end = n + 2
+        while end < len(lines) and lines[end].startswith("|"):
+            cells = dict(zip(header, _cells(lines[end]), strict=False))
+            rows.append(Row(_where(path, end + 1), cells))
+            end += 1
+        found.append(Table(_where(path, n + 1), header, rows))
+        n = end
+    return found
+
+
+def table(path: Path, *columns: str) -> Table:
+    """The one table in ``path`` whose header begins with ``columns``."""
+    matches = [t for t in tables(path) if t.header[: len(columns)] == list(columns)]
+    assert len(matches) == 1, f"{path.relative_to(ROOT)}: one table headed {columns} expected"
+    return matches[0]
+
+
+def _without_fences(text: str) -> str:
+    """``text`` with fenced code blocks blanked out, line numbers kept."""
+    lines = text.splitlines()
+    fenced = False
+    for n, line in enumerate(lines):
+        fence = line.lstrip().startswith("```")
+        if fenced or fence:
+            lines[n] = ""
+        fenced ^= fence
+    return "\n".join(lines)
+
+
+def fenced_lines(path: Path) -> Iterator[tuple[str, str]]:
+    """(where, line) of every line inside a fenced code block."""
+    fenced = False
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif fenced:
+            yield _where(path, n), line
+
+
+def code_spans(path: Path) -> Iterator[tuple[str, str]]:
+    """(where, text) of every inline code span outside fenced blocks (one may wrap a line)."""
+    text = _without_fences(path.read_text())
+    for match in re.finditer(r"`([^`]+)`", text):
+        if "\n\n" not in match.group(1):
+            yield _where(path, text.count("\n", 0, match.start()) + 1), match.group(1)
+
+
+def links(path: Path) -> Iterator[tuple[str, str]]:
+    """(where, target) of every relative Markdown link."""
+    text = _without_fences(path.read_text())
+    for match in re.finditer(r"\]\(([^)\s#]+)[^)]*\)", text):
+        if not re.match(r"[a-z]+:", match.group(1)):
+            yield _where(path, text.count("\n", 0, match.start()) + 1), match.group(1)
+
+
+def _unquote(cell: str) -> str:
+    match = re.fullmatch(r"`([^`]*)`", cell.strip())
+    return match.group(1) if match else cell.strip()
+
+
+def _reasons(cell: str) -> list[str]:
+    """The reasons a cell names in backticks, leaving out what it says in parentheses."""
+    return re.findall(r"`([a-z_]+)`", re.sub(r"\([^)]*\)", "", cell))
+
+
+def _codes(cell: str) -> set[str]:
+    return set(re.findall(r"`([A-Z_]+)`", cell)) & {code.name for code in StatusCode}
+
+
+# 1. Status codes --------------------------------------------------------------
+
+WHEN = "when the service sends it"
+
+
+def _status_rows() -> dict[str, Row]:
+    rows = table(PROTOCOL, "code", "name").rows
+    by_name = {_unquote(row["name"]): row for row in rows}
+    assert len(by_name) == len(rows), "protocol.md: a status code is listed twice"
+    return by_name
+
+
+def test_status_code_table_lists_every_code_with_its_wire_number() -> None:
+    documented = {name: int(row["code"]) for name, row in _status_rows().items()}
+    # Every StatusCode member, and the wire's zero value, which is never sent.
+    unspecified = pb.STATUS_CODE_UNSPECIFIED
+    expected = {code.name: int(code) for code in StatusCode}
+    expected[pb.StatusCode.Name(unspecified)] = unspecified
+    assert documented == expected, "docs/protocol.md, Status codes"
+
+
+def test_status_code_table_marks_exactly_the_retryable_codes() -> None:
+    rows = _status_rows()
+    for code in StatusCode:
+        row = rows[code.name]
+        says = "yes" in row["retryable"]
+        assert says == code.retryable, f"{row.where}: {code.name} retryable is {code.retryable}"
+
+
+def test_status_code_table_states_every_fixed_retry_after() -> None:
+    fixed: dict[StatusCode, set[int]] = defaultdict(set)
+    for code, _message, retry_after_ms in failures._TABLE.values():
+        if code is not None and retry_after_ms:
+            fixed[code].add(retry_after_ms)
+    # The caller limits' own figures, answered with their reasons' codes.
+    for reason, retry_after_ms in (
+        (Reason.CONCURRENCY_LIMITED, RETRY_AT_CAP_MS),
+        (Reason.LIMITS_UNAVAILABLE, RETRY_LOCAL_FULL_MS),
+    ):
+        fixed[REASON_CODES[reason]].add(retry_after_ms)
+    rows = _status_rows()
+    for code in StatusCode:
+        row = rows[code.name]
+        stated = re.findall(r"`retry_after_ms` = ([\d,]+)", row[WHEN])
+        assert {int(n.replace(",", "")) for n in stated} == fixed[code], (
+            f"{row.where}: {code.name} states retry_after_ms {stated}; "
+            f"the code has {sorted(fixed[code])}"
+        )
+
+
+# 2. Refusal reasons -----------------------------------------------------------
+
+
+def _check_tables() -> tuple[Table, Table]:
+    """protocol.md's refusal tables: admission at publish, then the workers' checks."""
+    checks = [t for t in tables(PROTOCOL) if t.header[0] == "check"]
+    assert len(checks) == 2, "docs/protocol.md: admission's and the workers' checks, in two tables"
+    admission, workers = checks
+    assert "counted as" in workers.header[2], f"{workers.where}: the workers' checks come second"
+    return admission, workers
+
+
+def test_refusal_tables_name_every_reason_with_its_status_code() -> None:
+    named = set()
+    for checks in _check_tables():
+        refusal, reason_column = checks.header[1], checks.header[2]
+        for row in checks.rows:
+            codes = _codes(row[refusal])
+            for reason in _reasons(row[reason_column]):
+                assert reason in REASONS, f"{row.where}: `{reason}` is not a Reason"
+                if codes:
+                    expected = REASON_CODES[Reason(reason)].name
+                    assert codes == {expected}, f"{row.where}: `{reason}` is answered {expected}"
+                else:
+                    assert row[refusal].startswith("dropped"), (
+                        f"{row.where}: names no status code, yet does not say it drops"
+                    )
+                named.add(reason)
+    assert named == REASONS, (
+        f"protocol.md refusal tables: missing {sorted(REASONS - named)}, "
+        f"unknown {sorted(named - REASONS)}"
+    )
+
+
+def test_status_code_table_puts_each_reason_it_names_under_its_code() -> None:
+    for name, row in _status_rows().items():
+        for reason in set(re.findall(r"`([a-z_]+)`", row[WHEN])) & REASONS:
+            expected = REASON_CODES[Reason(reason)].name
+            assert name == expected, f"{row.where}: `{reason}` is answered {expected}, not {name}"
+
+
+def test_metrics_table_labels_are_the_closed_sets_the_workers_count() -> None:
+    _admission, workers = _check_tables()
+    counted = {reason for row in workers.rows for reason in _reasons(row[workers.header[2]])}
+    counters = {_unquote(row["counter"]): row for row in table(OPERATIONS, "counter").rows}
+    for counter, labels in (
+        ("dataservice_rejections_total", counted),
+        ("dataservice_timeouts_total", {stage.value for stage in Stage}),
+        ("dataservice_dependency_failures_total", {dep.value for dep in Dependency}),
+    ):
+        row = counters[counter]
+        documented = set(_reasons(row["counts"]))
+        assert documented == labels, (
+            f"{row.where}: {counter} misses {sorted(labels - documented)} "
+            f"and lists unknown {sorted(documented - labels)}"
+        )
+
+
+# 3. Redis keys ----------------------------------------------------------------
+
+# Sample arguments for keys.py's builders, by parameter name, and the same
+# values for the placeholders the docs write.
+SAMPLES = {"caller": "c4ller", "request_id": "r3quest", "queue": "qu3ue"}
+PLACEHOLDERS = {
+    "caller": SAMPLES["caller"],
+    "request id": SAMPLES["request_id"],
+    "queue": SAMPLES["queue"],
+    "lane queue": SAMPLES["queue"],
+    "n": "1",  # a kombu priority
+}
+KEY = re.compile(
+    r"(?<![\w-])(?:ds:|record:|_kombu\.|<(?:lane )?queue>\\x)(?:<[^<>]*>|[^\s`\"'<>,;()])+"
+)
+
+
+def _instantiate(pattern: str, where: str) -> str:
+    """A documented key pattern with its placeholders filled in and escapes decoded."""
+
+    def fill(match: re.Match[str]) -> str:
+        assert match.group(1) in PLACEHOLDERS, f"{where}: unknown placeholder in {pattern!r}"
+        return PLACEHOLDERS[match.group(1)]
+
+    filled = re.sub(r"<([^<>]+)>", fill, pattern)
+    return re.sub(r"\\x([0-9a-fA-F]{2})", lambda m: chr(int(m.group(1), 16)), filled)
+
+
+def _built() -> dict[str, str]:
+    """What each builder in keys.py returns for the sample arguments."""
+    built = {}
+    for name, builder in vars(keys).items():
+        if inspect.isfunction(builder) and builder.__module__ == keys.__name__:
+            params = inspect.signature(builder).parameters
+            assert set(params) <= set(SAMPLES), f"keys.{name}: no sample for {set(params)}"
+            built[name] = builder(**{p: SAMPLES[p] for p in params})
+    return built
+
+
+def _prefixes() -> dict[str, str]:
+    return {name: value for name, value in vars(keys).items() if name.endswith("_PREFIX")}
+
+
+def _names_key(concrete: str, built: str) -> bool:
+    """Whether a documented key (filled in) is ``built``, or one of the keys it globs."""
+    return concrete == built or ("*" not in concrete and fnmatchcase(concrete, built))
+
+
+def _produced_by_keys(concrete: str) -> bool:
+    if any(_names_key(concrete, built) for built in _built().values()):
+        return True
+    # A prefix itself, or every key under it.
+    prefixes = set(_prefixes().values())
+    return concrete in prefixes or (concrete.endswith("*") and concrete[:-1] in prefixes)
+
+
+def _keys_table() -> list[str]:
+    """The key column of the table in keys.py's docstring."""
+    doc = keys.__doc__ or ""
+    rules = [n for n, line in enumerate(doc.splitlines()) if re.fullmatch(r"=+ +=+", line)]
+    assert len(rules) == 3, "keys.py: the docstring's table has a header and a body"
+    body = doc.splitlines()[rules[1] + 1 : rules[2]]
+    cells = [line.split("  ")[0] for line in body if line and not line[0].isspace()]
+    return [cell.removeprefix("``").removesuffix("``") for cell in cells]
+
+
+def _documented_keys() -> Iterator[tuple[str, str]]:
+    """(where, pattern) of every key pattern the docs and keys.py's docstring name."""
+    for doc in DOCS:
+        for where, text in [*code_spans(doc), *fenced_lines(doc)]:
+            for match in KEY.finditer(text):
+                yield where, match.group(0)
+    for span in re.findall(r"``([^`]+)``", keys.__doc__ or ""):
+        for match in KEY.finditer(span):
+            yield "dataservice/keys.py docstring", match.group(0)
+
+
+def test_every_documented_key_is_built_by_keys_py() -> None:
+    documented = list(_documented_keys())
+    assert documented, "no key patterns found in the docs"
+    unknown = [
+        f"{where}: {pattern!r}"
+        for where, pattern in documented
+        if not _produced_by_keys(_instantiate(pattern, where))
+    ]
+    assert not unknown, "keys no function or prefix of keys.py builds:\n" + "\n".join(unknown)
+
+
+def test_keys_py_table_covers_every_builder_and_prefix() -> None:
+    rows = {key: _instantiate(key, "keys.py docstring") for key in _keys_table()}
+    for name, built in _built().items():
+        assert any(_names_key(row, built) for row in rows.values()), (
+            f"keys.{name} builds {built!r}; the docstring's table has no row for it"
+        )
+    documented = [_instantiate(p, w) for w, p in _documented_keys() if "keys.py" not in w]
+    for name, prefix in _prefixes().items():
+        assert any(row.startswith(prefix) for row in rows.values()), (
+            f"keys.{name} ({prefix!r}) has no row in the docstring's table"
+        )
+        assert any(key.startswith(prefix) for key in documented), (
+            f"keys.{name} ({prefix!r}) is named nowhere in the docs"
+        )
+
+
+# 4. Identifiers ---------------------------------------------------------------
+
+
+def test_identifier_rules_are_the_patterns_of_identifiers_py() -> None:
+    # The identifiers on the wire are the ones identifiers.py compiles.
+    wire = {
+        name.removesuffix("_RE").lower(): value.pattern
+        for name, value in vars(identifiers).items()
+        if name.endswith("_RE") and isinstance(value, re.Pattern)
+    }
+    documented = {}
+    for row in table(PROTOCOL, "field", "pattern").rows:
+        field = row["field"]
+        if "cursor" in field:
+            limit = re.fullmatch(r"at most ([\d,]+) characters", row["pattern"])
+            assert limit, f"{row.where}: the cursor's bound is 'at most N characters'"
+            assert int(limit.group(1).replace(",", "")) == MAX_CURSOR_CHARS, row.where
+            continue
+        documented[_unquote(field)] = (_unquote(row["pattern"]), row.where)
+    assert set(documented) == set(wire), "docs/protocol.md, Identifier rules: fields"
+    for field, (pattern, where) in documented.items():
+        assert pattern == wire[field], f"{where}: `{field}` is {wire[field]!r} in identifiers.py"
+
+
+# 5. Paths ---------------------------------------------------------------------
+
+REPO_PATH = re.compile(r"(?<![\w./-])(?:dataservice|workers|tests|bench|scripts|compose)/[\w./-]*")
+# Files an operator creates; the docs say so where they name them.
+CREATED_BY_OPERATOR = {"compose/.env"}
+
+
+def test_every_repository_path_the_docs_name_exists() -> None:
+    missing = []
+    for doc in DOCS:
+        for where, span in code_spans(doc):
+            for match in REPO_PATH.finditer(span):
+                path = match.group(0).rstrip(".")
+                if path not in CREATED_BY_OPERATOR and not (ROOT / path).exists():
+                    missing.append(f"{where}: `{path}`")
+        for where, target in links(doc):
+            if not (doc.parent / target).exists():
+                missing.append(f"{where}: link to {target}")
+    assert not missing, "paths that do not exist:\n" + "\n".join(missing)
