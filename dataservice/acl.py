@@ -11,7 +11,9 @@ keys                                       commands            needed by
 (none)                                     PING SELECT         the connection
 (none)                                     MULTI EXEC          kombu's queue declaration
 (none)                                     TIME                ``admit.lua``
-lane queues and admission hashes (RW)      EVALSHA EVAL        admission
+lane queues, admission hashes and the      EVALSHA EVAL        admission
+caller's own ``ds:pace:<caller>`` (RW)
+``ds:pace:<caller>`` (its own)             GET SET             ``admit.lua``'s pacing
 lane queues (write only)                   LPUSH LLEN          ``admit.lua``, declaration
 kombu's priority sub-queues (write only)   LLEN                declaration
 admission hashes                           HMGET HSET PEXPIRE  ``admit.lua``
