@@ -13,6 +13,15 @@ serializer, so a malformed body reaches the task and gets an
 Pickle is never accepted. JSON is accepted only because Celery's control plane
 (``inspect``, ``ping``, used by Flower and ``make run``'s summary) speaks it; a
 task message in JSON cannot carry bytes and is answered ``INVALID_ARGUMENT``.
+
+The broker is always reached through :class:`RedisTransport`, over
+``redis://`` and ``rediss://`` alike, so admission and caller pacing hold
+whichever is used. With ``rediss://`` the connection is TLS with the
+certificate options of the URL's query (:mod:`dataservice.tls`); given none,
+the server's certificate must verify against the system CAs and match its
+host name (``ssl_cert_reqs=required``), where kombu on its own would accept
+any certificate. The options reach kombu as ``broker_use_ssl`` and are
+removed from the URL it sees, so they are read one way only.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from dataservice.limits.admission import (
     refuse,
 )
 from dataservice.settings import Settings
+from dataservice.tls import redis_tls, without_tls_options
 
 TASK_NAME = "dataservice.handle"
 SERIALIZER = "protobuf"
@@ -125,17 +135,24 @@ def celery_settings(settings: Settings, config: Config) -> dict[str, Any]:
     # again; past the longest deadline a redelivery could only be dropped as
     # late, so the timeout sits just beyond it.
     visibility_s = config.longest_deadline_ms // 1000 + 60
+    # Naming the transport hides the scheme from kombu, and with it kombu's own
+    # rediss:// handling; TLS comes from the URL's options, passed explicitly.
+    tls = redis_tls(settings.broker_url, "the broker URL")
+    over_tcp = settings.broker_url.startswith(("redis://", "rediss://"))
     return {
-        "broker_url": settings.broker_url,
-        # Only for plain redis://: kombu derives TLS defaults from the scheme name.
-        "broker_transport": (
-            f"{__name__}:RedisTransport" if settings.broker_url.startswith("redis://") else None
-        ),
+        "broker_url": without_tls_options(settings.broker_url),
+        "broker_transport": f"{__name__}:RedisTransport" if over_tcp else None,
+        "broker_use_ssl": tls.kombu_options() if tls else False,
         "broker_connection_retry_on_startup": True,
         "broker_transport_options": {
             "visibility_timeout": visibility_s,
             "dataservice_admission": lane_admissions(config),
             "dataservice_pacing": caller_pacing(config),
+            # Unused by the channel: kombu's process-wide producer pools are
+            # keyed by host, credentials and transport options, not TLS options,
+            # so without this a client could publish on another's connection
+            # made with weaker certificate checks.
+            "dataservice_tls": tls.kombu_options() if tls else None,
         },
         "result_backend": None,
         "task_ignore_result": True,

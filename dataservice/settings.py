@@ -14,6 +14,7 @@ from typing import Any
 
 from dataservice.config import Config, load_config
 from dataservice.errors import ConfigError
+from dataservice.tls import redis_tls
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE_URL = "mysql+mysqldb://root@127.0.0.1:3306/dataservice"
@@ -67,6 +68,8 @@ class Settings:
         ):
             if name in env and not env[name].startswith(("redis://", "rediss://", "unix://")):
                 raise ConfigError(f"{name} must be a redis://, rediss:// or unix:// URL")
+            if name in env:
+                redis_tls(env[name], name)
         if "DATASERVICE_DATABASE_URL" in env and not env["DATASERVICE_DATABASE_URL"].startswith(
             "mysql"
         ):
