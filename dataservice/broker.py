@@ -7,12 +7,14 @@ wire format itself is :mod:`dataservice.codec`.
 The task body *is* the ``SignedRequest`` bytes: the serializer carries exactly
 one ``bytes`` argument and nothing else (no kwargs, no callbacks), with
 content type ``application/x-protobuf``. Decoding never fails in the
-serializer, so a malformed body reaches the task and gets an
-``INVALID_ARGUMENT`` answer instead of being dropped by Celery.
+serializer, so a malformed body reaches the request handler, which counts it
+(reason ``malformed``) and answers the caller it names, if it names one,
+instead of Celery dropping it unseen.
 
 Pickle is never accepted. JSON is accepted only because Celery's control plane
 (``inspect``, ``ping``, used by Flower and ``make run``'s summary) speaks it; a
-task message in JSON cannot carry bytes and is answered ``INVALID_ARGUMENT``.
+task message in JSON cannot carry the envelope's bytes and is refused as
+malformed.
 
 The broker is always reached through :class:`RedisTransport`, over
 ``redis://`` and ``rediss://`` alike, so admission and caller pacing hold

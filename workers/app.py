@@ -179,7 +179,8 @@ def register_task(app: Celery, runtime: LaneRuntime) -> None:
     """Register the request task on ``app``, served by ``runtime``.
 
     The task takes any arguments (``typing=False``) so that a message of the
-    wrong shape still reaches the handler and gets an INVALID_ARGUMENT answer.
+    wrong shape still reaches the handler, which counts it as malformed (and
+    answers the caller it names, if any) rather than Celery dropping it unseen.
     """
 
     _RUNTIMES[app] = runtime
