@@ -1,10 +1,10 @@
 """The processes of ``bench/flood.py`` (and ``tests/test_flood.py``): interactive
 worker replicas, the processes that send a flood, and one measured phase.
 
-Replicas run ``python -m dataservice.cli worker --lane interactive`` with the
-run's ``Settings.to_env()``, through ``bench._env``'s stub that has them
-SIGTERMed if this process dies; they count as ready once each answers a
-Celery control ping. Flood processes are ``multiprocessing`` children (spawn).
+Replicas are :class:`dataservice.processes.WorkerProcess` es (``dataservice
+worker --lane interactive`` with the run's settings, SIGTERMed if this process
+dies); they count as ready once each answers a Celery control ping. Flood
+processes are ``multiprocessing`` children (spawn).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from bench import _env
-from bench._openloop import Sample, open_loop
+from bench._openloop import open_loop
 from dataservice.broker import celery_settings
 from dataservice.client import Client
 from dataservice.config import Config
 from dataservice.enums import LaneName
-from dataservice.loadtest.environment import python_env, service_argv
-from dataservice.loadtest.runner import Pinger
+from dataservice.loadtest.openloop import RequestRecord
+from dataservice.processes import WorkerProcess, stop_all, wait_answering
 from dataservice.settings import Settings
 
 # Worker replicas -------------------------------------------------------------------
@@ -32,36 +32,26 @@ from dataservice.settings import Settings
 
 @dataclass
 class Replicas:
-    """Interactive worker processes, each ``python -m dataservice.cli worker``."""
+    """Interactive worker processes, each ``dataservice worker --lane interactive``."""
 
     settings: Settings
     config: Config
     count: int
     log_dir: Path
-    workers: list[_env.WorkerProcess] = field(default_factory=list)
+    workers: list[WorkerProcess] = field(default_factory=list)
 
     def start(self, timeout_s: float = 60.0) -> float:
         """Start them and wait until each answers a control ping; seconds it took."""
-        environ = python_env(self.settings.to_env())
-        argv = service_argv(LaneName.INTERACTIVE)
         for n in range(self.count):
-            worker = _env.WorkerProcess(
-                f"interactive-{n}", argv, environ, self.log_dir / f"interactive-{n}.log"
+            log = self.log_dir / f"interactive-{n}.log"
+            self.workers.append(
+                WorkerProcess.for_lane(self.settings, LaneName.INTERACTIVE, log).start()
             )
-            worker.start()
-            self.workers.append(worker)
-        app = Pinger(_control_app(self.settings, self.config))
-        started = time.monotonic()
+        control = _control_app(self.settings, self.config)
         try:
-            while time.monotonic() - started < timeout_s:
-                for worker in self.workers:
-                    worker.check_alive()
-                if {w.pid for w in self.workers} <= app():
-                    return time.monotonic() - started
-                time.sleep(0.2)
+            return wait_answering(control, self.workers, timeout_s)
         finally:
-            app.close()
-        raise RuntimeError(f"replicas not ready within {timeout_s:.0f} s; logs in {self.log_dir}")
+            control.close()
 
     def pids(self) -> list[int]:
         return [w.pid for w in self.workers]
@@ -71,8 +61,7 @@ class Replicas:
             worker.check_alive()
 
     def stop(self) -> None:
-        for worker in self.workers:
-            worker.stop()
+        stop_all(self.workers)
 
 
 def _control_app(settings: Settings, config: Config) -> Any:
@@ -152,8 +141,8 @@ class Flooders:
         for pipe in self._pipes:
             pipe.send((t0, seconds, list(ids)))
 
-    def collect(self, timeout_s: float) -> list[Sample]:
-        samples: list[Sample] = []
+    def collect(self, timeout_s: float) -> list[RequestRecord]:
+        samples: list[RequestRecord] = []
         for pipe in self._pipes:
             if not pipe.poll(timeout_s):
                 raise RuntimeError("a flood process did not report")
@@ -177,8 +166,8 @@ class Flooders:
 @dataclass
 class Phase:
     seconds: float
-    steady: list[Sample]
-    flood: list[Sample]
+    steady: list[RequestRecord]
+    flood: list[RequestRecord]
     cpu_s: dict[str, float | None]
 
 

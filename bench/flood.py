@@ -48,6 +48,7 @@ from bench._fleet import Flooders, Phase, Replicas, run_phase
 from bench._openloop import summarize_flood, summarize_steady
 from dataservice.client import Client
 from dataservice.config import ClientConfig, Config, RetryConfig, load_config
+from dataservice.loadtest.environment import flush_redis, run_callers_file, seed_records
 from dataservice.settings import Settings
 from dataservice.store.migrate import upgrade
 
@@ -193,17 +194,17 @@ def main(argv: list[str] | None = None) -> int:
         result_backend_url=redis_url,
         redis_url=redis_url,
         database_url=args.database_url,
-        callers_file=_env.callers_file(work, (FLOODER, STEADY)),
+        callers_file=run_callers_file(work, FLOODER, STEADY),
     )
     client_config = one_attempt(config)
     replicas = Replicas(settings, config, args.replicas, work)
     flooders: Flooders | None = None
     steady: list[Client] = []
     try:
-        _env.flush_db(redis_url)
+        flush_redis(redis_url)
         _env.drop_database(args.database_url)
         upgrade(args.database_url, config.database)
-        ids = _env.seed_records(args.database_url, SCOPE, args.records, PAYLOAD_BYTES)
+        ids = seed_records(args.database_url, SCOPE, args.records, PAYLOAD_BYTES)
         machine = _env.machine_info(redis_url, args.database_url)
         with console.status(f"starting {args.replicas} replicas and the flood processes"):
             ready_s = replicas.start()
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         if flooders is not None:
             flooders.close()
         replicas.stop()
-        _env.flush_db(redis_url)
+        flush_redis(redis_url)
         _env.drop_database(args.database_url)
     result = {
         "command": " ".join(["python", "bench/flood.py", *sys.argv[1:]]),

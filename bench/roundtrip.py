@@ -51,6 +51,9 @@ from bench import _env
 from bench.bare_app import NOOP_TASK, make_app
 from dataservice.client import Client
 from dataservice.config import Config
+from dataservice.enums import LaneName
+from dataservice.loadtest.environment import flush_redis, run_callers_file, seed_records
+from dataservice.processes import WorkerProcess, worker_argv, worker_environ
 from dataservice.settings import Settings
 
 SERVICE = "service"
@@ -330,7 +333,7 @@ class Bench:
     service_url: str
     bare_url: str
     environ: dict[str, str]
-    workers: dict[str, _env.WorkerProcess]
+    workers: dict[str, WorkerProcess]
     # Filled in by setup().
     started: float = field(init=False, default=0.0)
     ids: list[str] = field(init=False, default_factory=list)
@@ -351,10 +354,9 @@ class Bench:
             result_backend_url=service_url,
             redis_url=service_url,
             database_url=args.database_url,
-            callers_file=_env.callers_file(logdir),
+            callers_file=run_callers_file(logdir, _env.CALLER),
         )
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("DATASERVICE_")}
-        environ.update(settings.to_env())
+        environ = worker_environ(settings)
         # The worker runs the same source tree as this file (a scratch copy of the
         # repository benchmarks its own changes), not the editable install.
         environ["PYTHONPATH"] = os.pathsep.join(
@@ -362,14 +364,12 @@ class Bench:
         )
         config = settings.load()
         concurrency = str(config.lanes.interactive.concurrency)
-        service_argv = [*_env.dataservice_cli(), "worker", "--lane", "interactive"]
+        service_argv = worker_argv(LaneName.INTERACTIVE)
         bare_argv = [sys.executable, "-m", "bench.bare_app", "--url", bare_url]
         workers = {
-            SERVICE: _env.WorkerProcess(
-                SERVICE, service_argv, environ, logdir / "service-worker.log"
-            ),
-            BARE: _env.WorkerProcess(
-                BARE, [*bare_argv, "--concurrency", concurrency], environ, logdir / "bare.log"
+            SERVICE: WorkerProcess(service_argv, environ, logdir / "service-worker.log", SERVICE),
+            BARE: WorkerProcess(
+                [*bare_argv, "--concurrency", concurrency], environ, logdir / "bare.log", BARE
             ),
         }
         return cls(args, _console(), settings, config, service_url, bare_url, environ, workers)
@@ -380,7 +380,7 @@ class Bench:
             worker.stop()
         if not self.args.keep:
             for url in (self.service_url, self.bare_url):
-                _env.flush_db(url)
+                flush_redis(url)
             _env.drop_database(self.args.database_url)
         logdir = self.workers[SERVICE].log_path.parent
         self.console.print(f"[dim]worker logs: {logdir}[/dim]")
@@ -390,10 +390,10 @@ class Bench:
         args, console, settings, config = self.args, self.console, self.settings, self.config
         self.started = time.monotonic()
         for url in (self.service_url, self.bare_url):
-            _env.flush_db(url)
+            flush_redis(url)
         with console.status("creating and seeding the bench database"):
             _env.reset_database(args.database_url, self.environ)
-            self.ids = _env.seed_records(args.database_url, SCOPE, args.records, PAYLOAD_BYTES)
+            self.ids = seed_records(args.database_url, SCOPE, args.records, PAYLOAD_BYTES)
         self.machine = _env.machine_info(self.service_url, args.database_url)
         with console.status("starting workers"):
             for worker in self.workers.values():

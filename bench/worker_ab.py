@@ -17,7 +17,6 @@ both trees must understand signed requests (``DATASERVICE_CALLERS_FILE``).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -42,6 +41,9 @@ from bench.roundtrip import (
     service_factory,
 )
 from dataservice.client import Client
+from dataservice.enums import LaneName
+from dataservice.loadtest.environment import flush_redis, run_callers_file, seed_records
+from dataservice.processes import WorkerProcess, worker_argv, worker_environ
 from dataservice.settings import Settings
 
 
@@ -64,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def start_worker(
     name: str, tree: Path, url: str, database_url: str, logdir: Path, callers_file: Path
-) -> tuple[_env.WorkerProcess, Settings]:
+) -> tuple[WorkerProcess, Settings]:
     settings = Settings(
         config_path=_env.REPO / "queues.yml",
         broker_url=url,
@@ -73,11 +75,9 @@ def start_worker(
         database_url=database_url,
         callers_file=callers_file,
     )
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("DATASERVICE_")}
-    environ.update(settings.to_env(), PYTHONPATH=str(tree))
-    argv = [*_env.dataservice_cli(), "worker", "--lane", "interactive"]
-    worker = _env.WorkerProcess(name, argv, environ, logdir / f"{name}.log")
-    worker.start()
+    environ = {**worker_environ(settings), "PYTHONPATH": str(tree)}
+    argv = worker_argv(LaneName.INTERACTIVE)
+    worker = WorkerProcess(argv, environ, logdir / f"{name}.log", name).start()
     return worker, settings
 
 
@@ -85,7 +85,7 @@ def measure(
     args: argparse.Namespace,
     console: Console,
     callers: list[Caller],
-    workers: dict[str, _env.WorkerProcess],
+    workers: dict[str, WorkerProcess],
     components: Components,
 ) -> dict[tuple[str, str], list[RunResult]]:
     phases = {"sequential": (callers[:1], 300), f"{args.callers} callers": (callers, 25)}
@@ -139,17 +139,16 @@ def main(argv: list[str] | None = None) -> int:
     trees = {"A": args.tree_a.resolve(), "B": args.tree_b.resolve()}
     urls = {k: f"{args.redis}/{db}" for k, db in zip(trees, args.dbs, strict=True)}
     logdir = Path(tempfile.mkdtemp(prefix="dataservice-worker-ab-"))
-    workers: dict[str, _env.WorkerProcess] = {}
+    workers: dict[str, WorkerProcess] = {}
     callers: list[Caller] = []
     try:
         for url in urls.values():
-            _env.flush_db(url)
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("DATASERVICE_")}
-        environ["DATASERVICE_DATABASE_URL"] = args.database_url
+            flush_redis(url)
+        environ = {**worker_environ(), "DATASERVICE_DATABASE_URL": args.database_url}
         _env.reset_database(args.database_url, environ)
-        ids = _env.seed_records(args.database_url, SCOPE, 1000, PAYLOAD_BYTES)
+        ids = seed_records(args.database_url, SCOPE, 1000, PAYLOAD_BYTES)
         settings: dict[str, Settings] = {}
-        callers_file = _env.callers_file(logdir)
+        callers_file = run_callers_file(logdir, _env.CALLER)
         for k, tree in trees.items():
             workers[k], settings[k] = start_worker(
                 k, tree, urls[k], args.database_url, logdir, callers_file
@@ -181,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         for worker in workers.values():
             worker.stop()
         for url in urls.values():
-            _env.flush_db(url)
+            flush_redis(url)
         _env.drop_database(args.database_url)
     return 0
 

@@ -248,7 +248,8 @@ def loadtest(
     ),
     system: str = typer.Option(
         "service",
-        help="service, naive (bench/naive/) or both (same offered load, one after the other).",
+        help="service, naive (a plain Celery baseline) or both (same offered load, one after "
+        "the other).",
     ),
     duration: float = typer.Option(20.0, min=2.0, help="Seconds of offered load."),
     rate: float | None = typer.Option(
@@ -266,6 +267,12 @@ def loadtest(
     """Offer a scenario's open-loop load to isolated replicas; write a JSON report and a chart."""
     from rich.console import Console
 
+    from dataservice.loadtest.chart import missing_dependency
+
+    problem = missing_dependency()
+    if problem is not None:
+        typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(2)
     from dataservice.loadtest.cli import run_loadtest
 
     settings, _ = _load()

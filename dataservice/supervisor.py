@@ -9,9 +9,6 @@ than from the workers' own logs.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +20,8 @@ from rich.table import Table
 from dataservice.broker import TASK_NAME, celery_settings
 from dataservice.config import Config
 from dataservice.enums import LaneName
-from dataservice.errors import ServiceSetupError
 from dataservice.limits.permits import PERMITS_COMMAND
+from dataservice.processes import WorkerProcess, stop_all, wait_answering
 from dataservice.settings import Settings
 
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
@@ -35,7 +32,7 @@ READY_TIMEOUT_S = 30.0
 class Pool:
     lane: LaneName
     log: Path
-    process: subprocess.Popen[bytes] | None = None
+    worker: WorkerProcess | None = None
     restarts: int = 0
     next_start: float = 0.0
 
@@ -75,37 +72,26 @@ class Supervisor:
         self._last: Snapshot | None = None
 
     def _spawn(self, pool: Pool) -> None:
-        with pool.log.open("ab") as log:
-            pool.process = subprocess.Popen(
-                [sys.executable, "-m", "dataservice.cli", "worker", "--lane", pool.lane.value],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.settings.to_env()},
-                # Signals come from us, in order, not from the terminal's Ctrl-C.
-                start_new_session=True,
-            )
+        pool.worker = WorkerProcess.for_lane(self.settings, pool.lane, pool.log).start()
 
     def start(self) -> None:
         for pool in self.pools:
             self._spawn(pool)
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.check_pools()
-            replies = self._control.control.ping(timeout=0.5)
-            lanes = {next(iter(reply)).split("-", 1)[0] for reply in replies}
-            if all(pool.lane.value in lanes for pool in self.pools):
-                return
-        logs = ", ".join(str(p.log) for p in self.pools)
-        raise ServiceSetupError(f"worker pools did not start within {timeout:.0f} s; see {logs}")
+        """Until every pool answers; one that dies meanwhile is restarted (with back-off)."""
+        wait_answering(
+            self._control,
+            lambda: [pool.worker for pool in self.pools if pool.worker is not None],
+            timeout,
+            check=self.check_pools,
+        )
 
     def check_pools(self) -> None:
         """Restart any pool whose process has exited, with back-off."""
         now = time.monotonic()
         for pool in self.pools:
-            if pool.process is None or pool.process.poll() is None:
+            if pool.worker is None or pool.worker.running:
                 continue
             if pool.next_start == 0.0:
                 delay = RESTART_BACKOFF_S[min(pool.restarts, len(RESTART_BACKOFF_S) - 1)]
@@ -147,7 +133,7 @@ class Supervisor:
             table.add_column(column, justify="right" if column != "lane" else "left")
         for pool in self.pools:
             stats = snap.lanes[pool.lane]
-            alive = pool.process is not None and pool.process.poll() is None
+            alive = pool.worker is not None and pool.worker.running
             table.add_row(
                 pool.lane.value,
                 str(stats.depth),
@@ -162,16 +148,6 @@ class Supervisor:
 
     def stop(self, timeout: float = 15.0) -> None:
         """Warm shutdown: in-flight requests finish, then the pools exit."""
-        for pool in self.pools:
-            if pool.process is not None and pool.process.poll() is None:
-                pool.process.terminate()
-        for pool in self.pools:
-            if pool.process is None:
-                continue
-            try:
-                pool.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                pool.process.kill()
-                pool.process.wait()
+        stop_all((pool.worker for pool in self.pools if pool.worker is not None), timeout)
         self._control.close()
         self._broker.close()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what dataservice needs on a fresh Debian machine: the system packages
 # that are missing (Redis, MariaDB, the MariaDB client headers), a virtualenv
-# in .venv, and the project with its dev and bench dependency groups.
+# in .venv, and the project with its loadtest extra and its dev and bench
+# dependency groups.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,4 +25,4 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 # Dependency groups need pip 25.1 or newer.
 .venv/bin/python -m pip install -q --upgrade "pip>=25.1"
-.venv/bin/python -m pip install -q -e . --group dev --group bench
+.venv/bin/python -m pip install -q -e '.[loadtest]' --group dev --group bench

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -29,7 +25,9 @@ from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.limits.gate import Gate
 from dataservice.limits.permits import LanePermits
+from dataservice.localservices import free_port
 from dataservice.metrics import REGISTRY
+from dataservice.processes import WorkerProcess, wait_answering
 from dataservice.proto import pb
 from dataservice.settings import Settings
 from dataservice.store import RecordStore
@@ -227,40 +225,22 @@ class RedisWatch:
         return self.commands
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def worker_process(
     settings: Settings, config: Config, lane: LaneName, log: Path, *extra: str
-) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+) -> Iterator[tuple[WorkerProcess, int]]:
     """A ``dataservice worker`` process for ``lane``, ready to serve, and the
     port its counters are served on."""
     port = free_port()
-    argv = [sys.executable, "-m", "dataservice.cli", "worker", "--lane", lane.value,
-            "--metrics-port", str(port), *extra]  # fmt: skip
-    with log.open("ab") as out:
-        worker = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **settings.to_env()}
-        )
+    worker = WorkerProcess.for_lane(settings, lane, log, "--metrics-port", str(port), *extra)
     control = Celery("test-control", set_as_current=False)
     control.conf.update(celery_settings(settings, config))
     try:
-        until = time.monotonic() + 60
-        while not any(
-            next(iter(reply)).startswith(lane.value) for reply in control.control.ping(timeout=0.5)
-        ):
-            assert time.monotonic() < until, log.read_text()
-            assert worker.poll() is None, log.read_text()
+        wait_answering(control, [worker.start()])
         yield worker, port
     finally:
         control.close()
-        if worker.poll() is None:
-            worker.terminate()
-        worker.wait(15)
+        worker.stop(15)
 
 
 def scraped(port: int, name: str, **labels: str) -> float:

@@ -18,13 +18,13 @@ import pytest
 import redis
 from sqlalchemy import Engine
 
-from bench import _env
 from bench._fleet import Flooders, Replicas, run_phase
 from bench._openloop import summarize_flood, summarize_steady
 from bench.flood import FLOODER, SCOPE, STEADY, one_attempt, write_config
 from dataservice.callers import write_callers_file
 from dataservice.client import Client
 from dataservice.config import Config
+from dataservice.loadtest.environment import seed_records
 from dataservice.localservices import redis_reachable
 from dataservice.settings import Settings
 from tests.conftest import SHIPPED_CONFIG, require
@@ -79,7 +79,7 @@ def test_flooding_caller_is_held_to_its_rate_and_the_other_is_never_refused(
     flood_settings: tuple[Settings, Config], replicas: Replicas, database: Engine
 ) -> None:
     settings, config = flood_settings
-    ids = _env.seed_records(database.url.render_as_string(hide_password=False), SCOPE, 20, 256)
+    ids = seed_records(database.url.render_as_string(hide_password=False), SCOPE, 20, 256)
     clients = one_attempt(config)
     flooders = Flooders(settings, clients, FLOODER, SCOPE, RATE * FACTOR, processes=2, threads=32)
     steady = [Client(STEADY, settings, clients)]

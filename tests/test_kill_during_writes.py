@@ -10,12 +10,8 @@ again under its original idempotency key, as a caller who timed out would.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,7 +24,9 @@ from sqlalchemy import Engine, text
 from dataservice import Client, DataServiceError
 from dataservice.broker import celery_settings
 from dataservice.config import Config
+from dataservice.enums import LaneName
 from dataservice.localservices import redis_reachable
+from dataservice.processes import WorkerProcess, stop_all, wait_answering
 from dataservice.settings import Settings
 from dataservice.types import WriteResult
 from tests.conftest import require
@@ -43,31 +41,22 @@ KILL_AFTER = WRITES // 4
 @pytest.fixture
 def two_workers(
     settings: Settings, config: Config, database: Engine, tmp_path: Path
-) -> Iterator[tuple[Settings, list[subprocess.Popen[bytes]]]]:
+) -> Iterator[tuple[Settings, list[WorkerProcess]]]:
     require(redis_reachable(OWN_REDIS_URL), "Redis at 127.0.0.1:6379")
     own = on_redis(settings, OWN_REDIS_URL)
     redis.Redis.from_url(OWN_REDIS_URL).flushdb()
-    argv = [sys.executable, "-m", "dataservice.cli", "worker", "--lane", "interactive"]
-    env = {**os.environ, **own.to_env()}
-    workers = []
-    for n in range(2):
-        with (tmp_path / f"worker-{n}.log").open("wb") as log:
-            workers.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env))
+    workers = [
+        WorkerProcess.for_lane(own, LaneName.INTERACTIVE, tmp_path / f"worker-{n}.log").start()
+        for n in range(2)
+    ]
     control = Celery("kill-test", set_as_current=False)
     control.conf.update(celery_settings(own, config))
     try:
-        until = time.monotonic() + 60
-        while len(control.control.ping(timeout=0.5)) < 2:
-            assert time.monotonic() < until, "workers did not start"
-            assert all(w.poll() is None for w in workers), "a worker exited"
+        wait_answering(control, workers)
         yield own, workers
     finally:
         control.close()
-        for worker in workers:
-            if worker.poll() is None:
-                worker.terminate()
-        for worker in workers:
-            worker.wait(15)
+        stop_all(workers, 15)
         redis.Redis.from_url(OWN_REDIS_URL).flushdb()
 
 
@@ -94,7 +83,7 @@ def _keys_recorded(database: Engine, scope: str) -> int:
 
 @pytest.mark.timeout(120)
 def test_sigkill_mid_writes_loses_no_acknowledged_write_and_applies_none_twice(
-    two_workers: tuple[Settings, list[subprocess.Popen[bytes]]],
+    two_workers: tuple[Settings, list[WorkerProcess]],
     config: Config,
     database: Engine,
     scope: str,

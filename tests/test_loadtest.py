@@ -22,7 +22,8 @@ from rich.console import Console
 
 from dataservice.enums import LaneName
 from dataservice.loadtest import environment as env
-from dataservice.loadtest.report import write_chart, write_json
+from dataservice.loadtest.chart import write_chart
+from dataservice.loadtest.report import write_json
 from dataservice.loadtest.runner import Run, RunOptions
 from dataservice.loadtest.sampler import Sample
 from dataservice.loadtest.scenarios import SCENARIOS
@@ -32,6 +33,7 @@ from tests.conftest import SHIPPED_CONFIG, require
 TEST_TARGET = env.Target(
     "service", "ds_loadtest_t", "ds-loadtest-t-pw", "dataservice_loadtest_t", 12
 )
+NAIVE_TEST_TARGET = env.Target("naive", "ds_naive_t", "ds-naive-t-pw", "dataservice_naive_t", 12)
 DELAY_MS = 200
 # Three replicas x 7 interactive permits, each statement at least DELAY_MS long.
 RATE = 3 * 7 * 1000 / DELAY_MS
@@ -52,6 +54,7 @@ def run(scenario: str, out: Path, **options: Any) -> tuple[dict[str, Any], list[
         "rate": RATE,
         "db_delay_ms": DELAY_MS,
         "records": 200,
+        "target": TEST_TARGET,
     }
     settings.update(options)
     run = Run(
@@ -60,7 +63,6 @@ def run(scenario: str, out: Path, **options: Any) -> tuple[dict[str, Any], list[
             out=out,
             base_config=SHIPPED_CONFIG,
             live=False,
-            target=TEST_TARGET,
             **settings,
         ),
         Console(file=io.StringIO()),
@@ -125,10 +127,28 @@ def test_report_and_chart_are_written(tmp_path: Path) -> None:
         assert key in loaded
     for lane in ("interactive", "batch"):
         stats = loaded["lanes"][lane]
-        for key in ("offered_per_s", "goodput_per_s", "rejection_rate", "timeout_rate"):
+        for key in (
+            "offered_per_s",
+            "goodput_per_s",
+            "rejection_rate",
+            "unavailable_rate",
+            "timeout_rate",
+        ):
             assert key in stats
         assert {"p50_ms", "p95_ms", "p99_ms"} <= stats.keys()
         assert stats["ok"] > 0
     assert loaded["database"]["peak_new_connections_per_s"] >= 1
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png_path.stat().st_size > 10_000
+
+
+def test_naive_baseline_runs_from_the_package(tmp_path: Path) -> None:
+    report, _ = run(
+        "steady", tmp_path, replicas=1, duration_s=3.0, rate=20.0, db_delay_ms=0,
+        system="naive", target=NAIVE_TEST_TARGET,
+    )  # fmt: skip
+    assert report["system"] == "naive"
+    for lane in ("interactive", "batch"):
+        stats = report["lanes"][lane]
+        assert stats["ok"] > 0, stats
+        assert stats["error"] == 0, stats

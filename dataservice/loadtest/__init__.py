@@ -7,7 +7,10 @@ see how many connections and active statements the service really holds.
 
 Modules: :mod:`.scenarios` (what each scenario offers and does),
 :mod:`.environment` (database, Redis, replica processes), :mod:`.sampler`
-(the database's view), :mod:`.traffic` (the open-loop generator and the
-service adapter), :mod:`.report` (statistics, verdicts, JSON and chart) and
-:mod:`.runner` (one run, with the live display).
+(the database's view), :mod:`.openloop` (the open-loop generator and the
+outcome of each request), :mod:`.service` and :mod:`.naive` (the two systems
+under test: how to call them; the baseline's workers too), :mod:`.runner` (one
+run), :mod:`.report` (statistics and JSON), :mod:`.findings` (the report and
+its verdicts), :mod:`.display` (the live and summary tables) and :mod:`.chart`
+(the PNG, drawn with the ``loadtest`` extra's matplotlib).
 """

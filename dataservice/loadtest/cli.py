@@ -1,4 +1,4 @@
-"""``dataservice loadtest``: runs, the summary table and the output paths."""
+"""``dataservice loadtest``: the runs, their output paths and the verdicts."""
 
 from __future__ import annotations
 
@@ -7,70 +7,15 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from dataservice.errors import DataServiceError
 from dataservice.loadtest import report as rep
+from dataservice.loadtest.chart import write_chart
+from dataservice.loadtest.display import summary_tables
 from dataservice.loadtest.runner import Run, RunOptions
 from dataservice.loadtest.scenarios import SCENARIOS
 
 SYSTEMS = ("service", "naive", "both")
-
-
-def _cell(value: Any, fmt: str = "{:.0f}") -> str:
-    return "-" if value is None else fmt.format(value)
-
-
-def _table(title: str, columns: tuple[str, ...], caption: str) -> Table:
-    table = Table(title=title, caption=caption)
-    for column in columns:
-        left = column in ("system", "lane")
-        table.add_column(column, justify="left" if left else "right", no_wrap=left)
-    return table
-
-
-def summary_tables(reports: list[dict[str, Any]]) -> list[Table]:
-    """Per lane: load, outcomes and latency; per system: the database's view."""
-    lanes = _table(
-        "loadtest: lanes",
-        ("system", "lane", "in/s", "ok/s", "x cap", "rej", "t/o", "p50", "p95", "p99"),
-        "in: offered; ok: goodput; x cap: goodput / capacity; latency in ms, of ok answers",
-    )
-    database = _table(
-        "loadtest: database (sampled as root)",
-        ("system", "conns", "active", "share", "over", "new/s", "Hz", "lagged"),
-        "peaks; share: what the live replicas may hold; over: samples above it",
-    )
-    for report in reports:
-        ratio = report["verdicts"]["goodput_over_capacity"]
-        for n, (lane, stats) in enumerate(report["lanes"].items()):
-            lanes.add_row(
-                report["system"] if n == 0 else "",
-                lane,
-                _cell(stats["offered_per_s"], "{:.1f}"),
-                _cell(stats["goodput_per_s"], "{:.1f}"),
-                _cell(ratio.get(lane), "{:.2f}"),
-                _cell(stats["rejection_rate"], "{:.0%}"),
-                _cell(stats["timeout_rate"], "{:.0%}"),
-                _cell(stats["p50_ms"]),
-                _cell(stats["p95_ms"]),
-                _cell(stats["p99_ms"]),
-            )
-        db = report["database"]
-        over = (db.get("samples_over_connection_share") or 0) + (
-            db.get("samples_over_active_share") or 0
-        )
-        database.add_row(
-            report["system"],
-            _cell(db.get("peak_connections")),
-            _cell(db.get("peak_active")),
-            _cell(db.get("peak_share_active")),
-            str(over),
-            _cell(db.get("peak_new_connections_per_s")),
-            _cell(db.get("sample_hz")),
-            str(report["generator"]["lagged_requests"]),
-        )
-    return [lanes, database]
 
 
 def run_loadtest(
@@ -120,7 +65,7 @@ def run_loadtest(
         json_path = options.out / "report.json"
         png_path = options.out / "chart.png"
         rep.write_json(json_path, report)
-        rep.write_chart(png_path, report, f"{name}: {scenario}, {replicas} replicas per lane")
+        write_chart(png_path, report, f"{name}: {scenario}, {replicas} replicas per lane")
         reports.append(report)
         console.print(f"{name}: report {json_path}, chart {png_path}")
     for table in summary_tables(reports):

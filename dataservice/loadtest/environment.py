@@ -10,18 +10,15 @@ are dropped.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import redis
 import yaml
+from celery import Celery
 from sqlalchemy import create_engine, func, insert, text
 from sqlalchemy.engine import URL, make_url
 
@@ -29,6 +26,7 @@ from dataservice.callers import write_callers_file
 from dataservice.config import Config, load_config
 from dataservice.enums import LaneName
 from dataservice.errors import ServiceSetupError
+from dataservice.processes import WorkerProcess, stop_all, wait_answering
 from dataservice.settings import Settings
 
 ROOT_URL = "mysql+mysqldb://root@127.0.0.1:3306/"
@@ -38,7 +36,6 @@ PAYLOAD_BYTES = 1024
 # A process that exited may still show in PROCESSLIST for a moment while the
 # server notices the closed socket; its share is counted this much longer.
 EXIT_GRACE_S = 0.5
-REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +71,7 @@ TARGETS = {t.system: t for t in (SERVICE, NAIVE)}
 
 
 def flush_redis(url: str) -> None:
+    """FLUSHDB on exactly the db number in ``url`` (never db 0)."""
     client = redis.Redis.from_url(url)
     try:
         if client.connection_pool.connection_kwargs.get("db", 0) == 0:
@@ -146,11 +144,12 @@ def scenario_config(base: Path, out_dir: Path, injected_delay_ms: int) -> tuple[
     return path, load_config(path)
 
 
-def run_callers_file(out_dir: Path, caller: str) -> Path:
-    """A callers file for one run (mode 600, fresh keys): the replicas verify and
-    the generator signs with it. ``caller`` must have a policy in the run's config."""
+def run_callers_file(out_dir: Path, *callers: str) -> Path:
+    """A callers file for one run (mode 600, a fresh key per caller): the replicas
+    verify and the generator signs with it. Each caller needs a policy in the
+    run's config."""
     path = out_dir / "callers.yml"
-    write_callers_file(path, {caller: f"{caller}-1"})
+    write_callers_file(path, {caller: f"{caller}-1" for caller in callers})
     return path
 
 
@@ -171,58 +170,53 @@ def service_settings(
 class Replica:
     lane: LaneName
     generation: int
-    process: subprocess.Popen[bytes]
-    log: IO[bytes]
-    started_at: float
+    worker: WorkerProcess
     ended_at: float | None = None
 
 
-ArgvFor = Callable[[LaneName], list[str]]
+Spawn = Callable[[LaneName, Path], WorkerProcess]  # (lane, log file) -> a worker to start
 
 
 @dataclass
 class Fleet:
     """Worker replica processes, by lane and generation, and the budget share they hold."""
 
-    argv_for: ArgvFor
-    environ: dict[str, str]
+    spawn: Spawn
     log_dir: Path
     config: Config
     replicas: list[Replica] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self, per_lane: int, generation: int) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
         for lane in LaneName:
             for n in range(per_lane):
-                log = (self.log_dir / f"{lane.value}-g{generation}-{n}.log").open("ab")
-                process = subprocess.Popen(
-                    self.argv_for(lane),
-                    env=self.environ,
-                    cwd=REPO,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
+                log = self.log_dir / f"{lane.value}-g{generation}-{n}.log"
+                worker = self.spawn(lane, log).start()
                 with self._lock:
-                    self.replicas.append(Replica(lane, generation, process, log, time.monotonic()))
+                    self.replicas.append(Replica(lane, generation, worker))
+
+    def wait_ready(self, control: Celery, timeout: float = 60.0) -> float:
+        """Wait until every replica answers a control ping; seconds it took."""
+        return wait_answering(control, self._workers(), timeout)
 
     def terminate(self, generation: int) -> None:
         """SIGTERM: Celery's warm shutdown (in-flight requests finish first)."""
         for replica in self._of(generation):
-            if replica.process.poll() is None:
-                replica.process.send_signal(signal.SIGTERM)
+            replica.worker.terminate()
 
     def _of(self, generation: int) -> list[Replica]:
         with self._lock:
             return [r for r in self.replicas if r.generation == generation]
 
+    def _workers(self) -> list[WorkerProcess]:
+        with self._lock:
+            return [r.worker for r in self.replicas]
+
     def refresh(self) -> None:
         now = time.monotonic()
         with self._lock:
             for replica in self.replicas:
-                if replica.ended_at is None and replica.process.poll() is not None:
+                if replica.ended_at is None and not replica.worker.running:
                     replica.ended_at = now
 
     def holding(self, now: float) -> list[Replica]:
@@ -240,63 +234,8 @@ class Fleet:
         conns = sum(self.config.lanes[r.lane].concurrency for r in live)
         return active, conns
 
-    def pids(self, generation: int | None = None) -> set[int]:
-        with self._lock:
-            return {
-                r.process.pid
-                for r in self.replicas
-                if generation is None or r.generation == generation
-            }
-
-    def alive(self) -> int:
-        self.refresh()
-        with self._lock:
-            return sum(1 for r in self.replicas if r.ended_at is None)
-
-    def check(self) -> None:
-        """Fail with the log's tail when a replica died on its own."""
-        self.refresh()
-        for replica in list(self.replicas):
-            code = replica.process.returncode
-            if replica.ended_at is not None and code not in (0, -signal.SIGTERM):
-                tail = Path(replica.log.name).read_text(errors="replace").splitlines()[-15:]
-                raise ServiceSetupError(
-                    f"{replica.lane.value} replica exited with {code}:\n" + "\n".join(tail)
-                )
+    def pids(self) -> set[int]:
+        return {worker.pid for worker in self._workers()}
 
     def stop(self, timeout: float = 15.0) -> None:
-        for generation in {r.generation for r in self.replicas}:
-            self.terminate(generation)
-        deadline = time.monotonic() + timeout
-        for replica in self.replicas:
-            try:
-                replica.process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                replica.process.kill()
-                replica.process.wait()
-            replica.log.close()
-
-
-def wait_ready(fleet: Fleet, ping: Callable[[], set[int]], timeout: float = 60.0) -> float:
-    """Wait until every replica answers a control ping; seconds it took."""
-    started = time.monotonic()
-    expected = fleet.pids()
-    while time.monotonic() - started < timeout:
-        fleet.check()
-        if expected <= ping():
-            return time.monotonic() - started
-        time.sleep(0.2)
-    raise ServiceSetupError(f"replicas not ready within {timeout:.0f} s; logs in {fleet.log_dir}")
-
-
-def python_env(settings_env: dict[str, str]) -> dict[str, str]:
-    """This process's environment minus other DATASERVICE_* values, plus the run's."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("DATASERVICE_")}
-    environ.update(settings_env)
-    # The replicas run this source tree, even when the package is installed elsewhere.
-    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return environ
-
-
-def service_argv(lane: LaneName) -> list[str]:
-    return [sys.executable, "-m", "dataservice.cli", "worker", "--lane", lane.value]
+        stop_all(self._workers(), timeout)

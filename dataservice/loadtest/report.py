@@ -1,5 +1,6 @@
 """Figures from one run: per-lane outcomes and latency, the database's view,
-per-second series, the verdicts, and the JSON report and PNG chart."""
+per-second series, the connection ramp, and the JSON report (the chart is
+:mod:`.chart`'s)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from dataservice.enums import LaneName
+from dataservice.loadtest.openloop import Outcome, RequestRecord
 from dataservice.loadtest.sampler import Sample
-from dataservice.loadtest.traffic import Outcome, RequestRecord
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -27,6 +28,14 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 def _r(value: float | None, digits: int = 1) -> float | None:
     return None if value is None else round(value, digits)
+
+
+_RATES = {
+    "rejection": Outcome.REJECTED,
+    "unavailable": Outcome.UNAVAILABLE,
+    "timeout": Outcome.TIMEOUT,
+    "error": Outcome.ERROR,
+}
 
 
 def lane_stats(
@@ -45,9 +54,10 @@ def lane_stats(
         **counts,
         "offered_per_s": round(attempts / span, 1),
         "goodput_per_s": round(counts[Outcome.OK.value] / span, 1),
-        "rejection_rate": round(counts[Outcome.REJECTED.value] / attempts, 4) if attempts else 0,
-        "timeout_rate": round(counts[Outcome.TIMEOUT.value] / attempts, 4) if attempts else 0,
-        "error_rate": round(counts[Outcome.ERROR.value] / attempts, 4) if attempts else 0,
+        **{
+            f"{name}_rate": round(counts[outcome.value] / attempts, 4) if attempts else 0
+            for name, outcome in _RATES.items()
+        },
         "p50_ms": _r(percentile(ok_ms, 50)),
         "p95_ms": _r(percentile(ok_ms, 95)),
         "p99_ms": _r(percentile(ok_ms, 99)),
@@ -181,50 +191,3 @@ def recovery_s(series: dict[str, Any], lane: LaneName, kill_t: float, seconds: i
 
 def write_json(path: Path, report: dict[str, Any]) -> None:
     path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-
-
-def write_chart(path: Path, report: dict[str, Any], title: str) -> None:
-    """Three panels over time: goodput per lane, latency per lane, the database's view."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    series = report["series"]
-    db = report["database"].get("series", {})
-    t = series["t"]
-    fig, (top, mid, bottom) = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
-    colours = {LaneName.INTERACTIVE.value: "tab:blue", LaneName.BATCH.value: "tab:orange"}
-    for lane, colour in colours.items():
-        top.plot(t, series[lane]["offered"], color=colour, linestyle=":", label=f"{lane} offered")
-        top.plot(t, series[lane]["goodput"], color=colour, label=f"{lane} goodput")
-        p50 = [math.nan if v is None else v for v in series[lane]["p50_ms"]]
-        p99 = [math.nan if v is None else v for v in series[lane]["p99_ms"]]
-        mid.plot(t, p50, color=colour, linestyle="--", label=f"{lane} p50")
-        mid.plot(t, p99, color=colour, label=f"{lane} p99")
-    top.set_ylabel("requests/s")
-    top.legend(fontsize="small", ncol=2)
-    mid.set_ylabel("latency ms (ok)")
-    mid.set_yscale("log")
-    mid.legend(fontsize="small", ncol=2)
-    if db:
-        bottom.plot(t, db["max_connections"][: len(t)], color="tab:green", label="connections")
-        bottom.plot(t, db["max_active"][: len(t)], color="tab:red", label="active statements")
-        bottom.step(
-            t, db["share_active"][: len(t)], where="post", color="black", label="share (active)"
-        )
-        bottom.plot(t, db["new_connections"][: len(t)], color="tab:purple", label="new conns/s")
-        whole = report["budget"]["service_share_active"]
-        bottom.axhline(whole, color="grey", linestyle="--", label=f"whole-service share {whole}")
-        bottom.set_ylim(0, max(whole, *db["max_connections"], *db["new_connections"], 1) * 1.1)
-    bottom.set_ylabel("database (sampled)")
-    bottom.set_xlabel("seconds")
-    bottom.legend(fontsize="small", ncol=3)
-    for event, at in report.get("events", {}).items():
-        for axis in (top, mid, bottom):
-            axis.axvline(at, color="grey", linewidth=0.8)
-        top.annotate(event, (at, 0), fontsize="x-small", rotation=90, va="bottom")
-    fig.suptitle(title, fontsize="medium")
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)

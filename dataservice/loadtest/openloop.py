@@ -6,6 +6,15 @@ on demand up to ``max_callers`` (a caller waits up to its deadline, so the
 pool must hold rate x deadline callers). An arrival sent more than
 ``LAG_TOLERANCE_S`` after its instant counts as generator lag: it is reported,
 never hidden by slowing the schedule down.
+
+Each request ends in one outcome; those a caller would act on differently
+stay apart::
+
+    ok            an answer
+    rejected      ResourceExhausted: refused for load (rate, queue bounds, permits)
+    unavailable   Unavailable: a dependency (the database, Redis) is down
+    timeout       DeadlineExceeded: no answer before the deadline
+    error         anything else
 """
 
 from __future__ import annotations
@@ -14,20 +23,14 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from dataservice.client import Client
-from dataservice.config import Config
-from dataservice.enums import LaneName, ReadMode
-from dataservice.errors import DataServiceError, DeadlineExceeded, RetryableError
-from dataservice.settings import Settings
-from dataservice.types import ReadOp, WriteOp
+from dataservice.enums import LaneName
+from dataservice.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 
-CALLER = "loadtest"
-SCOPE = "load"
 LAG_TOLERANCE_S = 0.010
 # Share of reads in each lane's mix; the rest are writes (upserts of seeded ids).
 READ_SHARE = {LaneName.INTERACTIVE: 0.9, LaneName.BATCH: 0.5}
@@ -35,9 +38,22 @@ READ_SHARE = {LaneName.INTERACTIVE: 0.9, LaneName.BATCH: 0.5}
 
 class Outcome(StrEnum):
     OK = "ok"
-    REJECTED = "rejected"  # RESOURCE_EXHAUSTED / UNAVAILABLE: retryable, answered
-    TIMEOUT = "timeout"  # no answer before the deadline
+    REJECTED = "rejected"
+    UNAVAILABLE = "unavailable"
+    TIMEOUT = "timeout"
     ERROR = "error"
+
+
+_CLASSES: tuple[tuple[type[BaseException], Outcome], ...] = (
+    (ResourceExhausted, Outcome.REJECTED),
+    (Unavailable, Outcome.UNAVAILABLE),
+    (DeadlineExceeded, Outcome.TIMEOUT),
+)
+
+
+def classify(exc: BaseException) -> Outcome:
+    """The outcome of a request that raised ``exc``."""
+    return next((outcome for cls, outcome in _CLASSES if isinstance(exc, cls)), Outcome.ERROR)
 
 
 @dataclass(slots=True)
@@ -47,6 +63,7 @@ class RequestRecord:
     sent: float
     done: float
     outcome: Outcome
+    detail: str = ""  # the error's message; "" when OK
 
     @property
     def latency_ms(self) -> float:
@@ -54,98 +71,46 @@ class RequestRecord:
 
 
 class Adapter(Protocol):
-    """How the harness calls one system under test; ``call`` returns the outcome."""
+    """How the harness calls one system under test; ``call`` raises unless answered."""
 
     def call(
         self, lane: LaneName, op: str, object_id: str, payload: bytes, timeout_s: float
-    ) -> Outcome: ...
+    ) -> None: ...
 
     def close(self) -> None: ...
 
 
-def classify(exc: BaseException) -> Outcome:
-    if isinstance(exc, DeadlineExceeded):
-        return Outcome.TIMEOUT
-    if isinstance(exc, RetryableError):
-        return Outcome.REJECTED
-    return Outcome.ERROR
-
-
-class ServiceAdapter:
-    """The service's public client: awaited calls on interactive, handles on batch.
-
-    A ``Client`` keeps a bounded pool of connections to wait on answers, so
-    callers share one client per ``CALLERS_PER_CLIENT`` threads instead of all
-    waiting for one pool.
-    """
-
-    CALLERS_PER_CLIENT = 32
-
-    def __init__(self, settings: Settings, config: Config, callers: int = 0) -> None:
-        self._settings = settings
-        self._config = config
-        # Clients for the callers expected, made before the clock starts.
-        self._clients = [
-            Client(CALLER, settings, config) for _ in range(-(-callers // self.CALLERS_PER_CLIENT))
-        ]
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._threads = 0
-
-    def _client(self) -> Client:
-        client: Client | None = getattr(self._local, "client", None)
-        if client is not None:
-            return client
-        with self._lock:
-            index = self._threads // self.CALLERS_PER_CLIENT
-            self._threads += 1
-            if index == len(self._clients):
-                self._clients.append(Client(CALLER, self._settings, self._config))
-            client = self._clients[index]
-        self._local.client = client
-        return client
-
-    def call(
-        self, lane: LaneName, op: str, object_id: str, payload: bytes, timeout_s: float
-    ) -> Outcome:
-        client = self._client()
-        try:
-            if lane is LaneName.BATCH:
-                operation: ReadOp | WriteOp = (
-                    ReadOp(SCOPE, object_id, ReadMode.PRIMARY)
-                    if op == "read"
-                    else WriteOp(SCOPE, object_id, payload)
-                )
-                client.submit(operation, timeout=timeout_s).result()
-            elif op == "read":
-                client.read(SCOPE, object_id, mode=ReadMode.PRIMARY, timeout=timeout_s)
-            else:
-                client.write(SCOPE, object_id, payload, timeout=timeout_s)
-        except DataServiceError as exc:
-            return classify(exc)
-        return Outcome.OK
-
-    def close(self) -> None:
-        for client in self._clients:
-            client.close()
+def attempt(
+    adapter: Adapter, lane: LaneName, op: str, object_id: str, payload: bytes, timeout_s: float
+) -> tuple[Outcome, str]:
+    """One call: its outcome, and the error's message ("" when OK)."""
+    try:
+        adapter.call(lane, op, object_id, payload, timeout_s)
+    except Exception as exc:  # an adapter bug must not kill the caller pool: it is an ERROR
+        return classify(exc), str(exc)
+    return Outcome.OK, ""
 
 
 RateFn = Callable[[LaneName, float], float]  # (lane, seconds since start) -> requests/s
 
 
 class OpenLoop:
-    """Arrivals per lane at ``rate(lane, t)`` for ``duration_s``; outcomes in ``records``."""
+    """Arrivals per lane at ``rate(lane, t)`` for ``duration_s``; outcomes in ``records``.
+
+    ``read_share`` sets each lane's mix of reads (the rest are writes of ``payload``).
+    """
 
     def __init__(
         self,
         adapter: Adapter,
         rate: RateFn,
-        timeouts: dict[LaneName, float],
-        ids: list[str],
+        timeouts: Mapping[LaneName, float],
+        ids: Sequence[str],
         payload: bytes,
         duration_s: float,
         t0: float,
         max_callers: int,
+        read_share: Mapping[LaneName, float] = READ_SHARE,
     ) -> None:
         self._adapter = adapter
         self._rate = rate
@@ -155,8 +120,9 @@ class OpenLoop:
         self.duration_s = duration_s
         self.t0 = t0
         self._max_callers = max_callers
+        self._read_share = read_share
         self.records: list[RequestRecord] = []
-        self.scheduled: dict[LaneName, int] = dict.fromkeys(LaneName, 0)
+        self.scheduled: dict[LaneName, int] = dict.fromkeys(timeouts, 0)
         self.lagged = 0
         self.max_lag_s = 0.0
         self._work: queue.Queue[tuple[LaneName, float] | None] = queue.Queue()
@@ -171,19 +137,24 @@ class OpenLoop:
 
     def start(self, callers: int = 0) -> None:
         """Start ``callers`` idle caller threads first (threads and clients cost
-        time to create; made on the fly at the start they would lag the schedule)."""
+        time to create; made on the fly at the start they would lag the schedule),
+        then a scheduler for each lane in ``timeouts``."""
         with self._lock:
             for _ in range(min(callers, self._max_callers)):
-                thread = threading.Thread(target=self._caller, daemon=True)
-                thread.name = f"caller-{len(self._callers)}"
-                self._callers.append(thread)
+                thread = self._new_caller()
                 self._idle += 1
                 thread.start()
-        for lane in LaneName:
+        for lane in self._timeouts:
             thread = threading.Thread(target=self._schedule, args=(lane,), daemon=True)
             thread.name = f"schedule-{lane.value}"
             self._schedulers.append(thread)
             thread.start()
+
+    def _new_caller(self) -> threading.Thread:
+        thread = threading.Thread(target=self._caller, daemon=True)
+        thread.name = f"caller-{len(self._callers)}"
+        self._callers.append(thread)
+        return thread
 
     def _schedule(self, lane: LaneName) -> None:
         """Evenly spaced arrivals; a late wake-up emits every instant already due."""
@@ -204,9 +175,7 @@ class OpenLoop:
             self.scheduled[lane] += 1
             grow = self._idle == 0 and len(self._callers) < self._max_callers
             if grow:
-                thread = threading.Thread(target=self._caller, daemon=True)
-                thread.name = f"caller-{len(self._callers)}"
-                self._callers.append(thread)
+                thread = self._new_caller()
             else:
                 self._idle -= 1 if self._idle > 0 else 0
         self._work.put((lane, at))
@@ -226,15 +195,12 @@ class OpenLoop:
                 with self._lock:
                     self.lagged += 1
                     self.max_lag_s = max(self.max_lag_s, lag)
-            op = "read" if rng.random() < READ_SHARE[lane] else "write"
-            try:
-                outcome = self._adapter.call(
-                    lane, op, rng.choice(self._ids), self._payload, self._timeouts[lane]
-                )
-            except Exception:  # an adapter bug must not kill the caller pool
-                outcome = Outcome.ERROR
+            op = "read" if rng.random() < self._read_share[lane] else "write"
+            outcome, detail = attempt(
+                self._adapter, lane, op, rng.choice(self._ids), self._payload, self._timeouts[lane]
+            )
             done = time.monotonic() - self.t0
-            self.records.append(RequestRecord(lane, at, sent, done, outcome))
+            self.records.append(RequestRecord(lane, at, sent, done, outcome, detail))
             with self._lock:
                 self._idle += 1
 
@@ -268,7 +234,7 @@ def closed_loop_capacity(
         rng = random.Random()
         while not stop.is_set():
             op = "read" if rng.random() < READ_SHARE[lane] else "write"
-            outcome = adapter.call(lane, op, rng.choice(ids), payload, timeouts[lane])
+            outcome, _ = attempt(adapter, lane, op, rng.choice(ids), payload, timeouts[lane])
             now = time.monotonic()
             if outcome is Outcome.OK and window[0] <= now < window[1]:
                 with lock:

@@ -1,4 +1,5 @@
-"""The naive baseline: the same record operations as a plain Celery app.
+"""The naive baseline for ``dataservice loadtest --system naive``: the same
+record operations as a plain Celery app.
 
 What a team would write first, with library defaults:
 
@@ -16,8 +17,9 @@ What a team would write first, with library defaults:
 operation, as the service's slow-db hook does, so both systems face the same
 database.
 
-Worker: ``python -m bench.naive.app --url redis://.../7 --database-url ...
---queue interactive --concurrency 7``.
+Worker: ``python -m dataservice.loadtest.naive --url redis://.../7
+--database-url ... --queue interactive --concurrency 7``. The harness starts
+its workers with :func:`worker` and calls them through :class:`NaiveAdapter`.
 """
 
 from __future__ import annotations
@@ -29,12 +31,18 @@ import os
 import socket
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
+from celery.exceptions import TimeoutError as CeleryTimeout
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.dialects.mysql import insert
 
+from dataservice.config import Config
+from dataservice.enums import LaneName
+from dataservice.errors import DeadlineExceeded
+from dataservice.processes import WorkerProcess, worker_environ
 from dataservice.store.schema import records
 
 READ_TASK = "naive.read"
@@ -116,6 +124,51 @@ def make_app(url: str) -> Celery:
     app.task(name=READ_TASK)(read)
     app.task(name=WRITE_TASK)(write)
     return app
+
+
+def worker(
+    config: Config,
+    redis_url: str,
+    database_url: str,
+    delay_ms: int,
+    lane: LaneName,
+    log_path: Path,
+) -> WorkerProcess:
+    """A baseline worker for ``lane``'s queue, with the lane's thread count (not started)."""
+    lane_config = config.lanes[lane]
+    argv = [
+        sys.executable, "-m", "dataservice.loadtest.naive",
+        "--url", redis_url, "--database-url", database_url, "--queue", lane_config.queue,
+        "--concurrency", str(lane_config.concurrency), "--delay-ms", str(delay_ms),
+    ]  # fmt: skip
+    return WorkerProcess(argv, worker_environ(), log_path, f"naive-{lane.value}")
+
+
+class NaiveAdapter:
+    """``send_task(...).get(timeout=...)``, as a plain Celery caller does."""
+
+    def __init__(self, redis_url: str, config: Config) -> None:
+        self._app = make_app(redis_url)
+        self._queues = {lane: config.lanes[lane].queue for lane in LaneName}
+
+    def call(
+        self, lane: LaneName, op: str, object_id: str, payload: bytes, timeout_s: float
+    ) -> None:
+        if op == "read":
+            name, args = READ_TASK, ["load", object_id]
+        else:
+            name, args = WRITE_TASK, ["load", object_id, base64.b64encode(payload).decode()]
+        result = self._app.send_task(name, args=args, queue=self._queues[lane])
+        try:
+            result.get(timeout=timeout_s)
+        except CeleryTimeout as exc:
+            raise DeadlineExceeded(f"no answer within {timeout_s} s") from exc
+        finally:
+            # Celery keeps a pending result's subscription until it is forgotten.
+            result.forget()
+
+    def close(self) -> None:
+        self._app.close()
 
 
 def main(argv: list[str] | None = None) -> None:

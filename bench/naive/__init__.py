@@ -1,1 +1,0 @@
-"""The naive baseline for ``dataservice loadtest --system naive``: see app.py."""

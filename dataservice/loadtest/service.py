@@ -1,0 +1,85 @@
+"""How the harness calls the service: its public client, as a caller would."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+from dataservice.client import Client
+from dataservice.config import Config
+from dataservice.enums import LaneName, ReadMode
+from dataservice.settings import Settings
+from dataservice.types import ReadOp, WriteOp
+
+CALLER = "loadtest"
+SCOPE = "load"
+CALLERS_PER_CLIENT = 32
+
+
+class ServiceAdapter:
+    """Awaited calls on interactive, handles on batch, all in ``scope``.
+
+    A ``Client`` keeps a bounded pool of connections to wait on answers, so
+    caller threads share one client per ``per_client`` threads instead of all
+    waiting for one pool; ``more`` makes another client when the given ones
+    are taken (without it, later threads share them round robin).
+    """
+
+    def __init__(
+        self,
+        clients: Sequence[Client],
+        *,
+        scope: str = SCOPE,
+        per_client: int = CALLERS_PER_CLIENT,
+        more: Callable[[], Client] | None = None,
+    ) -> None:
+        self._clients = list(clients)
+        self._scope = scope
+        self._per_client = per_client
+        self._more = more
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._threads = 0
+
+    @classmethod
+    def create(cls, settings: Settings, config: Config, callers: int = 0) -> ServiceAdapter:
+        """Clients for the ``callers`` expected, made before the clock starts."""
+
+        def more() -> Client:
+            return Client(CALLER, settings, config)
+
+        return cls([more() for _ in range(-(-callers // CALLERS_PER_CLIENT))], more=more)
+
+    def _client(self) -> Client:
+        client: Client | None = getattr(self._local, "client", None)
+        if client is not None:
+            return client
+        with self._lock:
+            index = self._threads // self._per_client
+            self._threads += 1
+            if index >= len(self._clients) and self._more is not None:
+                self._clients.append(self._more())
+            client = self._clients[index % len(self._clients)]
+        self._local.client = client
+        return client
+
+    def call(
+        self, lane: LaneName, op: str, object_id: str, payload: bytes, timeout_s: float
+    ) -> None:
+        client, scope = self._client(), self._scope
+        if lane is LaneName.BATCH:
+            operation: ReadOp | WriteOp = (
+                ReadOp(scope, object_id, ReadMode.PRIMARY)
+                if op == "read"
+                else WriteOp(scope, object_id, payload)
+            )
+            client.submit(operation, timeout=timeout_s).result()
+        elif op == "read":
+            client.read(scope, object_id, mode=ReadMode.PRIMARY, timeout=timeout_s)
+        else:
+            client.write(scope, object_id, payload, timeout=timeout_s)
+
+    def close(self) -> None:
+        """Close every client it holds, the ones it was given too."""
+        for client in self._clients:
+            client.close()

@@ -1,0 +1,33 @@
+"""Local Redis and MariaDB for development, tests and the demo.
+
+``python -m dataservice.localservices up`` makes sure the Redis and MariaDB
+named by the ``DATASERVICE_*`` URLs answer; when one does not and its URL
+points at this machine, a private instance is started from the installed
+binaries with its data in a state directory (``.state/`` in the working
+directory, or ``--state-dir``), and keeps running until
+``python -m dataservice.localservices down``.
+
+:class:`PrivateMariaDB` also starts a throw-away MariaDB with a ROW-format
+binary log on a free port, for tests and demos that read the change stream.
+
+Modules: :mod:`.probes` (is it answering, where is the binary),
+:mod:`.mariadb` (a server of our own), :mod:`.lifecycle` (``up`` and ``down``)
+and ``__main__`` (the command).
+"""
+
+from dataservice.localservices.lifecycle import DEFAULT_STATE_DIR, down, start_redis, up
+from dataservice.localservices.mariadb import PrivateMariaDB, TemporaryBinlogMariaDB, mariadb_dir
+from dataservice.localservices.probes import free_port, mysql_reachable, redis_reachable
+
+__all__ = [
+    "DEFAULT_STATE_DIR",
+    "PrivateMariaDB",
+    "TemporaryBinlogMariaDB",
+    "down",
+    "free_port",
+    "mariadb_dir",
+    "mysql_reachable",
+    "redis_reachable",
+    "start_redis",
+    "up",
+]

@@ -1,0 +1,92 @@
+"""``up`` and ``down``: private Redis and MariaDB where the configured ones do not answer."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from functools import partial
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+
+from dataservice.errors import ServiceSetupError
+from dataservice.localservices.mariadb import PrivateMariaDB, mariadb_dir
+from dataservice.localservices.probes import (
+    binary,
+    is_local,
+    mysql_reachable,
+    redis_reachable,
+    wait_until,
+)
+from dataservice.settings import Settings
+
+# Relative: the working directory's, as ``dataservice run`` keeps its logs in .state/logs.
+DEFAULT_STATE_DIR = Path(".state")
+
+
+def start_redis(state_dir: Path, port: int) -> None:
+    """Start a private redis-server (daemonized, nothing persisted)."""
+    directory = state_dir / "redis"
+    directory.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [
+            binary("redis-server"), "--daemonize", "yes", "--bind", "127.0.0.1",
+            "--port", str(port), "--save", "", "--appendonly", "no",
+            "--dir", str(directory), "--pidfile", str(directory / "redis.pid"),
+            "--logfile", str(directory / "redis.log"),
+        ],
+        check=True,
+    )  # fmt: skip
+    wait_until(
+        lambda: redis_reachable(f"redis://127.0.0.1:{port}/0"), "redis", directory / "redis.log"
+    )
+
+
+def up(settings: Settings, state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
+    """Make the configured Redis and MariaDB reachable; returns what was started."""
+    # Absolute: redis-server changes into its --dir before it opens its pid and log files.
+    state_dir = state_dir.resolve()
+    started = []
+    for url in dict.fromkeys(
+        (settings.broker_url, settings.result_backend_url, settings.redis_url)
+    ):
+        if redis_reachable(url):
+            continue
+        parsed = make_url(url.replace("redis://", "mysql://", 1))  # same URL grammar
+        if not is_local(parsed.host):
+            raise ServiceSetupError(f"Redis at {parsed.host}:{parsed.port} is unreachable")
+        start_redis(state_dir, parsed.port or 6379)
+        started.append(f"redis on port {parsed.port or 6379}")
+    db = make_url(settings.database_url)
+    if not mysql_reachable(
+        db.host or "127.0.0.1", db.port or 3306, db.username or "root", db.password or ""
+    ):
+        if not is_local(db.host):
+            raise ServiceSetupError(f"MariaDB at {db.host}:{db.port} is unreachable")
+        PrivateMariaDB(mariadb_dir(state_dir), db.port or 3306).start(detach=True)
+        started.append(f"mariadb on port {db.port or 3306}")
+    return started
+
+
+def down(state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
+    """Stop the private instances that ``up`` started."""
+    stopped = []
+    for name, pidfile in (("redis", state_dir / "redis" / "redis.pid"),
+                          ("mariadb", mariadb_dir(state_dir) / "mariadb.pid")):  # fmt: skip
+        try:
+            pid = int(pidfile.read_text().strip())
+            os.kill(pid, signal.SIGTERM)
+        except (OSError, ValueError):
+            continue
+        wait_until(partial(_gone, pid), f"{name} (pid {pid}) to stop")
+        stopped.append(name)
+    return stopped
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False

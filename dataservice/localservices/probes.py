@@ -1,0 +1,79 @@
+"""Is a service answering, where is its binary, and waiting until it does."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import MySQLdb
+import redis
+
+from dataservice.errors import ServiceSetupError
+
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+START_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def redis_reachable(url: str) -> bool:
+    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+def mysql_reachable(host: str, port: int, user: str = "root", password: str = "") -> bool:
+    try:
+        conn = MySQLdb.connect(
+            host=host, port=port, user=user, password=password, connect_timeout=1
+        )
+    except MySQLdb.Error:
+        return False
+    conn.close()
+    return True
+
+
+def binary(name: str) -> str:
+    for candidate in (shutil.which(name), f"/usr/sbin/{name}", f"/usr/bin/{name}"):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise ServiceSetupError(
+        f"{name} is not installed (Debian: apt-get install redis-server mariadb-server)"
+    )
+
+
+def traversable_by_others(path: Path) -> bool:
+    """Whether a user other than the owner (mariadbd's ``mysql``) can reach ``path``."""
+    for directory in (path.resolve(), *path.resolve().parents):
+        if not directory.stat().st_mode & stat.S_IXOTH:
+            return False
+    return True
+
+
+def wait_until(check: Callable[[], bool], what: str, log: Path | None = None) -> None:
+    """Poll ``check`` until it holds; fail naming ``what`` (and its log) after a while."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    hint = f"; see {log}" if log else ""
+    raise ServiceSetupError(f"{what} did not become ready within {START_TIMEOUT_S:.0f} s{hint}")
+
+
+def is_local(host: str | None) -> bool:
+    return host is None or host in LOCAL_HOSTS

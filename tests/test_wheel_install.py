@@ -1,0 +1,122 @@
+"""The tools work from an installed wheel, not only from this checkout, and the
+load test's chart dependency stays an extra.
+
+The wheel is built from a copy of what it is made of (so no build output lands
+in the checkout), installed with the ``loadtest`` extra into a fresh
+virtualenv outside the checkout, and its commands run from another directory.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SHIPPED_CONFIG, require
+
+ROOT = Path(__file__).resolve().parents[1]
+# What the wheel is built from: the project file, its readme and its packages.
+SOURCES = ("pyproject.toml", "README.md", "dataservice", "workers")
+# What would tie the installed code to a checkout.
+CHECKOUT_MARKS = (str(ROOT), "__file__", "parents[", "sys.path", "bench.", "bench/")
+
+
+def _clean_environ() -> dict[str, str]:
+    """This environment without our settings or anything pointing into the checkout."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("DATASERVICE_") and k not in ("PYTHONPATH", "VIRTUAL_ENV")
+    }
+
+
+def _run(
+    argv: list[str], cwd: Path, timeout: float, **env: str
+) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        argv, cwd=cwd, env={**_clean_environ(), **env},
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{argv}:\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_wheel_installs_with_the_loadtest_extra_and_runs_outside_the_checkout(
+    tmp_path: Path,
+) -> None:
+    require(importlib.util.find_spec("ensurepip") is not None, "ensurepip (python3-venv)")
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in SOURCES:
+        origin = ROOT / name
+        if origin.is_dir():
+            ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+            shutil.copytree(origin, source / name, ignore=ignore)
+        else:
+            shutil.copy2(origin, source / name)
+    wheels, venv, elsewhere = tmp_path / "wheels", tmp_path / "venv", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    _run([*pip, "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)], elsewhere, 300)
+    (wheel,) = wheels.glob("dataservice-*.whl")
+    _run([sys.executable, "-m", "venv", str(venv)], elsewhere, 120)
+    python = venv / "bin" / "python"
+    install = [str(python), "-m", "pip", "--disable-pip-version-check", "install", "-q"]
+    _run([*install, f"{wheel}[loadtest]"], elsewhere, 420)
+
+    dataservice = str(venv / "bin" / "dataservice")
+    assert "loadtest" in _run([dataservice, "--help"], elsewhere, 60).stdout
+    checked = _run(
+        [dataservice, "check-config"], elsewhere, 60, DATASERVICE_CONFIG=str(SHIPPED_CONFIG)
+    )
+    assert "within budget" in checked.stdout
+    assert "--scenario" in _run([dataservice, "loadtest", "--help"], elsewhere, 60).stdout
+    located = _run(
+        [str(python), "-c", "import dataservice, matplotlib; print(dataservice.__file__)"],
+        elsewhere, 60,
+    )  # fmt: skip
+    package = Path(located.stdout.strip()).parent
+    assert venv in package.parents, package
+
+    installed = [package / "localservices", package / "loadtest", package / "processes.py"]
+    files = [f for path in installed for f in ([path] if path.is_file() else path.rglob("*.py"))]
+    assert any(f.name == "naive.py" for f in files)
+    ties = [
+        f"{f.relative_to(package)}: {mark}"
+        for f in files
+        for mark in CHECKOUT_MARKS
+        if mark in f.read_text(encoding="utf-8")
+    ]
+    assert not ties, ties
+
+
+def test_loadtest_without_matplotlib_names_the_extra_and_the_rest_still_works(
+    tmp_path: Path,
+) -> None:
+    """As if installed without the extra: matplotlib cannot be imported."""
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        hide = "import sys; sys.modules['matplotlib'] = None; from dataservice.cli import main; "
+        return subprocess.run(
+            [sys.executable, "-c", hide + f"sys.argv = ['dataservice', *{list(args)!r}]; main()"],
+            cwd=tmp_path, env={**_clean_environ(), "DATASERVICE_CONFIG": str(SHIPPED_CONFIG)},
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    refused = cli("loadtest", "--scenario", "steady")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "error: dataservice loadtest draws its chart with matplotlib: "
+        "pip install 'dataservice[loadtest]'"
+    ]
+    assert cli("loadtest", "--help").returncode == 0
+    checked = cli("check-config")
+    assert checked.returncode == 0, checked.stderr
+    assert "within budget" in checked.stdout
