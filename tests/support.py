@@ -8,6 +8,7 @@ import dataclasses
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,8 +22,10 @@ from sqlalchemy import Engine, text
 from dataservice.auth import Authenticator, sign
 from dataservice.broker import celery_settings
 from dataservice.callers import CallerKey, load_keyring
+from dataservice.client.transport import Transport
 from dataservice.config import Config
 from dataservice.enums import LaneName
+from dataservice.limits.admission import AdmissionRefused
 from dataservice.limits.gate import Gate
 from dataservice.limits.permits import LanePermits
 from dataservice.localservices import free_port
@@ -255,3 +258,42 @@ def scraped(port: int, name: str, **labels: str) -> float:
             if found == wanted:
                 return float(value)
     return 0.0
+
+
+def publish_one(transport: Transport, caller: str = "") -> str:
+    """Publish one 100-byte message to the interactive lane (deadline in 30 s):
+    "queued", or the refusal's reason."""
+    try:
+        transport.publish(b"x" * 100, request_id=uuid.uuid4().hex, lane=LaneName.INTERACTIVE,
+                          deadline_ms=now_ms() + 30_000, caller=caller)  # fmt: skip
+    except AdmissionRefused as refusal:
+        return str(refusal.reason)
+    return "queued"
+
+
+def publish_concurrently(
+    settings: Settings, config: Config, producers: int, each: int
+) -> list[str]:
+    """``producers`` threads, each with a transport of its own, released together,
+    publish ``each`` messages: every outcome (see :func:`publish_one`)."""
+    outcomes: list[str] = []
+    lock = threading.Lock()
+    start = threading.Barrier(producers)
+
+    def produce() -> None:
+        transport = Transport(settings, config)
+        try:
+            start.wait()
+            for _ in range(each):
+                outcome = publish_one(transport)
+                with lock:
+                    outcomes.append(outcome)
+        finally:
+            transport.close()
+
+    threads = [threading.Thread(target=produce) for _ in range(producers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes

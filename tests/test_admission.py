@@ -3,7 +3,6 @@ producers, and a request that cannot start in time is refused up front."""
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from dataservice.limits.admission import AdmissionRefused
 from dataservice.localservices import redis_reachable
 from dataservice.settings import Settings
 from tests.conftest import require
-from tests.support import on_redis
+from tests.support import on_redis, publish_concurrently
 
 # No worker consumes this database: whatever is admitted stays queued.
 UNSERVED_REDIS_URL = "redis://127.0.0.1:6379/11"
@@ -55,36 +54,11 @@ def test_concurrent_producers_never_overshoot_the_message_bound(
 ) -> None:
     settings, config, broker = bounded
     producers, each = 16, 20
-    admitted, refused = [0], [0]
-    reasons: set[str] = set()
-    lock = threading.Lock()
-    start = threading.Barrier(producers)
-
-    def produce() -> None:
-        transport = Transport(settings, config)
-        start.wait()
-        for _ in range(each):
-            try:
-                rid = uuid.uuid4().hex
-                transport.publish(b"x" * 100, request_id=rid, lane=LaneName.INTERACTIVE,
-                                  deadline_ms=_deadline(30))  # fmt: skip
-                outcome = admitted
-            except AdmissionRefused as exc:
-                reasons.add(exc.reason)
-                outcome = refused
-            with lock:
-                outcome[0] += 1
-        transport.close()
-
-    threads = [threading.Thread(target=produce) for _ in range(producers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    outcomes = publish_concurrently(settings, config, producers, each)
     assert broker.llen(config.lanes.interactive.queue) == MAX_MESSAGES
-    assert admitted[0] == MAX_MESSAGES
-    assert refused[0] == producers * each - MAX_MESSAGES
-    assert reasons == {"queue_full"}
+    assert outcomes.count("queued") == MAX_MESSAGES
+    assert outcomes.count("queue_full") == producers * each - MAX_MESSAGES
+    assert set(outcomes) == {"queued", "queue_full"}
 
 
 def test_a_full_lane_refuses_fast_and_retryably(

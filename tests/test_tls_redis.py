@@ -6,7 +6,6 @@ whatever reaches it went over TLS."""
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,11 +23,10 @@ from dataservice.client.transport import Transport
 from dataservice.config import Config, load_config
 from dataservice.enums import LaneName
 from dataservice.errors import ConfigError
-from dataservice.limits.admission import AdmissionRefused
 from dataservice.results import ResultStore
 from dataservice.settings import Settings
 from dataservice.supervisor import Supervisor
-from tests.support import on_redis
+from tests.support import on_redis, publish_concurrently, publish_one
 from tests.tls import TLSRedis, tls_redis
 
 MAX_MESSAGES = 20
@@ -61,41 +59,12 @@ def _deadline(seconds: float) -> int:
     return int((time.time() + seconds) * 1000)
 
 
-def _publish(transport: Transport, caller: str = "") -> str:
-    """Publish one message to the interactive lane: "queued", or the refusal's reason."""
-    try:
-        transport.publish(b"x" * 100, request_id=uuid.uuid4().hex, lane=LaneName.INTERACTIVE,
-                          deadline_ms=_deadline(30), caller=caller)  # fmt: skip
-    except AdmissionRefused as refusal:
-        return str(refusal.reason)
-    return "queued"
-
-
 def test_over_tls_concurrent_producers_never_overshoot_the_queue_bound(
     bounded: tuple[Settings, Config, redis.Redis],
 ) -> None:
     settings, config, broker = bounded
     producers, each = 8, 10
-    outcomes: list[str] = []
-    lock = threading.Lock()
-    start = threading.Barrier(producers)
-
-    def produce() -> None:
-        transport = Transport(settings, config)
-        try:
-            start.wait()
-            for _ in range(each):
-                outcome = _publish(transport)
-                with lock:
-                    outcomes.append(outcome)
-        finally:
-            transport.close()
-
-    threads = [threading.Thread(target=produce) for _ in range(producers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    outcomes = publish_concurrently(settings, config, producers, each)
     # Nothing consumes this queue, so its length now is the most it ever held.
     assert broker.llen(config.lanes.interactive.queue) == MAX_MESSAGES
     assert outcomes.count("queued") == MAX_MESSAGES
@@ -109,7 +78,7 @@ def test_over_tls_a_caller_over_its_rate_is_refused_before_the_queue(
     burst = config.callers["tests-limited"].burst
     transport = Transport(settings, config)
     try:
-        outcomes = [_publish(transport, caller="tests-limited") for _ in range(burst + 3)]
+        outcomes = [publish_one(transport, caller="tests-limited") for _ in range(burst + 3)]
     finally:
         transport.close()
     assert outcomes == ["queued"] * burst + ["rate_limited"] * 3
@@ -143,7 +112,7 @@ def test_the_broker_connection_is_tls_and_verifies_the_server_by_default(
 
     transport = Transport(settings, config)
     try:
-        assert _publish(transport) == "queued"
+        assert publish_one(transport) == "queued"
     finally:
         transport.close()
     assert broker.llen(config.lanes.interactive.queue) == 1
