@@ -23,7 +23,7 @@ from dataservice.auth import Authenticator, sign
 from dataservice.broker import celery_settings
 from dataservice.callers import CallerKey, load_keyring
 from dataservice.client.transport import Transport
-from dataservice.config import Config
+from dataservice.config import Config, load_config
 from dataservice.enums import LaneName
 from dataservice.limits.admission import AdmissionRefused
 from dataservice.limits.gate import Gate
@@ -297,3 +297,23 @@ def publish_concurrently(
     for thread in threads:
         thread.join()
     return outcomes
+
+
+@contextmanager
+def bounded_admission(
+    settings: Settings, redis_url: str, directory: Path, **bounds: dict[str, int]
+) -> Iterator[tuple[Settings, Config, redis.Redis]]:
+    """Settings on ``redis_url`` (flushed before and after) whose named lanes
+    have the given admission bounds, the configuration, and a client of that Redis."""
+    data: dict[str, Any] = yaml.safe_load(settings.config_path.read_text())
+    for lane, admission in bounds.items():
+        data["lanes"][lane]["admission"] = admission
+    path = directory / "queues.yml"
+    path.write_text(yaml.safe_dump(data))
+    broker = redis.Redis.from_url(redis_url)
+    broker.flushdb()
+    try:
+        yield on_redis(settings, redis_url, path), load_config(path), broker
+    finally:
+        broker.flushdb()
+        broker.close()

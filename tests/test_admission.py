@@ -7,22 +7,20 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
-import yaml
 
 from dataservice import Client, ReadOp, ResourceExhausted
 from dataservice.client.transport import Transport, refused
-from dataservice.config import Config, load_config
+from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.keys import admission_key
 from dataservice.limits.admission import AdmissionRefused
 from dataservice.localservices import redis_reachable
 from dataservice.settings import Settings
 from tests.conftest import require
-from tests.support import on_redis, publish_concurrently
+from tests.support import bounded_admission, publish_concurrently
 
 # No worker consumes this database: whatever is admitted stays queued.
 UNSERVED_REDIS_URL = "redis://127.0.0.1:6379/11"
@@ -32,17 +30,14 @@ MAX_MESSAGES = 100
 @pytest.fixture
 def bounded(settings: Settings, tmp_path: Path) -> Iterator[tuple[Settings, Config, redis.Redis]]:
     require(redis_reachable(UNSERVED_REDIS_URL), "Redis at 127.0.0.1:6379")
-    data: dict[str, Any] = yaml.safe_load(settings.config_path.read_text())
-    data["lanes"]["interactive"]["admission"] = {"max_messages": MAX_MESSAGES, "max_bytes": 1 << 24}
-    data["lanes"]["batch"]["admission"] = {"max_messages": 10_000, "max_bytes": 3 * 70_000}
-    path = tmp_path / "queues.yml"
-    path.write_text(yaml.safe_dump(data))
-    bounded_settings = on_redis(settings, UNSERVED_REDIS_URL, path)
-    broker = redis.Redis.from_url(UNSERVED_REDIS_URL)
-    broker.flushdb()
-    yield bounded_settings, load_config(path), broker
-    broker.flushdb()
-    broker.close()
+    with bounded_admission(
+        settings,
+        UNSERVED_REDIS_URL,
+        tmp_path,
+        interactive={"max_messages": MAX_MESSAGES, "max_bytes": 1 << 24},
+        batch={"max_messages": 10_000, "max_bytes": 3 * 70_000},
+    ) as bounded:
+        yield bounded
 
 
 def _deadline(seconds: float) -> int:

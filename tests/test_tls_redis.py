@@ -10,23 +10,21 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
-import yaml
 from sqlalchemy import Engine
 
 from dataservice import Client, Record, Unavailable
 from dataservice.broker import celery_settings
 from dataservice.client.transport import Transport
-from dataservice.config import Config, load_config
+from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.errors import ConfigError
 from dataservice.results import ResultStore
 from dataservice.settings import Settings
 from dataservice.supervisor import Supervisor
-from tests.support import on_redis, publish_concurrently, publish_one
+from tests.support import bounded_admission, on_redis, publish_concurrently, publish_one
 from tests.tls import TLSRedis, tls_redis
 
 MAX_MESSAGES = 20
@@ -43,16 +41,13 @@ def bounded(
     settings: Settings, tls_server: TLSRedis, tmp_path: Path
 ) -> Iterator[tuple[Settings, Config, redis.Redis]]:
     """Settings on the TLS Redis (nothing consumes it) with a small interactive bound."""
-    data: dict[str, Any] = yaml.safe_load(settings.config_path.read_text())
-    data["lanes"]["interactive"]["admission"] = {"max_messages": MAX_MESSAGES, "max_bytes": 1 << 24}
-    path = tmp_path / "queues.yml"
-    path.write_text(yaml.safe_dump(data))
-    url = tls_server.url(db=1)
-    broker = redis.Redis.from_url(url)
-    broker.flushdb()
-    yield on_redis(settings, url, path), load_config(path), broker
-    broker.flushdb()
-    broker.close()
+    with bounded_admission(
+        settings,
+        tls_server.url(db=1),
+        tmp_path,
+        interactive={"max_messages": MAX_MESSAGES, "max_bytes": 1 << 24},
+    ) as bounded:
+        yield bounded
 
 
 def _deadline(seconds: float) -> int:
