@@ -50,3 +50,17 @@ def test_the_drawn_tree_is_the_code() -> None:
     refusals = {cls.__name__ for cls in _defined_exceptions().values() if issubclass(cls, Refusal)}
     tree = (dataservice.errors.__doc__ or "").split("└── Refusal", 1)[1]
     assert set(re.findall(r"[├└]── (\w+)", tree)) == refusals - {"Refusal"}
+
+
+def test_every_refusal_has_a_row_in_the_failures_table() -> None:
+    from dataservice.worker import failures
+
+    refusals = [cls for cls in _defined_exceptions().values() if issubclass(cls, Refusal)]
+    unmapped = sorted(
+        cls.__name__
+        for cls in refusals
+        if cls is not Refusal and not any(k in failures._TABLE for k in cls.__mro__)
+    )
+    assert not unmapped, f"refusals the failures table does not answer: {unmapped}"
+    # And every refusal reason has a code.
+    assert set(failures.REASON_CODES) == set(dataservice.refusals.Reason)
