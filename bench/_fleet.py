@@ -19,7 +19,7 @@ from typing import Any
 
 from bench import _env
 from bench._openloop import open_loop
-from dataservice.broker import celery_settings
+from dataservice.broker import celery_app
 from dataservice.client import Client
 from dataservice.config import Config
 from dataservice.enums import LaneName
@@ -65,11 +65,8 @@ class Replicas:
 
 
 def _control_app(settings: Settings, config: Config) -> Any:
-    from celery import Celery
 
-    app = Celery("flood-control", set_as_current=False)
-    app.conf.update(celery_settings(settings, config))
-    return app
+    return celery_app("flood-control", settings, config)
 
 
 # Flood processes ---------------------------------------------------------------------

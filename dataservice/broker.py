@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from celery import Celery
 from kombu.entity import Exchange, Queue
 from kombu.serialization import register
 from kombu.transport import redis as kombu_redis
@@ -80,7 +81,7 @@ class _Channel(kombu_redis.Channel):
 
     - A message for a lane queue is pushed by the admission script, which
       refuses it when the queue is full or too long for its deadline (see
-      :mod:`dataservice.admission`); other messages (control replies) go as usual.
+      :mod:`dataservice.limits.admission`); other messages (control replies) go as usual.
     - The stock channel builds a new client object on every publish and twice
       per delivered message (the unacked bookkeeping and the ack): about a
       quarter of a publish's CPU. The client sits on the channel's own
@@ -140,11 +141,12 @@ def celery_settings(settings: Settings, config: Config) -> dict[str, Any]:
     # Naming the transport hides the scheme from kombu, and with it kombu's own
     # rediss:// handling; TLS comes from the URL's options, passed explicitly.
     tls = redis_tls(settings.broker_url, "the broker URL")
+    tls_options = tls.kombu_options() if tls else None
     over_tcp = settings.broker_url.startswith(("redis://", "rediss://"))
     return {
         "broker_url": without_tls_options(settings.broker_url),
         "broker_transport": f"{__name__}:RedisTransport" if over_tcp else None,
-        "broker_use_ssl": tls.kombu_options() if tls else False,
+        "broker_use_ssl": tls_options or False,
         "broker_connection_retry_on_startup": True,
         "broker_transport_options": {
             "visibility_timeout": visibility_s,
@@ -154,7 +156,7 @@ def celery_settings(settings: Settings, config: Config) -> dict[str, Any]:
             # keyed by host, credentials and transport options, not TLS options,
             # so without this a client could publish on another's connection
             # made with weaker certificate checks.
-            "dataservice_tls": tls.kombu_options() if tls else None,
+            "dataservice_tls": tls_options,
         },
         "result_backend": None,
         "task_ignore_result": True,
@@ -169,3 +171,11 @@ def celery_settings(settings: Settings, config: Config) -> dict[str, Any]:
         "worker_redirect_stdouts": False,
         "enable_utc": True,
     }
+
+
+def celery_app(name: str, settings: Settings, config: Config) -> Celery:
+    """A Celery app on the service's broker, with the shared settings (not the
+    process's current app: several may live in one process)."""
+    app = Celery(name, set_as_current=False)
+    app.conf.update(celery_settings(settings, config))
+    return app

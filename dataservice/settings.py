@@ -66,10 +66,11 @@ class Settings:
             "DATASERVICE_RESULT_BACKEND_URL",
             "DATASERVICE_REDIS_URL",
         ):
-            if name in env and not env[name].startswith(("redis://", "rediss://", "unix://")):
+            if name not in env:
+                continue
+            if not env[name].startswith(("redis://", "rediss://", "unix://")):
                 raise ConfigError(f"{name} must be a redis://, rediss:// or unix:// URL")
-            if name in env:
-                redis_tls(env[name], name)
+            redis_tls(env[name], name)
         if "DATASERVICE_DATABASE_URL" in env and not env["DATASERVICE_DATABASE_URL"].startswith(
             "mysql"
         ):

@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
-from celery import Celery
 from rich.table import Table
 
-from dataservice.broker import TASK_NAME, celery_settings
+from dataservice.broker import TASK_NAME, celery_app
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.limits.permits import PERMITS_COMMAND
@@ -66,8 +65,7 @@ class Supervisor:
         self.config = config
         log_dir.mkdir(parents=True, exist_ok=True)
         self.pools = [Pool(lane, log_dir / f"worker-{lane.value}.log") for lane in lanes]
-        self._control = Celery("dataservice-supervisor", set_as_current=False)
-        self._control.conf.update(celery_settings(settings, config))
+        self._control = celery_app("dataservice-supervisor", settings, config)
         self._broker = redis.Redis.from_url(settings.broker_url, socket_timeout=2)
         self._last: Snapshot | None = None
 

@@ -16,11 +16,10 @@ from typing import Any
 
 import redis
 import yaml
-from celery import Celery
 from sqlalchemy import Engine, text
 
 from dataservice.auth import Authenticator, sign
-from dataservice.broker import celery_settings
+from dataservice.broker import celery_app
 from dataservice.callers import CallerKey, load_keyring
 from dataservice.client.transport import Transport
 from dataservice.config import Config, load_config
@@ -34,9 +33,7 @@ from dataservice.processes import WorkerProcess, wait_answering
 from dataservice.proto import pb
 from dataservice.settings import Settings
 from dataservice.store import RecordStore
-from dataservice.worker import RequestHandler
-from dataservice.worker.database import Database
-from dataservice.worker.operations import operations
+from dataservice.worker import Database, RequestHandler, build_handler
 
 
 def row_count(engine: Engine, scope: str | None = None) -> int:
@@ -184,9 +181,7 @@ def handler_for(
     authenticator = Authenticator(load_keyring(settings.callers_file), config, lane)
     database = Database(LanePermits(config.lanes[lane]), config.database.pool_timeout_ms)
     gate = Gate(client, config)
-    handler = RequestHandler(
-        config, lane, authenticator, gate, operations(database, store, config.limits)
-    )
+    handler = build_handler(config, lane, store, database, authenticator, gate)
     return handler, database, client
 
 
@@ -236,8 +231,7 @@ def worker_process(
     port its counters are served on."""
     port = free_port()
     worker = WorkerProcess.for_lane(settings, lane, log, "--metrics-port", str(port), *extra)
-    control = Celery("test-control", set_as_current=False)
-    control.conf.update(celery_settings(settings, config))
+    control = celery_app("test-control", settings, config)
     try:
         wait_answering(control, [worker.start()])
         yield worker, port

@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 
 from dataservice import Client, InvalidArgument, ReadMode
 from dataservice.auth import sign
-from dataservice.broker import TASK_NAME, celery_settings
+from dataservice.broker import TASK_NAME, celery_app
 from dataservice.callers import CallerKey
 from dataservice.client.transport import Transport
 from dataservice.codec import decode_response
@@ -105,8 +105,7 @@ BAD_BODIES: dict[str, Callable[[Config, str], bytes]] = {
 
 @pytest.fixture
 def json_publisher(settings: Settings, config: Config) -> Iterator[Celery]:
-    app = Celery("json-publisher", set_as_current=False)
-    app.conf.update(celery_settings(settings, config))
+    app = celery_app("json-publisher", settings, config)
     yield app
     app.close()
 

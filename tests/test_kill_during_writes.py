@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 import redis
-from celery import Celery
 from sqlalchemy import Engine, text
 
 from dataservice import Client, DataServiceError
-from dataservice.broker import celery_settings
+from dataservice.broker import celery_app
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.localservices import redis_reachable
@@ -49,8 +48,7 @@ def two_workers(
         WorkerProcess.for_lane(own, LaneName.INTERACTIVE, tmp_path / f"worker-{n}.log").start()
         for n in range(2)
     ]
-    control = Celery("kill-test", set_as_current=False)
-    control.conf.update(celery_settings(own, config))
+    control = celery_app("kill-test", own, config)
     try:
         wait_answering(control, workers)
         yield own, workers

@@ -23,7 +23,7 @@ from dataservice import (
     ResourceExhausted,
     Unavailable,
 )
-from dataservice.broker import celery_settings
+from dataservice.broker import celery_app
 from dataservice.config import Config, load_config
 from dataservice.enums import LaneName, OperationClass
 from dataservice.limits.permits import PERMITS_COMMAND, LanePermits
@@ -60,8 +60,7 @@ def slow_worker(
         slow_settings, config, tmp_path_factory.mktemp("slow-logs"), lanes=(LaneName.INTERACTIVE,)
     )
     supervisor.start()
-    control = Celery("permit-gauge", set_as_current=False)
-    control.conf.update(celery_settings(slow_settings, config))
+    control = celery_app("permit-gauge", slow_settings, config)
     try:
         supervisor.wait_ready()
         yield control

@@ -13,7 +13,7 @@ from celery import Celery, Task
 from celery.worker.control import inspect_command
 
 from dataservice.auth import Authenticator
-from dataservice.broker import TASK_NAME, celery_settings
+from dataservice.broker import TASK_NAME, celery_app
 from dataservice.callers import KeyRing, load_keyring
 from dataservice.config import Config
 from dataservice.enums import LaneName, OperationClass
@@ -26,7 +26,7 @@ from dataservice.results import Completion, ResultStore
 from dataservice.settings import Settings
 from dataservice.store import Bounds, RecordStore, create_store_engine
 from dataservice.store.connections import now_ms
-from dataservice.worker import build_handler
+from dataservice.worker import Database, build_handler
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +85,9 @@ class LaneRuntime:
             config,
             on_fallback=DEPENDENCY_FAILURES.labels(lane.value, Dependency.LIMITS.value).inc,
         )
+        database = Database(self.permits, config.database.pool_timeout_ms)
         self.handler = build_handler(
-            config, lane, store, self.permits, Authenticator(keyring, config, lane), gate
+            config, lane, store, database, Authenticator(keyring, config, lane), gate
         )
         self.results = ResultStore.from_url(
             settings.result_backend_url,
@@ -202,8 +203,7 @@ def create_app(
     settings: Settings, config: Config, lane: LaneName, threads: int | None = None
 ) -> tuple[Celery, LaneRuntime]:
     """A Celery app whose task serves ``lane``, and the runtime behind it."""
-    app = Celery("dataservice", set_as_current=False)
-    app.conf.update(celery_settings(settings, config))
+    app = celery_app("dataservice", settings, config)
     runtime = LaneRuntime(settings, config, lane, threads)
     register_task(app, runtime)
     return app, runtime

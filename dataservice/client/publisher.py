@@ -51,7 +51,10 @@ class Publisher:
         return now_ms() + budget_ms
 
     def send(self, operation: Operation, deadline_ms: int, key: str) -> Handle:
-        """Publish one interactive request (one attempt) and return its handle."""
+        """Publish one interactive request (one attempt) and return its handle.
+
+        A refusal is raised as ``ResourceExhausted``; the caller, which also
+        sees the service's refusals, passes either to :meth:`held_back`."""
         PACER.take(self.caller, self._rate)
         envelope = self._envelope(operation, deadline_ms, key)
         try:
@@ -63,7 +66,7 @@ class Publisher:
                 caller=self.caller,
             )
         except AdmissionRefused as refusal:
-            raise self.refused(refusal) from None
+            raise refused(refusal) from None
         return Handle(self.transport, self.caller, envelope.request_id, deadline_ms)
 
     def send_batch(self, operations: Sequence[Operation], deadline_ms: int) -> list[Handle]:
@@ -82,15 +85,10 @@ class Publisher:
                 caller=self.caller,
             )
         except AdmissionRefused as refusal:
-            raise self.refused(refusal, tuple(handles[: refusal.sent])) from None
+            error = refused(refusal, tuple(handles[: refusal.sent]))
+            self.held_back(error)
+            raise error from None
         return handles
-
-    def refused(
-        self, refusal: AdmissionRefused, accepted: tuple[object, ...] = ()
-    ) -> ResourceExhausted:
-        error = refused(refusal, accepted)
-        self.held_back(error)
-        return error
 
     def held_back(self, error: ResourceExhausted) -> None:
         """After the service refused the caller for its rate, hold it back here."""

@@ -10,10 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from celery import Celery
 from kombu.exceptions import OperationalError as BrokerError
 
-from dataservice.broker import SERIALIZER, TASK_NAME, celery_settings
+from dataservice.broker import SERIALIZER, TASK_NAME, celery_app
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.errors import ResourceExhausted, Unavailable
@@ -44,8 +43,7 @@ def refused(refusal: AdmissionRefused, accepted: tuple[object, ...] = ()) -> Res
 class Transport:
     def __init__(self, settings: Settings, config: Config, *, max_waiters: int = 64) -> None:
         self.config = config
-        self._app = Celery("dataservice-client", set_as_current=False)
-        self._app.conf.update(celery_settings(settings, config))
+        self._app = celery_app("dataservice-client", settings, config)
         # Publishing must never hang a caller past its deadline on a dead broker.
         self._app.conf.broker_connection_timeout = 2
         self._app.conf.broker_connection_max_retries = 0

@@ -8,7 +8,6 @@
 from dataservice.codec.envelopes import decode_response, error_response, request_envelope
 from dataservice.codec.records import record_from_pb, record_to_pb
 from dataservice.codec.requests import (
-    MUTATIONS,
     decode_cursor,
     decode_request,
     encode_cursor,
@@ -17,7 +16,6 @@ from dataservice.codec.requests import (
 )
 
 __all__ = [
-    "MUTATIONS",
     "decode_cursor",
     "decode_request",
     "decode_response",

@@ -25,7 +25,7 @@ from dataservice.keys import inflight_key, rate_key, replay_key
 from dataservice.limits.local import LocalLimits
 from dataservice.limits.scripts import LuaScript
 from dataservice.limits.slots import RETRY_AT_CAP_MS, Entry, Slot, rejection
-from dataservice.refusals import Reason, Rejected
+from dataservice.refusals import Reason
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +107,6 @@ class Gate:
         if time.monotonic() >= self._redis_retry_at:
             try:
                 return self._shared.enter(entry)
-            except Rejected:
-                raise
             except redis.RedisError as exc:
                 log.warning("limits fall back to this replica's share: %s", type(exc).__name__)
                 self._redis_retry_at = time.monotonic() + REDIS_RETRY_S

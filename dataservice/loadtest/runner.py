@@ -12,12 +12,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from celery import Celery
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from dataservice.broker import celery_settings
+from dataservice.broker import celery_app
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.loadtest import environment as env
@@ -86,8 +85,7 @@ class Run:
         spawn: env.Spawn
         if options.system == "service":
             spawn = partial(WorkerProcess.for_lane, self.settings)
-            self.control = Celery("loadtest-control", set_as_current=False)
-            self.control.conf.update(celery_settings(self.settings, self.config))
+            self.control = celery_app("loadtest-control", self.settings, self.config)
         else:
             url = self.target.database_url(options.root_url)
             spawn = partial(naive.worker, self.config, self.target.redis_url, url, delay)

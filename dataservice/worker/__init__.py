@@ -16,25 +16,24 @@ from dataservice.auth import Authenticator
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.limits.gate import Gate
-from dataservice.limits.permits import LanePermits
 from dataservice.store import RecordStore
 from dataservice.worker.database import Database
 from dataservice.worker.handler import Reply, RequestHandler
 from dataservice.worker.operations import operations
 
-__all__ = ["Reply", "RequestHandler", "build_handler"]
+__all__ = ["Database", "Reply", "RequestHandler", "build_handler"]
 
 
 def build_handler(
     config: Config,
     lane: LaneName,
     store: RecordStore,
-    permits: LanePermits,
+    database: Database,
     authenticator: Authenticator,
     gate: Gate,
 ) -> RequestHandler:
-    """A lane's request path, stage by stage."""
-    database = Database(permits, config.database.pool_timeout_ms)
+    """A lane's request path, stage by stage, its operations reaching the
+    database through ``database`` (its permits and time budget)."""
     return RequestHandler(
         config, lane, authenticator, gate, operations(database, store, config.limits)
     )
