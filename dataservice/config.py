@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
 from dataservice import identifiers
-from dataservice.enums import LaneName, OperationClass
+from dataservice.enums import CacheFormat, LaneName, OperationClass
 from dataservice.errors import ConfigError
 from dataservice.limits.gcra import Rate
 
@@ -180,6 +180,48 @@ class ClientConfig(_Model):
     retry: RetryConfig
 
 
+class BreakerConfig(_Model):
+    """When the cache's Redis stops answering: after ``failures`` errors in a
+    row, cache calls stop for ``open_ms``, then one call probes it again."""
+
+    failures: Annotated[int, Field(gt=0, le=1000)]
+    open_ms: Annotated[int, Field(gt=0, le=60_000)]
+
+
+# An enum from its YAML string (the model is otherwise strict).
+_Format = Annotated[CacheFormat, Strict(False)]
+
+
+class RolloutConfig(_Model):
+    """The rollout controls' values until an operator changes them (they live
+    in Redis: ``dataservice cache``)."""
+
+    fill: Annotated[frozenset[_Format], Field(strict=False)]
+    read: _Format | None
+    percent: Literal[1, 10, 25, 50, 75, 100]
+
+    @model_validator(mode="after")
+    def _read_what_is_filled(self) -> RolloutConfig:
+        if self.read is not None and self.read not in self.fill:
+            raise ValueError(f"cache.rollout.read ({self.read}) is not among the filled formats")
+        return self
+
+
+class CacheConfig(_Model):
+    # How long an entry lives, counted from when its database read began.
+    ttl_s: Annotated[int, Field(gt=0, le=86_400)]
+    # A coalescing leader's hold on a key; past it, one follower takes over.
+    lock_lease_ms: Annotated[int, Field(ge=10, le=30_000)]
+    # Keys with a read in flight in one worker process (beyond it: no coalescing).
+    max_inflight_keys: Annotated[int, Field(gt=0, le=1_000_000)]
+    # Every cache command's socket timeout: a slow cache must cost less than the database.
+    socket_timeout_ms: Annotated[int, Field(gt=0, le=5_000)]
+    # How long a replica keeps the rollout controls before reading them again.
+    controls_max_age_ms: Annotated[int, Field(gt=0, le=5_000)]
+    breaker: BreakerConfig
+    rollout: RolloutConfig
+
+
 class Config(_Model):
     budget: BudgetConfig
     lanes: Lanes
@@ -189,6 +231,7 @@ class Config(_Model):
     auth: AuthConfig
     idempotency: IdempotencyConfig
     client: ClientConfig
+    cache: CacheConfig
     callers: dict[CallerName, CallerPolicy]
 
     @model_validator(mode="after")

@@ -45,3 +45,10 @@ class ReadMode(enum.IntEnum):
 
     ALLOW_CACHED = pb.READ_MODE_ALLOW_CACHED
     PRIMARY = pb.READ_MODE_PRIMARY
+
+
+class CacheFormat(StrEnum):
+    """A cached record's encoding: v1 JSON, v2 protobuf (``docs/cache.md``)."""
+
+    V1 = "v1"
+    V2 = "v2"

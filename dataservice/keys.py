@@ -19,12 +19,24 @@ key                                    what it holds
                                        being served, scored by when each slot lapses
 ``ds:pace:<caller>``                   the caller's publish pacing (``admit.lua``): its
                                        own key, advisory; the gate's ``ds:rate:`` rules
+``record:v1:<scope>:<id>#<gen>``       a cached record, JSON (``docs/cache.md``), in the
+                                       namespace generation ``<gen>``
+``record:v2:<scope>:<id>#<gen>``       the same record, protobuf
+``record:tomb:<scope>:<id>``           the revision a change left: no older fill lands
+``ds:lock:<scope>:<id>``               the coalescing lock: the leader's fencing token,
+                                       with the leader's lease as its expiry
+``ds:lockwait:<scope>:<id>``           how many replicas wait for that leader
+``ds:filled:<scope>:<id>``             the leader's word to them: a list, one item each
+``ds:cache:fence``                     the fencing-token counter
+``ds:cache:rollout``                   a hash: the rollout controls (``dataservice cache``)
+``ds:cache:audit``                     a stream: every change to the controls, who and
+                                       what before and after
 =====================================  ===========================================
 
 Who may touch what is decided by key pattern (:mod:`dataservice.acl`): a
 caller's Redis user reaches the lane queues, their routing tables and
-admission hashes, and its *own* result and pacing keys; everything else, including
-every key added later for the cache and its locks, only the workers' user.
+admission hashes, and its *own* result and pacing keys; everything else, the
+cache and its locks included, only the workers' user.
 ``docs/operations.md`` names these keys too, and a test keeps the two in step.
 """
 
@@ -40,10 +52,30 @@ KOMBU_BINDING_PREFIX = "_kombu.binding."
 KOMBU_PERMANENT_BINDING_PREFIX = "_kombu.binding_permanent."
 # kombu.transport.redis.Channel.sep: between a queue's name and its priority.
 KOMBU_PRIORITY_SEP = "\x06\x16"
-# The workers' own state about callers and requests: only the workers' Redis
-# user reaches these, and only for a request that passed authentication and
-# the allowlist. (The cache and its locks join them when they exist.)
-WORKER_STATE_PREFIXES = (REPLAY_PREFIX, RATE_PREFIX, INFLIGHT_PREFIX)
+RECORD_PREFIX = "record:"
+LOCK_PREFIX = "ds:lock:"
+LOCKWAIT_PREFIX = "ds:lockwait:"
+FILLED_PREFIX = "ds:filled:"
+CACHE_PREFIX = "ds:cache:"
+FENCE_KEY = CACHE_PREFIX + "fence"
+ROLLOUT_KEY = CACHE_PREFIX + "rollout"
+AUDIT_KEY = CACHE_PREFIX + "audit"
+# Between a cached record's key and its namespace generation: neither a scope
+# nor an object id may hold it (dataservice.identifiers).
+GENERATION_SEP = "#"
+# The workers' own state about callers, requests and records: only the
+# workers' Redis user reaches these, and only for a request that passed
+# authentication and the allowlist.
+WORKER_STATE_PREFIXES = (
+    REPLAY_PREFIX,
+    RATE_PREFIX,
+    INFLIGHT_PREFIX,
+    RECORD_PREFIX,
+    LOCK_PREFIX,
+    LOCKWAIT_PREFIX,
+    FILLED_PREFIX,
+    CACHE_PREFIX,
+)
 
 
 def result_key(caller: str, request_id: str) -> str:
@@ -89,3 +121,25 @@ def priority_queue_pattern(queue: str) -> str:
 
 def pace_key(caller: str) -> str:
     return PACE_PREFIX + caller
+
+
+def record_key(fmt: str, scope: str, object_id: str, generation: int) -> str:
+    """A cached record in one format (``v1``, ``v2``) and namespace generation."""
+    return f"{RECORD_PREFIX}{fmt}:{scope}:{object_id}{GENERATION_SEP}{generation}"
+
+
+def tombstone_key(scope: str, object_id: str) -> str:
+    """The revision a change left, in every generation at once."""
+    return f"{RECORD_PREFIX}tomb:{scope}:{object_id}"
+
+
+def lock_key(scope: str, object_id: str) -> str:
+    return f"{LOCK_PREFIX}{scope}:{object_id}"
+
+
+def lockwait_key(scope: str, object_id: str) -> str:
+    return f"{LOCKWAIT_PREFIX}{scope}:{object_id}"
+
+
+def filled_key(scope: str, object_id: str) -> str:
+    return f"{FILLED_PREFIX}{scope}:{object_id}"

@@ -255,12 +255,23 @@ def test_metrics_table_labels_are_the_closed_sets_the_workers_count() -> None:
 
 # Sample arguments for keys.py's builders, by parameter name, and the same
 # values for the placeholders the docs write.
-SAMPLES = {"caller": "c4ller", "request_id": "r3quest", "queue": "qu3ue"}
+SAMPLES: dict[str, object] = {
+    "caller": "c4ller",
+    "request_id": "r3quest",
+    "queue": "qu3ue",
+    "fmt": "v[12]",  # a glob: a cached record's key names either format
+    "scope": "sc0pe",
+    "object_id": "0bj:1d",
+    "generation": 7,
+}
 PLACEHOLDERS = {
-    "caller": SAMPLES["caller"],
-    "request id": SAMPLES["request_id"],
-    "queue": SAMPLES["queue"],
-    "lane queue": SAMPLES["queue"],
+    "scope": "sc0pe",
+    "id": "0bj:1d",
+    "gen": "7",
+    "caller": "c4ller",
+    "request id": "r3quest",
+    "queue": "qu3ue",
+    "lane queue": "qu3ue",
     "n": "1",  # a kombu priority
 }
 KEY = re.compile(
@@ -287,6 +298,8 @@ def _built() -> dict[str, str]:
             params = inspect.signature(builder).parameters
             assert set(params) <= set(SAMPLES), f"keys.{name}: no sample for {set(params)}"
             built[name] = builder(**{p: SAMPLES[p] for p in params})
+        elif name.endswith("_KEY") and isinstance(builder, str):
+            built[name] = builder  # a fixed key
     return built
 
 
