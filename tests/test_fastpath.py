@@ -1,0 +1,339 @@
+"""The inline fast path (:mod:`workers.fastpath`) against real worker processes.
+
+Each worker runs :mod:`tests.fastpath_app` on Redis db 12: a task whose inline
+handler answers ``inline`` bodies on the consumer thread and declines others,
+which the task body answers from the pool. Every answer says who gave it and
+whether the message was a redelivery.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from dataservice.localservices import redis_reachable
+from dataservice.processes import WorkerProcess, stop_all, wait_answering, worker_environ
+from tests.conftest import require
+from tests.fastpath_app import (
+    HELD,
+    QUEUE,
+    TASK,
+    make_app,
+    node_name,
+    release_key,
+    reply_key,
+    send,
+)
+
+OWN_REDIS_URL = "redis://127.0.0.1:6379/12"
+ROOT = Path(__file__).resolve().parents[1]
+ANSWER_TIMEOUT_S = 5
+# kombu marks a message unacknowledged before the strategy sees it and clears
+# it on the event loop's next turn after the answer: poll rather than assert once.
+SETTLE_S = 5.0
+
+
+def _start(
+    log_dir: Path, name: str, queue: str, concurrency: int = 3, visibility_timeout_s: float = 3600
+) -> WorkerProcess:
+    argv = [sys.executable, "-m", "tests.fastpath_app", "--url", OWN_REDIS_URL]
+    argv += ["--queue", queue, "--concurrency", str(concurrency)]
+    argv += ["--visibility-timeout", str(visibility_timeout_s)]
+    environ = worker_environ()
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environ.get("PYTHONPATH")]))
+    return WorkerProcess(argv, environ, log_dir / f"{name}.log", name).start()
+
+
+def _wait_until(predicate: Callable[[], bool], timeout_s: float = SETTLE_S) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def publish(app: Celery, mode: str, queue: str = QUEUE, **options: Any) -> str:
+    token = uuid.uuid4().hex
+    send(app, f"{mode}:{token}".encode(), token, queue, **options)
+    return token
+
+
+def answer(
+    broker: redis.Redis, token: str, timeout_s: float = ANSWER_TIMEOUT_S
+) -> tuple[str, bool]:
+    """Who answered ``token`` (``inline`` or ``pool``) and whether it was redelivered."""
+    got = broker.blpop([reply_key(token)], timeout_s)
+    assert got is not None, f"no answer to {token}"
+    path, _, again = got[1].decode().partition(":")
+    return path, again == "1"
+
+
+def unacked(broker: redis.Redis) -> int:
+    return int(broker.hlen("unacked"))
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[redis.Redis]:
+    require(redis_reachable(OWN_REDIS_URL), "Redis at 127.0.0.1:6379")
+    client = redis.Redis.from_url(OWN_REDIS_URL)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def app(broker: redis.Redis) -> Iterator[Celery]:
+    app = make_app(OWN_REDIS_URL)
+    yield app
+    app.close()
+
+
+@pytest.fixture(scope="module")
+def node(app: Celery, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One worker for the module; the node name its control replies come from."""
+    worker = _start(tmp_path_factory.mktemp("fastpath"), "fastpath", QUEUE)
+    try:
+        wait_answering(app, [worker])
+        yield node_name(worker.pid)
+    finally:
+        stop_all([worker])
+
+
+def test_inline_messages_are_answered_on_the_consumer_thread_and_acknowledged(
+    app: Celery, broker: redis.Redis, node: str
+) -> None:
+    tokens = [publish(app, "inline") for _ in range(20)]
+    assert [answer(broker, t) for t in tokens] == [("inline", False)] * 20
+    assert _wait_until(lambda: unacked(broker) == 0)
+    assert broker.llen(QUEUE) == 0
+
+
+def test_declined_messages_are_answered_by_the_pool(
+    app: Celery, broker: redis.Redis, node: str
+) -> None:
+    tokens = [publish(app, "pool") for _ in range(10)]
+    assert [answer(broker, t) for t in tokens] == [("pool", False)] * 10
+    assert _wait_until(lambda: unacked(broker) == 0)
+
+
+def test_a_handler_that_raises_hands_the_message_to_the_pool(
+    app: Celery, broker: redis.Redis, node: str
+) -> None:
+    token = publish(app, "raise")
+    assert answer(broker, token) == ("pool", False)
+    assert _wait_until(lambda: unacked(broker) == 0)
+
+
+def test_messages_with_eta_or_expiry_go_through_celerys_own_strategy(
+    app: Celery, broker: redis.Redis, node: str
+) -> None:
+    later = publish(app, "inline", countdown=0.2)
+    expiring = publish(app, "inline", expires=60)
+    assert answer(broker, later) == ("pool", False)
+    assert answer(broker, expiring) == ("pool", False)
+
+
+def test_a_rate_limit_set_at_run_time_takes_the_task_off_the_fast_path(
+    app: Celery, broker: redis.Redis, node: str
+) -> None:
+    try:
+        assert app.control.rate_limit(TASK, "1000/s", destination=[node], reply=True)
+        assert answer(broker, publish(app, "inline")) == ("pool", False)
+    finally:
+        assert app.control.rate_limit(TASK, 0, destination=[node], reply=True)
+    assert answer(broker, publish(app, "inline")) == ("inline", False)
+
+
+def test_a_revoked_message_is_acknowledged_and_never_answered(
+    app: Celery, broker: redis.Redis, node: str
+) -> None:
+    revoked = uuid.uuid4().hex
+    assert app.control.revoke(revoked, destination=[node], reply=True)
+    send(app, f"inline:{revoked}".encode(), revoked)
+    # One consumer thread takes messages in order: once the next one is
+    # answered, the revoked one has been dealt with.
+    assert answer(broker, publish(app, "inline")) == ("inline", False)
+    assert broker.llen(reply_key(revoked)) == 0
+    assert _wait_until(lambda: unacked(broker) == 0)
+
+
+def _total(app: Celery, node: str) -> int:
+    stats = app.control.inspect(destination=[node], timeout=2).stats()
+    assert stats
+    assert node in stats
+    return int(stats[node]["total"].get(TASK, 0))
+
+
+def test_worker_totals_count_tasks_served_inline(
+    app: Celery, broker: redis.Redis, node: str
+) -> None:
+    before = _total(app, node)
+    tokens = [publish(app, "inline") for _ in range(5)] + [publish(app, "pool") for _ in range(3)]
+    for token in tokens:
+        answer(broker, token)
+    assert _total(app, node) == before + 8
+
+
+def test_control_commands_answer_while_inline_requests_flow(
+    app: Celery, broker: redis.Redis, node: str
+) -> None:
+    stop = threading.Event()
+    served = [0]
+    failures: list[BaseException] = []
+
+    def traffic() -> None:
+        try:
+            while not stop.is_set():
+                assert answer(broker, publish(app, "inline")) == ("inline", False)
+                served[0] += 1
+        except BaseException as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=traffic, daemon=True)
+    thread.start()
+    try:
+        assert _wait_until(lambda: served[0] >= 20)
+        for _ in range(5):
+            before = served[0]
+            queues = app.control.inspect(destination=[node], timeout=2).active_queues()
+            assert queues
+            assert [q["name"] for q in queues[node]] == [QUEUE]
+            assert app.control.ping(destination=[node], timeout=1) == [{node: {"ok": "pong"}}]
+            assert _wait_until(lambda: served[0] > before)  # noqa: B023
+    finally:
+        stop.set()
+        thread.join(ANSWER_TIMEOUT_S + 1)
+    assert not failures
+
+
+class _Events:
+    """Celery events heard on the broker, from a receiver on a thread of its own."""
+
+    def __init__(self, app: Celery) -> None:
+        self.seen: list[dict[str, Any]] = []
+        self._connection = app.connection_for_read()
+        self._receiver = app.events.Receiver(self._connection, handlers={"*": self.seen.append})
+        self._thread = threading.Thread(
+            target=self._receiver.capture, kwargs={"wakeup": False}, daemon=True
+        )
+        self._thread.start()
+
+    def of(self, task_id: str) -> list[str]:
+        return [e["type"] for e in list(self.seen) if e.get("uuid") == task_id]
+
+    def close(self) -> None:
+        self._receiver.should_stop = True
+        self._thread.join(5)
+        self._connection.close()
+
+
+def test_task_events_are_sent_for_inline_tasks_only_while_events_are_enabled(
+    app: Celery, broker: redis.Redis, node: str
+) -> None:
+    events = _Events(app)
+    try:
+        # Worker heartbeats are always on: the first one says the receiver listens.
+        assert _wait_until(
+            lambda: any(e["type"] == "worker-heartbeat" for e in list(events.seen)), 10
+        )
+        quiet = publish(app, "inline")
+        assert answer(broker, quiet) == ("inline", False)
+        assert app.control.enable_events(destination=[node], reply=True)
+        try:
+            heard = publish(app, "inline")
+            assert answer(broker, heard) == ("inline", False)
+            assert _wait_until(lambda: "task-succeeded" in events.of(heard))
+        finally:
+            app.control.disable_events(destination=[node], reply=True)
+        assert events.of(heard) == ["task-received", "task-started", "task-succeeded"]
+        received = next(e for e in events.seen if e.get("uuid") == heard)
+        assert (received["name"], received["hostname"]) == (TASK, node)
+        # Sent in order by one dispatcher: anything for the first would have come first.
+        assert events.of(quiet) == []
+    finally:
+        events.close()
+
+
+@pytest.fixture
+def own_queue(broker: redis.Redis) -> Iterator[str]:
+    """A queue no other worker consumes, and the module's worker keys cleaned after."""
+    queue = f"fastpath-{uuid.uuid4().hex[:8]}"
+    yield queue
+    broker.delete(queue, HELD)
+
+
+def _held(broker: redis.Redis, *tokens: str) -> Callable[[], bool]:
+    return lambda: set(tokens) <= {t.decode() for t in broker.lrange(HELD, 0, -1)}
+
+
+@pytest.mark.timeout(60)
+def test_reservations_stay_within_the_pools_threads(
+    app: Celery, broker: redis.Redis, own_queue: str, tmp_path: Path
+) -> None:
+    worker = _start(tmp_path, "bounded", own_queue, concurrency=2)
+    try:
+        wait_answering(app, [worker])
+        holds = [publish(app, "hold-pool", own_queue) for _ in range(2)]
+        assert _wait_until(_held(broker, *holds))
+        waiting = [publish(app, "inline", own_queue) for _ in range(3)]
+        # Both threads busy fill the prefetch window: the consumer takes no
+        # more, so even a message the handler could answer waits in the queue.
+        time.sleep(1)
+        assert (broker.llen(own_queue), unacked(broker)) == (3, 2)
+        for token in holds:
+            broker.set(release_key(token), 1)
+        assert [answer(broker, t) for t in holds] == [("pool", False)] * 2
+        assert [answer(broker, t) for t in waiting] == [("inline", False)] * 3
+        assert _wait_until(lambda: unacked(broker) == 0)
+    finally:
+        stop_all([worker], 5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_worker_killed_holding_unacknowledged_messages_loses_none(
+    app: Celery, broker: redis.Redis, own_queue: str, tmp_path: Path
+) -> None:
+    first = _start(tmp_path, "first", own_queue, concurrency=2)
+    second: WorkerProcess | None = None
+    try:
+        wait_answering(app, [first])
+        held_in_pool = publish(app, "hold-pool", own_queue)
+        assert _wait_until(_held(broker, held_in_pool))
+        # One thread busy: the other prefetch slot still serves inline answers.
+        served = [publish(app, "inline", own_queue) for _ in range(2)]
+        assert [answer(broker, t) for t in served] == [("inline", False)] * 2
+        held_inline = publish(app, "hold-inline", own_queue)
+        assert _wait_until(_held(broker, held_in_pool, held_inline))
+        queued = [publish(app, "inline", own_queue) for _ in range(2)]
+        assert _wait_until(lambda: unacked(broker) == 2)
+
+        first.send_signal(signal.SIGKILL)
+        assert first.wait(5) == -signal.SIGKILL
+        assert (unacked(broker), broker.llen(own_queue)) == (2, 2)
+
+        # Only a worker with a short visibility timeout restores them.
+        second = _start(tmp_path, "second", own_queue, concurrency=2, visibility_timeout_s=2)
+        assert [answer(broker, t, 30) for t in queued] == [("inline", False)] * 2
+        assert answer(broker, held_in_pool, 30) == ("pool", True)
+        assert answer(broker, held_inline, 30) == ("inline", True)
+        assert _wait_until(lambda: unacked(broker) == 0)
+        assert broker.llen(own_queue) == 0
+        # At least once, and here exactly once: nothing answered twice.
+        for token in (*served, *queued, held_in_pool, held_inline):
+            assert broker.llen(reply_key(token)) == 0
+    finally:
+        stop_all([w for w in (first, second) if w is not None], 5)
