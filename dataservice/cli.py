@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 
+from dataservice.cache.cli import app as cache_app
 from dataservice.callers import KeyRing, load_keyring
 from dataservice.config import Config
 from dataservice.enums import LaneName
@@ -23,6 +24,7 @@ db = typer.Typer(no_args_is_help=True, help="Database schema.")
 app.add_typer(db, name="db")
 acl = typer.Typer(no_args_is_help=True, help="Redis users (ACL) for callers and workers.")
 app.add_typer(acl, name="acl")
+app.add_typer(cache_app, name="cache")
 
 
 def _fail(exc: DataServiceError, code: int) -> typer.Exit:
@@ -192,7 +194,7 @@ def worker(
 @app.command()
 def run(
     demo: int = typer.Option(
-        0, help="Run the demo workload: write and read back this many records per lane, then exit."
+        0, min=0, help="Run the demo: write and read back this many records per lane, then exit."
     ),
     log_dir: Path = typer.Option(Path(".state/logs"), help="Where the worker pools log."),
 ) -> None:
@@ -203,9 +205,6 @@ def run(
     from dataservice.supervisor import Supervisor
 
     settings, config = _load()
-    if demo < 0:
-        typer.echo("error: --demo must not be negative", err=True)
-        raise typer.Exit(2)
     console = Console()
     supervisor = Supervisor(settings, config, log_dir)
     supervisor.start()

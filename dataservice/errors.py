@@ -4,6 +4,7 @@
 
     DataServiceError
     ├── ConfigError                 bad queues.yml or environment (names the key)
+    │   └── InvalidControl          a rollout control given a value it cannot take
     ├── ResultNotReady              Handle.result(timeout) ran out before the deadline
     ├── RequestError                the service answered with a non-OK status
     │   ├── InvalidArgument         INVALID_ARGUMENT: malformed or out-of-bounds input
@@ -52,6 +53,11 @@ class DataServiceError(Exception):
 
 class ConfigError(DataServiceError):
     """The configuration is invalid; the message names the offending key."""
+
+
+class InvalidControl(ConfigError):
+    """A rollout control (``dataservice cache``) was given a value it cannot
+    take; the message names the control. Nothing was changed."""
 
 
 class ResultNotReady(DataServiceError, TimeoutError):
