@@ -100,18 +100,22 @@ class _Channel(kombu_redis.Channel):
         self._pacing = options.get("dataservice_pacing") or {}
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
-        lane = self._admission.get(queue)
-        if lane is None or kwargs.get("_publish_batch") is not None:
+        if queue not in self._admission or kwargs.get("_publish_batch") is not None:
             super()._put(queue, message, **kwargs)
             return
+        try:
+            self.admit(queue, message)
+        except AdmissionRefused as refusal:
+            # Not pushed; the publisher learns it from take_refusal().
+            refuse(refusal)
+
+    def admit(self, queue: str, message: dict[str, Any]) -> None:
+        """Push a request message onto a lane's queue through admission, or
+        raise :class:`AdmissionRefused` (or ``redis.RedisError``)."""
         key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
         message.setdefault("headers", {})[SIZE_HEADER] = envelope_size(message)
         with self.conn_or_acquire() as client:
-            try:
-                admit(client, key, lane, dumps(message), message, self._pacing)
-            except AdmissionRefused as refusal:
-                # Not pushed; the publisher learns it from take_refusal().
-                refuse(refusal)
+            admit(client, key, self._admission[queue], dumps(message), message, self._pacing)
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
@@ -136,8 +140,8 @@ def celery_settings(settings: Settings, config: Config) -> dict[str, Any]:
     ]
     # A message not acknowledged within the visibility timeout is delivered
     # again; past the longest deadline a redelivery could only be dropped as
-    # late, so the timeout sits just beyond it.
-    visibility_s = config.longest_deadline_ms // 1000 + 60
+    # late, so by default the timeout sits just beyond it.
+    visibility_s = config.broker.visibility_timeout_s or config.longest_deadline_ms // 1000 + 60
     # Naming the transport hides the scheme from kombu, and with it kombu's own
     # rediss:// handling; TLS comes from the URL's options, passed explicitly.
     tls = redis_tls(settings.broker_url, "the broker URL")
@@ -150,6 +154,9 @@ def celery_settings(settings: Settings, config: Config) -> dict[str, Any]:
         "broker_connection_retry_on_startup": True,
         "broker_transport_options": {
             "visibility_timeout": visibility_s,
+            # kombu sweeps every interval x throttle seconds; one knob is enough.
+            "unacked_restore_interval": config.broker.restore_every_s,
+            "unacked_restore_throttle": 1,
             "dataservice_admission": lane_admissions(config),
             "dataservice_pacing": caller_pacing(config),
             # Unused by the channel: kombu's process-wide producer pools are

@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from dataservice import identifiers
-from dataservice.enums import CacheFormat, LaneName, OperationClass
+from dataservice.cache.config import CacheConfig
+from dataservice.enums import LaneName, OperationClass
 from dataservice.errors import ConfigError
+from dataservice.frozen import FrozenModel
 from dataservice.limits.gcra import Rate
 
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -31,11 +33,7 @@ PAYLOAD_CEILING = 1 << 20
 ENVELOPE_OVERHEAD = 1024
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
-
-class ClassPermits(_Model):
+class ClassPermits(FrozenModel):
     point_read: PositiveInt
     point_write: PositiveInt
     bounded_list: PositiveInt
@@ -45,19 +43,19 @@ class ClassPermits(_Model):
         return value
 
 
-class BudgetConfig(_Model):
+class BudgetConfig(FrozenModel):
     database_active: PositiveInt
     reserved: Annotated[int, Field(ge=0)]
     max_replicas: PositiveInt
     max_connections: PositiveInt
 
 
-class AdmissionConfig(_Model):
+class AdmissionConfig(FrozenModel):
     max_messages: Annotated[int, Field(gt=0, le=10_000_000)]
     max_bytes: Annotated[int, Field(gt=0, le=1 << 34)]
 
 
-class LaneConfig(_Model):
+class LaneConfig(FrozenModel):
     queue: str = Field(pattern=identifiers.anchored(identifiers.QUEUE))
     permits: Annotated[int, Field(gt=0, le=256)]
     concurrency: Annotated[int, Field(gt=0, le=256)]
@@ -76,7 +74,7 @@ class LaneConfig(_Model):
         return self
 
 
-class Lanes(_Model):
+class Lanes(FrozenModel):
     interactive: LaneConfig
     batch: LaneConfig
 
@@ -90,7 +88,7 @@ class Lanes(_Model):
         return self.interactive if lane is LaneName.INTERACTIVE else self.batch
 
 
-class Limits(_Model):
+class Limits(FrozenModel):
     max_payload_bytes: Annotated[int, Field(gt=0, le=PAYLOAD_CEILING)]
     max_request_bytes: PositiveInt
     max_response_bytes: PositiveInt
@@ -112,11 +110,11 @@ class Limits(_Model):
         return self
 
 
-class Results(_Model):
+class Results(FrozenModel):
     grace_ms: Annotated[int, Field(ge=0, le=60_000)]
 
 
-class DatabaseConfig(_Model):
+class DatabaseConfig(FrozenModel):
     connect_timeout_s: Annotated[int, Field(gt=0, le=60)]
     pool_timeout_ms: PositiveInt
     pool_recycle_s: PositiveInt
@@ -131,7 +129,7 @@ LaneId = Literal["interactive", "batch"]
 CallerName = Annotated[str, Field(pattern=identifiers.anchored(identifiers.CALLER))]
 
 
-class CallerPolicy(_Model):
+class CallerPolicy(FrozenModel):
     """What one caller may do, and how much. Its keys live elsewhere
     (``DATASERVICE_CALLERS_FILE``), never in ``queues.yml``."""
 
@@ -155,7 +153,7 @@ class CallerPolicy(_Model):
         return any(fnmatchcase(scope, pattern) for pattern in self.scopes)
 
 
-class IdempotencyConfig(_Model):
+class IdempotencyConfig(FrozenModel):
     # How long a mutation's outcome answers retries under its key.
     retention_s: Annotated[int, Field(ge=60, le=30 * 86_400)]
     # Expired outcomes deleted per statement, and how often the batch lane runs one.
@@ -163,12 +161,12 @@ class IdempotencyConfig(_Model):
     purge_interval_s: Annotated[int, Field(gt=0, le=86_400)]
 
 
-class AuthConfig(_Model):
+class AuthConfig(FrozenModel):
     # How far a caller's clock may be from ours, either way.
     max_clock_skew_ms: Annotated[int, Field(ge=0, le=300_000)]
 
 
-class RetryConfig(_Model):
+class RetryConfig(FrozenModel):
     """How a client retries a retryable answer, inside the request's one deadline."""
 
     max_attempts: Annotated[int, Field(gt=0, le=20)]
@@ -176,53 +174,19 @@ class RetryConfig(_Model):
     backoff_max_ms: PositiveInt
 
 
-class ClientConfig(_Model):
+class ClientConfig(FrozenModel):
     retry: RetryConfig
 
 
-class BreakerConfig(_Model):
-    """When the cache's Redis stops answering: after ``failures`` errors in a
-    row, cache calls stop for ``open_ms``, then one call probes it again."""
-
-    failures: Annotated[int, Field(gt=0, le=1000)]
-    open_ms: Annotated[int, Field(gt=0, le=60_000)]
-
-
-# An enum from its YAML string (the model is otherwise strict).
-_Format = Annotated[CacheFormat, Strict(False)]
+class BrokerConfig(FrozenModel):
+    # After this long unacknowledged, a message goes to another worker. 0: the
+    # longest lane deadline + 60 s, so that a request never runs twice at once.
+    visibility_timeout_s: Annotated[int, Field(ge=0, le=86_400)]
+    # How often each worker looks for such messages (kombu's restore sweep).
+    restore_every_s: Annotated[int, Field(gt=0, le=3_600)]
 
 
-class RolloutConfig(_Model):
-    """The rollout controls' values until an operator changes them (they live
-    in Redis: ``dataservice cache``)."""
-
-    fill: Annotated[frozenset[_Format], Field(strict=False)]
-    read: _Format | None
-    percent: Literal[1, 10, 25, 50, 75, 100]
-
-    @model_validator(mode="after")
-    def _read_what_is_filled(self) -> RolloutConfig:
-        if self.read is not None and self.read not in self.fill:
-            raise ValueError(f"cache.rollout.read ({self.read}) is not among the filled formats")
-        return self
-
-
-class CacheConfig(_Model):
-    # How long an entry lives, counted from when its database read began.
-    ttl_s: Annotated[int, Field(gt=0, le=86_400)]
-    # A coalescing leader's hold on a key; past it, one follower takes over.
-    lock_lease_ms: Annotated[int, Field(ge=10, le=30_000)]
-    # Keys with a read in flight in one worker process (beyond it: no coalescing).
-    max_inflight_keys: Annotated[int, Field(gt=0, le=1_000_000)]
-    # Every cache command's socket timeout: a slow cache must cost less than the database.
-    socket_timeout_ms: Annotated[int, Field(gt=0, le=5_000)]
-    # How long a replica keeps the rollout controls before reading them again.
-    controls_max_age_ms: Annotated[int, Field(gt=0, le=5_000)]
-    breaker: BreakerConfig
-    rollout: RolloutConfig
-
-
-class Config(_Model):
+class Config(FrozenModel):
     budget: BudgetConfig
     lanes: Lanes
     limits: Limits
@@ -231,6 +195,7 @@ class Config(_Model):
     auth: AuthConfig
     idempotency: IdempotencyConfig
     client: ClientConfig
+    broker: BrokerConfig
     cache: CacheConfig
     callers: dict[CallerName, CallerPolicy]
 

@@ -18,6 +18,10 @@
     │       ├── ResourceExhausted   RESOURCE_EXHAUSTED: overloaded or rate limited
     │       └── Unavailable         UNAVAILABLE: a dependency is down
     ├── ServiceSetupError           a local dependency could not be started or reached
+    ├── CacheDetour                 internal: a read takes another way than the cache planned
+    │   ├── CacheDown               the breaker is open or a cache command failed
+    │   ├── FollowerTimedOut        a coalesced read's own deadline came before the leader's
+    │   └── LeaderFailed            the read it waited for failed; it may try itself
     └── Refusal                     internal: why a request was not served (dataservice.refusals)
         ├── Rejected                a check before any work (auth, allowlist, limits)
         ├── AdmissionRefused        a lane queue's bounds or the caller's pace, at publish
@@ -29,6 +33,7 @@
         ├── DatabaseUnavailable     unreachable, rolled back, or lost mid-statement
         ├── DatabaseFailure         any other database error
         ├── RecordMissing           no such record
+        ├── CoalescedWaitExpired    a cache follower's deadline came before its leader's record
         ├── RevisionMismatch        a conditional change found another revision
         ├── IdempotencyConflict     a used key, a different request
         └── DeleteRaced             the record kept changing under a delete
@@ -66,6 +71,11 @@ class ResultNotReady(DataServiceError, TimeoutError):
 
 class ServiceSetupError(DataServiceError):
     """A local service (Redis, MariaDB) could not be started or reached."""
+
+
+class CacheDetour(DataServiceError):
+    """Internal to the cache (:mod:`dataservice.cache`): a read goes another
+    way than planned. Never seen by a caller."""
 
 
 class RequestError(DataServiceError):

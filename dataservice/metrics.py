@@ -8,8 +8,17 @@
   ``queue`` (late at dequeue: dropped unanswered), ``before_database`` (too
   little time left to run), ``statement`` (the statement timeout fired).
 - ``dataservice_dependency_failures_total{lane, dependency}``: ``database``,
-  ``limits`` (the gate fell back to this replica's share) and ``results``
-  (an answer could not be stored).
+  ``limits`` (the gate fell back to this replica's share), ``results``
+  (an answer could not be stored) and ``cache`` (a cache command failed).
+- ``dataservice_cache_reads_total{lane, format, outcome}``: ``hit`` or ``miss``.
+- ``dataservice_cache_fills_total{lane, outcome}``: ``filled``, ``late``
+  (dropped: its read began too long ago), ``stale`` (dropped: a change left a
+  newer revision), ``error``.
+- ``dataservice_coalesced_total{lane, level}``: misses that waited for another
+  read instead of reading: ``process`` (a thread of the same worker) or
+  ``replica`` (another worker's lock).
+- ``dataservice_lock_takeovers_total{lane}``: followers that became leaders.
+- ``dataservice_cache_breaker{lane}``: 0 closed, 1 open, 2 half-open.
 
 Labels are drawn from closed sets: never a caller's key, payload, scope or id.
 ``dataservice worker --metrics-port`` serves them over HTTP.
@@ -19,7 +28,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -47,18 +56,51 @@ DEPENDENCY_FAILURES = Counter(
     ["lane", "dependency"],
     registry=REGISTRY,
 )
+CACHE_READS = Counter(
+    "dataservice_cache_reads",
+    "Cache lookups of ALLOW_CACHED reads, by format and outcome.",
+    ["lane", "format", "outcome"],
+    registry=REGISTRY,
+)
+CACHE_FILLS = Counter(
+    "dataservice_cache_fills",
+    "Fills after a database read, by outcome.",
+    ["lane", "outcome"],
+    registry=REGISTRY,
+)
+COALESCED = Counter(
+    "dataservice_coalesced",
+    "Misses that waited for another read of the same key.",
+    ["lane", "level"],
+    registry=REGISTRY,
+)
+TAKEOVERS = Counter(
+    "dataservice_lock_takeovers",
+    "Coalescing followers that became leaders (their leader failed or its lease lapsed).",
+    ["lane"],
+    registry=REGISTRY,
+)
+BREAKER = Gauge(
+    "dataservice_cache_breaker",
+    "The cache's circuit breaker: 0 closed, 1 open, 2 half-open.",
+    ["lane"],
+    registry=REGISTRY,
+)
 
 
 class Stage(StrEnum):
     QUEUE = "queue"
     BEFORE_DATABASE = "before_database"
     STATEMENT = "statement"
+    # A coalescing follower's deadline came before its leader's record.
+    COALESCING = "coalescing"
 
 
 class Dependency(StrEnum):
     DATABASE = "database"
     LIMITS = "limits"
     RESULTS = "results"
+    CACHE = "cache"
 
 
 def serve(port: int, address: str = "127.0.0.1") -> None:

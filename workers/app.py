@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import asdict
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -14,19 +13,25 @@ from celery.worker.control import inspect_command
 
 from dataservice.auth import Authenticator
 from dataservice.broker import TASK_NAME, celery_app
+from dataservice.cache.breaker import CacheDown
+from dataservice.cache.runtime import CacheRuntime
 from dataservice.callers import KeyRing, load_keyring
 from dataservice.config import Config
-from dataservice.enums import LaneName, OperationClass
+from dataservice.enums import LaneName, ReadMode
 from dataservice.keys import admission_key
 from dataservice.limits.admission import DEADLINE_HEADER, SIZE_HEADER
 from dataservice.limits.gate import Gate
 from dataservice.limits.permits import PERMITS_COMMAND, LanePermits
 from dataservice.metrics import DEPENDENCY_FAILURES, Dependency
-from dataservice.results import Completion, ResultStore
+from dataservice.proto import pb
+from dataservice.results import ResultStore
 from dataservice.settings import Settings
-from dataservice.store import Bounds, RecordStore, create_store_engine
-from dataservice.store.connections import now_ms
+from dataservice.store import RecordStore, create_store_engine
 from dataservice.worker import Database, build_handler
+from dataservice.worker.steps import Admitted, Opened
+from workers.answers import Answers, int_header
+from workers.fastpath import InlineMessage, redelivered, serve_inline
+from workers.purger import OutcomePurger
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +40,11 @@ log = logging.getLogger(__name__)
 _LIMITS_TIMEOUT_S = 0.25
 
 
-def _int_header(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def _cached_read(envelope: pb.RequestEnvelope) -> bool:
+    return (
+        envelope.WhichOneof("operation") == "read"
+        and envelope.read.mode == pb.READ_MODE_ALLOW_CACHED
+    )
 
 
 class LaneRuntime:
@@ -57,23 +65,15 @@ class LaneRuntime:
         # One connection per worker thread: a thread never waits for another's.
         self.engine = create_store_engine(settings.database_url, threads, config.database)
         self.permits = LanePermits(lane_config)
-        self.admission_key = admission_key(lane_config.queue)
         store = RecordStore(
             self.engine,
             max_statement_ms=config.database.max_statement_ms,
             injected_delay_ms=config.database.injected_delay_ms,
             idempotency_retention_s=config.idempotency.retention_s,
         )
-        self._stop = threading.Event()
-        self._purger: threading.Thread | None = None
-        if lane is LaneName.BATCH:
-            self._purger = threading.Thread(
-                target=self._purge_expired_outcomes,
-                args=(store, config),
-                name="purge-idempotency",
-                daemon=True,
-            )
-            self._purger.start()
+        self._purger = (
+            OutcomePurger(store, self.permits, config) if lane is LaneName.BATCH else None
+        )
         self.limits_redis = redis.Redis.from_url(
             settings.redis_url,
             socket_timeout=_LIMITS_TIMEOUT_S,
@@ -86,14 +86,72 @@ class LaneRuntime:
             on_fallback=DEPENDENCY_FAILURES.labels(lane.value, Dependency.LIMITS.value).inc,
         )
         database = Database(self.permits, config.database.pool_timeout_ms)
+        self.cache = CacheRuntime(settings, config, lane.value, database, store, threads)
         self.handler = build_handler(
-            config, lane, store, database, Authenticator(keyring, config, lane), gate
+            config,
+            lane,
+            store,
+            database,
+            Authenticator(keyring, config, lane),
+            gate,
+            self.cache.source,
         )
+        # Requests admitted on the consumer thread whose record was not in the
+        # cache, by task id, until the pool runs them: at most the messages
+        # this process has reserved (prefetch: one per thread).
+        self._admitted: dict[str, Admitted] = {}
         self.results = ResultStore.from_url(
             settings.result_backend_url,
             max_waiters=threads + 2,
         )
-        self._slots_with_answers = settings.redis_url == settings.result_backend_url
+        self._answers = Answers(
+            self.results,
+            self.handler,
+            admission_key(lane_config.queue),
+            lane,
+            slots_with_answers=settings.redis_url == settings.result_backend_url,
+        )
+        self._deliver = self._answers.deliver
+
+    def serve_inline(self, message: InlineMessage) -> bool:
+        """Answer a cached read on the consumer thread; False hands the message
+        to the pool (everything but an ``ALLOW_CACHED`` read, and misses).
+
+        Only a verified, authorised read within its caller's limits reaches
+        the cache here, the same order as in the pool. A miss keeps its place
+        under the limits (``_admitted``) for :meth:`process` to go on from.
+        """
+        task_id, admitted_size = message.task_id, message.admitted_size
+        args, kwargs = message.args, message.kwargs
+        body: object = args[0] if len(args) == 1 and not kwargs else None
+        opened = self.handler.open(task_id, body, int_header(message.deadline))
+        if not isinstance(opened, Opened):
+            # Refused or late: answered (or dropped) here, and counted once.
+            self._deliver(task_id, opened, body, admitted_size)
+            return True
+        if not _cached_read(opened.envelope):
+            return False
+        admitted = self.handler.admit(opened, redelivered=message.redelivered)
+        if not isinstance(admitted, Admitted):
+            self._deliver(task_id, admitted, body, admitted_size)
+            return True
+        read = opened.envelope.read
+        try:
+            record = self.cache.source.peek(
+                read.scope, read.object_id, ReadMode(read.mode), task_id
+            )
+        except CacheDown:
+            record = None
+        except Exception as exc:
+            # A bug: the pool serves it from here (the gate would refuse a second entry).
+            log.error("unexpected %s on %s", type(exc).__name__, task_id, exc_info=True)
+            record = None
+        if record is None:
+            self._admitted[task_id] = admitted
+            return False
+        result = pb.ResponseEnvelope(read=pb.ReadRecordResponse(record=record))
+        self._deliver(task_id, self.handler.serve(admitted, result), body, admitted_size)
+        return True
 
     def process(
         self,
@@ -102,63 +160,33 @@ class LaneRuntime:
         kwargs: dict[str, Any],
         deadline: Any,
         admitted_size: Any = None,
+        redelivered: bool = False,
     ) -> None:
         """Answer one message; whatever happens, its bytes go back to admission:
         the size admission counted (its header), else the body's."""
         body: object = args[0] if len(args) == 1 and not kwargs else None
-        size = _int_header(admitted_size)
-        if size is None:
-            size = len(body) if isinstance(body, bytes) else 0
         reply = None
         try:
-            reply = self.handler.handle(task_id, body, _int_header(deadline))
+            admitted = self._admitted.pop(task_id, None)
+            if admitted is not None:
+                reply = self.handler.serve(admitted)
+            else:
+                reply = self.handler.handle(
+                    task_id, body, int_header(deadline), redelivered=redelivered
+                )
         except Exception as exc:
             # A bug, not a request's fault: answer INTERNAL rather than leave
             # the caller waiting for its deadline.
             log.error("unexpected %s on %s", type(exc).__name__, task_id, exc_info=True)
-            reply = self.handler.internal_error("", task_id, _int_header(deadline))
+            reply = self.handler.internal_error("", task_id, int_header(deadline))
         finally:
-            # The in-flight slot goes back in the answer's own transaction when
-            # both live on one Redis: one round trip fewer per request.
-            slot = reply.slot if reply is not None else None
-            shared = slot is not None and self._slots_with_answers
-            inflight = Gate.slot_member(slot) if slot is not None and shared else None
-            done = Completion(self.admission_key, size, inflight)
-            try:
-                self.handler.release(reply, released_in_redis=inflight is not None)
-                if reply is None or not reply.caller:
-                    self.results.complete(done)
-                else:
-                    self.results.put(reply.caller, task_id, reply.body, reply.expires_at_ms, done)
-            except redis.RedisError as exc:
-                # The work is done; its caller sees DEADLINE_EXCEEDED and may retry.
-                DEPENDENCY_FAILURES.labels(self.lane.value, Dependency.RESULTS.value).inc()
-                log.warning("could not deliver the answer to %s: %s", task_id, type(exc).__name__)
-
-    def _purge_expired_outcomes(self, store: RecordStore, config: Config) -> None:
-        """Delete expired idempotency outcomes, one bounded statement at a time,
-        each under a batch-lane write permit like any other write."""
-        settings = config.idempotency
-        while not self._stop.wait(settings.purge_interval_s):
-            try:
-                while not self._stop.is_set():
-                    with self.permits.acquire(OperationClass.POINT_WRITE, 1.0) as permit:
-                        deadline = now_ms() + config.database.max_statement_ms
-                        purged = store.purge_idempotency(
-                            settings.purge_batch, Bounds(permit, deadline)
-                        )
-                    if purged < settings.purge_batch:
-                        break
-            except Exception as exc:
-                # Whatever went wrong (the database away, a connect ramp, no
-                # permit), the next round tries again: the thread must not end.
-                log.warning("purging expired idempotency outcomes: %s", type(exc).__name__)
+            self._deliver(task_id, reply, body, admitted_size)
 
     def close(self) -> None:
-        self._stop.set()
         if self._purger is not None:
-            self._purger.join(5)
+            self._purger.stop()
         self.engine.dispose()
+        self.cache.close()
         self.results.close()
         self.limits_redis.close()
 
@@ -196,7 +224,12 @@ def register_task(app: Celery, runtime: LaneRuntime) -> None:
             kwargs,
             getattr(request, DEADLINE_HEADER, None),
             getattr(request, SIZE_HEADER, None),
+            redelivered(request),
         )
+
+    # Cache hits are answered on the consumer thread; everything else goes on
+    # to the pool as above (workers/fastpath.py).
+    serve_inline(handle, runtime.serve_inline)
 
 
 def create_app(

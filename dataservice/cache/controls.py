@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import redis
 
+from dataservice.cache.config import CacheConfig
 from dataservice.cache.rollout import (
     AuditEntry,
     Change,
@@ -35,7 +36,6 @@ from dataservice.cache.rollout import (
     joined,
     to_hash,
 )
-from dataservice.config import CacheConfig
 from dataservice.enums import CacheFormat
 from dataservice.errors import DataServiceError, InvalidControl, ServiceSetupError
 from dataservice.keys import AUDIT_KEY, ROLLOUT_KEY

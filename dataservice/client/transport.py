@@ -1,7 +1,9 @@
 """The client's side of the wire: publish an envelope to a lane, await its answer.
 
-Celery is used only to publish (so messages follow Celery's protocol and any
-Celery tooling can read them); answers come back through
+Messages follow Celery's task protocol, so any Celery worker or tool reads
+them; the client builds each one itself (:mod:`.message`) and pushes it
+through the broker channel's admission, on a connection from Celery's
+producer pool. Answers come back through
 :class:`~dataservice.results.ResultStore`. No Celery type leaves this module.
 """
 
@@ -10,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import redis
 from kombu.exceptions import OperationalError as BrokerError
 
-from dataservice.broker import SERIALIZER, TASK_NAME, celery_app
+from dataservice.broker import celery_app
+from dataservice.client.message import task_message
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.errors import ResourceExhausted, Unavailable
@@ -20,7 +24,6 @@ from dataservice.limits.admission import (
     CALLER_HEADER,
     DEADLINE_HEADER,
     AdmissionRefused,
-    take_refusal,
 )
 from dataservice.refusals import LIMIT_MESSAGES, Reason
 from dataservice.results import ResultStore
@@ -51,24 +54,7 @@ class Transport:
             settings.result_backend_url,
             max_waiters=max_waiters,
         )
-
-    def _options(
-        self, request_id: str, lane: LaneName, deadline_ms: int, size: int, caller: str
-    ) -> dict[str, Any]:
-        headers: dict[str, Any] = {DEADLINE_HEADER: deadline_ms}
-        if caller:
-            headers[CALLER_HEADER] = caller
-        return {
-            "task_id": request_id,
-            "queue": self.config.lanes[lane].queue,
-            "serializer": SERIALIZER,
-            "headers": headers,
-            "ignore_result": True,
-            # Celery would otherwise put repr(args) (the payload) into the
-            # headers, where monitoring tools display it.
-            "argsrepr": f"<RequestEnvelope {size} bytes>",
-            "kwargsrepr": "{}",
-        }
+        self._reply_to = self._app.thread_oid
 
     def publish(
         self, body: bytes, *, request_id: str, lane: LaneName, deadline_ms: int, caller: str = ""
@@ -83,23 +69,25 @@ class Transport:
         ``caller`` (when given) holds the messages to that caller's rate at
         admission, as the workers will."""
         sent = 0
-        refusal = take_refusal()  # nothing stale from an earlier publish on this thread
+        refusal = None
+        queue = self.config.lanes[lane].queue
         try:
             with self._app.producer_or_acquire() as producer:
+                channel = producer.channel
                 for body, request_id, deadline_ms in items:
-                    self._app.send_task(
-                        TASK_NAME,
-                        args=(body,),
-                        producer=producer,
-                        **self._options(request_id, lane, deadline_ms, len(body), caller),
-                    )
-                    refusal = take_refusal()
-                    if refusal is not None:
+                    headers: dict[str, Any] = {DEADLINE_HEADER: deadline_ms}
+                    if caller:
+                        headers[CALLER_HEADER] = caller
+                    message = task_message(body, request_id, queue, headers, self._reply_to)
+                    try:
+                        channel.admit(queue, message)
+                    except AdmissionRefused as refused_here:
                         # Raised once the producer is back in its pool: an
                         # exception inside would make kombu discard it.
+                        refusal = refused_here
                         break
                     sent += 1
-        except BrokerError:
+        except (BrokerError, redis.RedisError):
             raise Unavailable(
                 "the broker is unreachable", retry_after=RETRY_BROKER_DOWN_S
             ) from None

@@ -11,11 +11,15 @@
 -- ARGV[5]  the request id
 -- ARGV[6]  when this request's slot lapses if never released (Unix ms)
 -- ARGV[7]  the retry-after to suggest when the in-flight cap is reached (ms)
+-- ARGV[8]  '1' when the broker marked the message as delivered again, else '0'
 --
 -- Returns {'', 0} when admitted (and, with a cap, holding a slot), or
 -- {reason, retry_after_ms} with a dataservice.refusals.Reason value:
 -- 'replayed', 'rate_limited' or 'concurrency_limited'.
 -- A request id is remembered whatever the outcome: each attempt uses a new one.
+-- A message the broker delivers again (its worker died before acknowledging
+-- it) passes once more: the marker goes from '1' to 'r', and a third delivery,
+-- or a replay of a redelivery, is refused.
 --#include gcra.lua
 
 local t = redis.call('TIME')
@@ -23,7 +27,10 @@ local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now_us / 1000)
 
 if redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) == false then
-  return {'replayed', 0}
+  if ARGV[8] ~= '1' or redis.call('GET', KEYS[1]) ~= '1' then
+    return {'replayed', 0}
+  end
+  redis.call('SET', KEYS[1], 'r', 'KEEPTTL')
 end
 
 local new_tat, retry_ms = gcra_check(KEYS[2], now_us, tonumber(ARGV[2]), tonumber(ARGV[3]))

@@ -65,6 +65,7 @@ class RedisLimits:
                 request_id,
                 entry.deadline_ms + self._grace_ms,
                 RETRY_AT_CAP_MS,
+                1 if entry.redelivered else 0,
             ],
         )
         if reason:
@@ -100,9 +101,10 @@ class Gate:
         now_ms: int,
         *,
         capped: bool,
+        redelivered: bool = False,
     ) -> Slot:
         """Take the request's place, or raise :class:`~dataservice.refusals.Rejected`."""
-        entry = Entry(policy, caller, request_id, deadline_ms, now_ms, capped)
+        entry = Entry(policy, caller, request_id, deadline_ms, now_ms, capped, redelivered)
         uncertain = False
         if time.monotonic() >= self._redis_retry_at:
             try:

@@ -1,4 +1,5 @@
-"""The limits' Lua scripts, loaded from their ``.lua`` files.
+"""Lua scripts, loaded from their ``.lua`` files (the limits' here, the cache's
+in :mod:`dataservice.cache`).
 
 A line ``--#include <name>.lua`` in a script is replaced by that fragment
 (``gcra.lua``: one rate algorithm for every script that needs it). A script
@@ -18,16 +19,16 @@ from redis.exceptions import NoScriptError
 _INCLUDE = "--#include "
 
 
-def _text(name: str) -> str:
-    return resources.files(__package__).joinpath(name).read_text("utf-8")
+def _text(package: str, name: str) -> str:
+    return resources.files(package).joinpath(name).read_text("utf-8")
 
 
-def compose(name: str) -> str:
-    """The script in ``name`` with its fragments included."""
+def compose(name: str, package: str = __package__) -> str:
+    """The script in ``name`` (a file of ``package``) with its fragments included."""
     lines = []
-    for line in _text(name).splitlines():
+    for line in _text(package, name).splitlines():
         if line.startswith(_INCLUDE):
-            lines.append(_text(line.removeprefix(_INCLUDE).strip()))
+            lines.append(_text(package, line.removeprefix(_INCLUDE).strip()))
         else:
             lines.append(line)
     return "\n".join(lines) + "\n"
@@ -36,9 +37,9 @@ def compose(name: str) -> str:
 class LuaScript:
     """One script, runnable on any client of any server."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, package: str = __package__) -> None:
         self.name = name
-        self.text = compose(name)
+        self.text = compose(name, package)
         self.sha = hashlib.sha1(self.text.encode()).hexdigest()
 
     def __call__(self, client: redis.Redis, keys: list[str], args: list[Any]) -> Any:

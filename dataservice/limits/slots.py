@@ -22,6 +22,8 @@ class Entry:
     deadline_ms: int
     now_ms: int
     capped: bool
+    # The broker delivered it again (its first worker died before acknowledging).
+    redelivered: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,10 +18,11 @@ from dataservice.enums import LaneName
 from dataservice.limits.gate import Gate
 from dataservice.store import RecordStore
 from dataservice.worker.database import Database
-from dataservice.worker.handler import Reply, RequestHandler
-from dataservice.worker.operations import operations
+from dataservice.worker.handler import RequestHandler
+from dataservice.worker.operations import RecordSource, operations
+from dataservice.worker.steps import Reply
 
-__all__ = ["Database", "Reply", "RequestHandler", "build_handler"]
+__all__ = ["Database", "RecordSource", "Reply", "RequestHandler", "build_handler"]
 
 
 def build_handler(
@@ -31,9 +32,11 @@ def build_handler(
     database: Database,
     authenticator: Authenticator,
     gate: Gate,
+    source: RecordSource | None = None,
 ) -> RequestHandler:
     """A lane's request path, stage by stage, its operations reaching the
-    database through ``database`` (its permits and time budget)."""
+    database through ``database`` (its permits and time budget), its reads
+    through ``source`` (the cache) when there is one."""
     return RequestHandler(
-        config, lane, authenticator, gate, operations(database, store, config.limits)
+        config, lane, authenticator, gate, operations(database, store, config.limits, source)
     )

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 RETRY_POOL_BUSY_MS = 50
 RETRY_DB_UNAVAILABLE_MS = 250
+RETRY_COALESCED_MS = 50
 
 
 class TooLittleTime(Refusal):
@@ -57,6 +58,11 @@ class DatabaseFailure(Refusal):
 
 class RecordMissing(Refusal):
     """No such record."""
+
+
+class CoalescedWaitExpired(Refusal):
+    """A coalescing follower's deadline came before its leader's record: it
+    never reads the database on its own (``docs/cache.md``)."""
 
 
 # MySQL/MariaDB error numbers, by what they mean for the caller.
@@ -147,6 +153,11 @@ _TABLE: dict[type[Refusal], _Row] = {
         RETRY_DB_UNAVAILABLE_MS,
     ),
     TooLittleTime: (StatusCode.DEADLINE_EXCEEDED, "too little time left to run", 0),
+    CoalescedWaitExpired: (
+        StatusCode.UNAVAILABLE,
+        "the record is being read for another request",
+        RETRY_COALESCED_MS,
+    ),
     StatementTimeout: (StatusCode.DEADLINE_EXCEEDED, "the statement ran out of time", 0),
     RecordMissing: (StatusCode.NOT_FOUND, "no such record", 0),
     RevisionMismatch: (StatusCode.CONFLICT, _revision, 0),
@@ -184,6 +195,7 @@ REASON_CODES: dict[Reason, StatusCode] = {
 _STAGES: dict[type[Refusal], Stage] = {
     TooLittleTime: Stage.BEFORE_DATABASE,
     StatementTimeout: Stage.STATEMENT,
+    CoalescedWaitExpired: Stage.COALESCING,
 }
 _DEPENDENCIES = (DatabaseBusy, DatabaseUnavailable, DatabaseFailure)
 

@@ -2,9 +2,11 @@
 
 The handler keeps only the order of the contract: open the envelope (its
 size, signature and fields; :mod:`dataservice.auth`, no I/O), drop it if it
-is late, authorise it, pass the caller's shared limits
-(:mod:`dataservice.limits.gate`), run its operation
-(:mod:`dataservice.worker.operations`), answer. Nothing here knows about
+is late (:meth:`RequestHandler.open`), authorise it and pass the caller's
+shared limits (:mod:`dataservice.limits.gate`; :meth:`RequestHandler.admit`),
+run its operation (:mod:`dataservice.worker.operations`) and answer
+(:meth:`RequestHandler.serve`). The three steps are separate so that a cache
+hit can be answered on the worker's consumer thread (``workers/app.py``). Nothing here knows about
 Celery, SQL or Redis keys. :meth:`RequestHandler.handle` never raises:
 every refusal becomes a status code (:mod:`dataservice.worker.failures`),
 and internal details stay in the log (never the payload, never a key, never
@@ -16,39 +18,24 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
-from dataservice.auth import Authenticator, Authorised
+from dataservice.auth import Authenticator
 from dataservice.codec import error_response
 from dataservice.config import Config, LaneConfig
 from dataservice.enums import LaneName, StatusCode
 from dataservice.limits.gate import Gate
-from dataservice.limits.slots import Slot
 from dataservice.metrics import DEPENDENCY_FAILURES, REJECTIONS, REQUESTS, TIMEOUTS, Stage
 from dataservice.proto import pb
 from dataservice.refusals import Reason, Refusal, Rejected
 from dataservice.store.connections import now_ms
 from dataservice.worker.failures import INTERNAL, Verdict, verdict
 from dataservice.worker.operations import Operation
+from dataservice.worker.steps import Admitted, Opened, Reply
 
 log = logging.getLogger(__name__)
 
 # Limits refuse by the hundred under a flood; the counter tells the story.
 _ROUTINE_REFUSALS = frozenset({Reason.RATE_LIMITED, Reason.CONCURRENCY_LIMITED})
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """An encoded ``ResponseEnvelope``, for whom, and until when (Unix ms) it is
-    of use. ``caller`` is empty when the message named nobody to answer."""
-
-    caller: str
-    body: bytes
-    expires_at_ms: int
-    code: StatusCode
-    # The caller's in-flight slot, held until the answer is stored: give it
-    # back with the answer (ResultStore) or with RequestHandler.release.
-    slot: Slot | None = None
 
 
 class RequestHandler:
@@ -70,8 +57,23 @@ class RequestHandler:
         self._clock = clock
         self._capped = lane is LaneName.INTERACTIVE
 
-    def handle(self, task_id: str, body: object, deadline_ms: int | None = None) -> Reply | None:
+    def handle(
+        self,
+        task_id: str,
+        body: object,
+        deadline_ms: int | None = None,
+        *,
+        redelivered: bool = False,
+    ) -> Reply | None:
         """Answer one request; None when its caller has already given up."""
+        opened = self.open(task_id, body, deadline_ms)
+        admitted = (
+            self.admit(opened, redelivered=redelivered) if isinstance(opened, Opened) else opened
+        )
+        return self.serve(admitted) if isinstance(admitted, Admitted) else admitted
+
+    def open(self, task_id: str, body: object, deadline_ms: int | None) -> Opened | Reply | None:
+        """Verify the envelope (no I/O) and drop it if it is late."""
         now = self._clock()
         try:
             envelope = self.authenticator.open(task_id, body, now)
@@ -82,6 +84,11 @@ class RequestHandler:
             TIMEOUTS.labels(self.lane_name.value, Stage.QUEUE.value).inc()
             log.info("dropped request %s: deadline passed %d ms ago", task_id, late_ms)
             return None
+        return Opened(task_id, envelope, now)
+
+    def admit(self, opened: Opened, *, redelivered: bool = False) -> Admitted | Reply | None:
+        """Authorise the request and take its place under its caller's limits."""
+        task_id, envelope = opened.task_id, opened.envelope
         # Absolute: time spent serving the request does not extend the answer's life.
         expires_at_ms = envelope.deadline_unix_ms + self._grace_ms
         try:
@@ -91,8 +98,9 @@ class RequestHandler:
                 envelope.caller,
                 task_id,
                 envelope.deadline_unix_ms,
-                now,
+                opened.now_ms,
                 capped=self._capped,
+                redelivered=redelivered,
             )
         except Rejected as rejected:
             if rejected.reason is Reason.REPLAYED:
@@ -102,13 +110,18 @@ class RequestHandler:
                 log.info("dropped request %s: replayed", task_id)
                 return None
             return self._refused(task_id, rejected, rejected.caller, expires_at_ms)
+        return Admitted(task_id, request, slot, expires_at_ms)
+
+    def serve(self, admitted: Admitted, result: pb.ResponseEnvelope | None = None) -> Reply:
+        """Run the admitted request's operation, unless its ``result`` is
+        already known (a cache hit), and answer; the reply holds its slot."""
         try:
-            reply = self._serve(task_id, request, expires_at_ms)
+            reply = self._serve(admitted, result)
         except BaseException:
-            self.gate.leave(slot)
+            self.gate.leave(admitted.slot)
             raise
-        REQUESTS.labels(self.lane_name.value, request.operation, reply.code.name).inc()
-        return dataclasses.replace(reply, slot=slot)
+        REQUESTS.labels(self.lane_name.value, admitted.request.operation, reply.code.name).inc()
+        return dataclasses.replace(reply, slot=admitted.slot)
 
     def internal_error(self, caller: str, task_id: str, deadline_ms: int | None) -> Reply:
         """The answer for a request whose handling failed outside the handler."""
@@ -128,10 +141,12 @@ class RequestHandler:
         longest = now + self.lane.max_deadline_ms
         return min(max(deadline_ms or longest, now), longest) + self._grace_ms
 
-    def _serve(self, task_id: str, request: Authorised, expires_at_ms: int) -> Reply:
+    def _serve(self, admitted: Admitted, response: pb.ResponseEnvelope | None) -> Reply:
+        task_id, request, expires_at_ms = admitted.task_id, admitted.request, admitted.expires_at_ms
         envelope = request.envelope
         try:
-            response = self._operations[request.operation].run(envelope)
+            if response is None:
+                response = self._operations[request.operation].run(envelope)
         except Refusal as refusal:
             return self._refused(task_id, refusal, envelope.caller, expires_at_ms)
         except Exception as exc:

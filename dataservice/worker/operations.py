@@ -2,9 +2,8 @@
 
 Each takes the verified envelope and returns the answer's result part, or
 raises a :class:`~dataservice.refusals.Refusal`. Reads find their record
-through a :class:`RecordSource`: the seam where the cache goes (cache get,
-then coalesce, then the database under a permit, then fill); today the source
-is the database itself.
+through a :class:`RecordSource`: the database itself (:class:`DatabaseSource`)
+or the cache in front of it (:class:`dataservice.cache.CachedSource`).
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from dataservice.config import Limits
 from dataservice.enums import OperationClass, ReadMode
 from dataservice.proto import pb
 from dataservice.store import Idempotency, RecordStore
-from dataservice.types import Record
 from dataservice.worker.database import Database
 from dataservice.worker.failures import RecordMissing
 
@@ -41,8 +39,11 @@ class RecordSource(Protocol):
     """Where a read finds a record, within the request's deadline."""
 
     def read(
-        self, scope: str, object_id: str, mode: ReadMode, deadline_ms: int
-    ) -> Record | None: ...
+        self, scope: str, object_id: str, mode: ReadMode, deadline_ms: int, request_id: str
+    ) -> pb.Record | None: ...
+
+    def changed(self, scope: str, object_id: str, revision: int, *, deleted: bool) -> None:
+        """A mutation committed (``revision``: the new one, or the one deleted)."""
 
 
 class DatabaseSource:
@@ -52,10 +53,16 @@ class DatabaseSource:
         self._database = database
         self._store = store
 
-    def read(self, scope: str, object_id: str, mode: ReadMode, deadline_ms: int) -> Record | None:
-        return self._database.run(
+    def read(
+        self, scope: str, object_id: str, mode: ReadMode, deadline_ms: int, request_id: str
+    ) -> pb.Record | None:
+        record = self._database.run(
             Read.op_class, deadline_ms, lambda bounds: self._store.read(scope, object_id, bounds)
         )
+        return record_to_pb(record) if record is not None else None
+
+    def changed(self, scope: str, object_id: str, revision: int, *, deleted: bool) -> None:
+        """Nothing to forget: every read is the database's."""
 
 
 class Read:
@@ -68,11 +75,11 @@ class Read:
         request = envelope.read
         mode = ReadMode(request.mode)
         record = self._source.read(
-            request.scope, request.object_id, mode, envelope.deadline_unix_ms
+            request.scope, request.object_id, mode, envelope.deadline_unix_ms, envelope.request_id
         )
         if record is None:
             raise RecordMissing
-        return pb.ResponseEnvelope(read=pb.ReadRecordResponse(record=record_to_pb(record)))
+        return pb.ResponseEnvelope(read=pb.ReadRecordResponse(record=record))
 
 
 def idempotency(envelope: pb.RequestEnvelope) -> Idempotency:
@@ -92,9 +99,11 @@ class _Mutation:
 
     op_class: ClassVar[OperationClass] = OperationClass.POINT_WRITE
 
-    def __init__(self, database: Database, store: RecordStore) -> None:
+    def __init__(self, database: Database, store: RecordStore, source: RecordSource) -> None:
         self._database = database
         self._store = store
+        # Told of each committed change, so that reads stop seeing the old record.
+        self._source = source
 
     def _apply(
         self,
@@ -123,6 +132,7 @@ class Write(_Mutation):
     def run(self, envelope: pb.RequestEnvelope) -> pb.ResponseEnvelope:
         w = envelope.write
         outcome = self._apply(envelope, w, self._store.write, w.payload)
+        self._source.changed(w.scope, w.object_id, outcome.revision, deleted=False)
         result = pb.WriteRecordResponse(
             object_id=w.object_id, revision=outcome.revision, created=outcome.created
         )
@@ -135,6 +145,7 @@ class Delete(_Mutation):
         revision = self._apply(envelope, d, self._store.delete)
         if revision is None:
             raise RecordMissing
+        self._source.changed(d.scope, d.object_id, revision, deleted=True)
         return pb.ResponseEnvelope(
             delete=pb.DeleteRecordResponse(object_id=d.object_id, revision=revision)
         )
@@ -173,11 +184,15 @@ class List:
         return pb.ResponseEnvelope(list=page)
 
 
-def operations(database: Database, store: RecordStore, limits: Limits) -> Mapping[str, Operation]:
-    """Each operation by its name in the envelope's ``operation`` oneof."""
+def operations(
+    database: Database, store: RecordStore, limits: Limits, source: RecordSource | None = None
+) -> Mapping[str, Operation]:
+    """Each operation by its name in the envelope's ``operation`` oneof; reads
+    through ``source``, by default straight from the database."""
+    source = source or DatabaseSource(database, store)
     return {
-        "read": Read(DatabaseSource(database, store)),
-        "write": Write(database, store),
-        "delete": Delete(database, store),
+        "read": Read(source),
+        "write": Write(database, store, source),
+        "delete": Delete(database, store, source),
         "list": List(database, store, limits),
     }

@@ -1,0 +1,60 @@
+"""One worker process's cache: its Redis clients, controls, breaker and source."""
+
+from __future__ import annotations
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from dataservice.cache.controls import RolloutControls
+from dataservice.cache.source import CachedSource
+from dataservice.cache.store import CacheStore
+from dataservice.config import Config
+from dataservice.settings import Settings
+from dataservice.store import RecordStore
+from dataservice.worker.database import Database
+
+# A follower's blocking wait lasts at most a lease; its socket must outlast that.
+_WAIT_SOCKET_SLACK_S = 1.0
+
+
+class CacheRuntime:
+    """The cache in front of one lane's reads, in one worker process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        config: Config,
+        lane: str,
+        database: Database,
+        store: RecordStore,
+        threads: int,
+    ) -> None:
+        cache = config.cache
+        timeout_s = cache.socket_timeout_ms / 1000
+        # Tight timeouts: a cache that stalls must cost less than the database
+        # it stands in front of; the breaker takes it from there.
+        # No retries either: redis-py would otherwise repeat a failed command
+        # with back-off, turning one timeout into seconds.
+        self._client = redis.Redis.from_url(
+            settings.redis_url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            max_connections=threads + 2,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self._waits = redis.Redis.from_url(
+            settings.redis_url,
+            socket_timeout=cache.lock_lease_ms / 1000 + _WAIT_SOCKET_SLACK_S,
+            socket_connect_timeout=timeout_s,
+            max_connections=threads + 2,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self.controls = RolloutControls(self._client, cache)
+        self.store = CacheStore(self._client, self._waits)
+        self.source = CachedSource(database, store, self.store, self.controls, cache, lane)
+
+    def close(self) -> None:
+        for client in (self._client, self._waits):
+            client.close()
+            client.connection_pool.disconnect()

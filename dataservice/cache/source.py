@@ -1,0 +1,163 @@
+"""Where an ``ALLOW_CACHED`` read finds its record: the cache, else one read.
+
+The order for one read (``docs/cache.md``, "A read"):
+
+1. ``PRIMARY`` reads, reads the rollout keeps off the cache (bypass, outside
+   the read percentage, no read format) and reads while the breaker is open go
+   to the database under a point-read permit, like any read.
+2. Otherwise one ``GET`` of the format read: a hit answers.
+3. A miss is coalesced in the process (:mod:`dataservice.cache.coalesce`),
+   then across replicas (:mod:`dataservice.cache.replicas`).
+
+A Redis error at any step counts against the breaker, and the read goes on
+to the database under the same permits; nothing is made up.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from dataservice.cache.breaker import Breaker, CacheDown, Guard
+from dataservice.cache.coalesce import Coalescer, FollowerTimedOut, LeaderFailed
+from dataservice.cache.config import CacheConfig
+from dataservice.cache.controls import RolloutControls
+from dataservice.cache.replicas import ANSWER_MARGIN_MS, ReplicaCoalescing
+from dataservice.cache.store import CacheStore
+from dataservice.codec import record_to_pb
+from dataservice.enums import CacheFormat, OperationClass, ReadMode
+from dataservice.metrics import BREAKER, CACHE_READS, COALESCED, DEPENDENCY_FAILURES, Dependency
+from dataservice.proto import pb
+from dataservice.store import RecordStore
+from dataservice.store.connections import now_ms
+from dataservice.worker.database import Database
+from dataservice.worker.failures import CoalescedWaitExpired
+
+log = logging.getLogger(__name__)
+
+
+class CachedSource:
+    """A lane's reads, through the cache (one per worker process)."""
+
+    def __init__(
+        self,
+        database: Database,
+        store: RecordStore,
+        cache: CacheStore,
+        controls: RolloutControls,
+        config: CacheConfig,
+        lane: str,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        self._database = database
+        self._store = store
+        self._cache = cache
+        self._controls = controls
+        self._lane = lane
+        self._clock = clock
+        self._ttl_ms = config.ttl_s * 1000
+        self._coalesce = config.coalesce
+        self.breaker = Breaker(config.breaker, on_change=BREAKER.labels(lane).set)
+        self._guard = Guard(self.breaker, self._failed)
+        self._replicas = ReplicaCoalescing(
+            cache, self._guard, controls, self._database_read, config, lane, clock
+        )
+        self._coalescer: Coalescer[pb.Record | None] = Coalescer(
+            config.max_inflight_keys, on_follow=COALESCED.labels(lane, "process").inc
+        )
+
+    def peek(self, scope: str, object_id: str, mode: ReadMode, request_id: str) -> pb.Record | None:
+        """A cache hit, or None on a miss; never the database (the consumer
+        thread's path). Raises :class:`CacheDown` when the cache cannot answer."""
+        if mode is ReadMode.PRIMARY:
+            return None
+        rollout = self._controls.current()
+        fmt = rollout.read_format(request_id)
+        return self._get(fmt, scope, object_id, rollout.generation) if fmt else None
+
+    def read(
+        self, scope: str, object_id: str, mode: ReadMode, deadline_ms: int, request_id: str
+    ) -> pb.Record | None:
+        if mode is ReadMode.PRIMARY:
+            return self._database_read(scope, object_id, deadline_ms)
+        rollout = self._controls.current()
+        fmt = rollout.read_format(request_id)
+        if fmt is not None:
+            try:
+                record = self._get(fmt, scope, object_id, rollout.generation)
+            except CacheDown:
+                fmt = None
+            else:
+                if record is not None:
+                    return record
+                CACHE_READS.labels(self._lane, fmt.value, "miss").inc()
+        key = (scope, object_id)
+        if fmt is None:
+            return self._coalesced(key, deadline_ms, self._database_read, scope, object_id)
+        return self._coalesced(key, deadline_ms, self._miss, scope, object_id, fmt)
+
+    def changed(self, scope: str, object_id: str, revision: int, *, deleted: bool) -> None:
+        """A mutation of this service committed: drop the record's entries now,
+        ahead of the change stream, and block older fills (a deleted record's
+        own revision included)."""
+        rollout = self._controls.current()
+        # The generation before a rotation may still be read by replicas that
+        # have not seen the rotation yet.
+        generations = {rollout.generation, rollout.generation - 1} - {0}
+        floor = revision + 1 if deleted else revision
+        try:
+            self._guard(
+                lambda: self._cache.invalidate(scope, object_id, floor, generations, self._ttl_ms),
+                probe=False,
+            )
+        except CacheDown:
+            log.warning("cache: a change could not be invalidated; the change stream will")
+
+    def _get(
+        self, fmt: CacheFormat, scope: str, object_id: str, generation: int
+    ) -> pb.Record | None:
+        """The entry, None on a miss; raises :class:`CacheDown`."""
+        record = self._guard(lambda: self._cache.get(fmt, scope, object_id, generation))
+        if record is not None:
+            CACHE_READS.labels(self._lane, fmt.value, "hit").inc()
+        return record
+
+    def _miss(
+        self, scope: str, object_id: str, fmt: CacheFormat, deadline_ms: int
+    ) -> pb.Record | None:
+        if not self._coalesce:
+            return self._replicas.read_alone(scope, object_id, deadline_ms)
+        return self._replicas.read(scope, object_id, fmt, deadline_ms)
+
+    def _coalesced(
+        self,
+        key: tuple[str, str],
+        deadline_ms: int,
+        read: Callable[..., pb.Record | None],
+        *args: object,
+    ) -> pb.Record | None:
+        """``read(*args, deadline_ms)``, shared with this process's concurrent
+        misses of ``key``; a follower whose leader failed tries again itself."""
+        if not self._coalesce:
+            return read(*args, deadline_ms)
+        while True:
+            wait_ms = deadline_ms - self._clock() - ANSWER_MARGIN_MS
+            try:
+                return self._coalescer.run(key, lambda: read(*args, deadline_ms), wait_ms / 1000)
+            except FollowerTimedOut:
+                raise CoalescedWaitExpired from None
+            except LeaderFailed:
+                if deadline_ms - self._clock() <= ANSWER_MARGIN_MS:
+                    raise CoalescedWaitExpired from None
+
+    def _database_read(self, scope: str, object_id: str, deadline_ms: int) -> pb.Record | None:
+        record = self._database.run(
+            OperationClass.POINT_READ,
+            deadline_ms,
+            lambda bounds: self._store.read(scope, object_id, bounds),
+        )
+        return record_to_pb(record) if record is not None else None
+
+    def _failed(self, exc: Exception) -> None:
+        DEPENDENCY_FAILURES.labels(self._lane, Dependency.CACHE.value).inc()
+        log.warning("cache: %s", type(exc).__name__)

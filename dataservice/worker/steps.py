@@ -1,0 +1,44 @@
+"""What passes between the request path's steps (:mod:`.handler`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dataservice.auth import Authorised
+from dataservice.enums import StatusCode
+from dataservice.limits.slots import Slot
+from dataservice.proto import pb
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """A verified envelope, in time, not yet authorised."""
+
+    task_id: str
+    envelope: pb.RequestEnvelope
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A request past its caller's limits, holding its in-flight slot: what
+    the consumer thread hands the pool when the cache cannot answer."""
+
+    task_id: str
+    request: Authorised
+    slot: Slot
+    expires_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """An encoded ``ResponseEnvelope``, for whom, and until when (Unix ms) it is
+    of use. ``caller`` is empty when the message named nobody to answer."""
+
+    caller: str
+    body: bytes
+    expires_at_ms: int
+    code: StatusCode
+    # The caller's in-flight slot, held until the answer is stored: give it
+    # back with the answer (ResultStore) or with RequestHandler.release.
+    slot: Slot | None = None
