@@ -39,13 +39,19 @@ class Replicas:
     count: int
     log_dir: Path
     workers: list[WorkerProcess] = field(default_factory=list)
+    # Replica n's own settings (a configuration of its own, say), where it has them.
+    settings_of: dict[int, Settings] = field(default_factory=dict)
+    # Replica n serves its counters on metrics_ports[n] (``--metrics-port``), if given.
+    metrics_ports: list[int] = field(default_factory=list)
 
     def start(self, timeout_s: float = 60.0) -> float:
         """Start them and wait until each answers a control ping; seconds it took."""
         for n in range(self.count):
             log = self.log_dir / f"interactive-{n}.log"
+            settings = self.settings_of.get(n, self.settings)
+            extra = ["--metrics-port", str(self.metrics_ports[n])] if self.metrics_ports else []
             self.workers.append(
-                WorkerProcess.for_lane(self.settings, LaneName.INTERACTIVE, log).start()
+                WorkerProcess.for_lane(settings, LaneName.INTERACTIVE, log, *extra).start()
             )
         control = _control_app(self.settings, self.config)
         try:

@@ -5,7 +5,8 @@ Tests use Redis databases 14 and 15 and the MariaDB database
 ``dataservice_test``, so a service running on the defaults (database 0,
 ``dataservice``) is untouched. The in-process worker serves database 15; the
 worker processes serve database 14, so a test against them is answered by them
-alone.
+alone. The cache's multi-replica tests use database 9 and a MariaDB of their
+own (``counting_database``), which counts the replicas' reads itself.
 A test that needs a service that is down fails when ``CI`` is set, and is
 skipped otherwise.
 """
@@ -16,7 +17,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
@@ -29,6 +30,7 @@ from dataservice.callers import write_callers_file
 from dataservice.client.transport import Transport
 from dataservice.config import Config
 from dataservice.enums import LaneName
+from dataservice.errors import ServiceSetupError
 from dataservice.localservices import mysql_reachable, redis_reachable
 from dataservice.settings import Settings
 from dataservice.store.migrate import upgrade
@@ -36,8 +38,13 @@ from dataservice.supervisor import Supervisor
 from tests.support import TEST_CALLERS, on_redis, with_test_callers
 from workers.app import LaneRuntime, register_task
 
+if TYPE_CHECKING:
+    from bench._cachefleet import CountingDatabase
+
 TEST_REDIS_URL = "redis://127.0.0.1:6379/15"
 PROCESS_REDIS_URL = "redis://127.0.0.1:6379/14"
+# The cache's multi-replica tests: broker, results and (unless a test says otherwise) cache.
+REPLICAS_REDIS_URL = "redis://127.0.0.1:6379/9"
 TEST_DATABASE = "dataservice_test"
 # The service connects as a user of its own, so the server's per-user
 # statistics count exactly the statements the service ran.
@@ -202,3 +209,37 @@ def worker_processes(
         yield supervisor
     finally:
         supervisor.stop()
+
+
+@pytest.fixture(scope="session")
+def counting_database(config: Config) -> Iterator[CountingDatabase]:
+    """A MariaDB of the tests' own, started once, whose general log counts
+    every statement the worker replicas send (``bench/_cachefleet.py``)."""
+    # Imported here: only the tests that use it depend on the bench's helpers.
+    from bench._cachefleet import CountingDatabase
+
+    database = CountingDatabase(config.database)
+    try:
+        database.start()
+    except ServiceSetupError as exc:
+        database.stop()
+        require(False, f"a private MariaDB ({exc})")
+    try:
+        yield database
+    finally:
+        database.stop()
+
+
+@pytest.fixture
+def replica_settings(settings: Settings, counting_database: CountingDatabase) -> Iterator[Settings]:
+    """Settings for worker replicas: broker, results and cache on Redis db 9
+    (flushed before and after), records in the counting database."""
+    require(redis_reachable(REPLICAS_REDIS_URL), "Redis at 127.0.0.1:6379")
+    client = redis.Redis.from_url(REPLICAS_REDIS_URL)
+    client.flushdb()
+    counting_database.forget()
+    try:
+        yield counting_database.on(on_redis(settings, REPLICAS_REDIS_URL))
+    finally:
+        client.flushdb()
+        client.close()

@@ -139,6 +139,18 @@ def changed(data: dict[str, Any], path: tuple[str, ...], value: object) -> dict[
     return result
 
 
+def with_changes(
+    settings: Settings, path: Path, changes: dict[tuple[str, ...], object]
+) -> Settings:
+    """``settings`` whose queues.yml, written to ``path``, has each key of
+    ``changes`` (a path such as ``("cache", "coalesce")``) set to its value."""
+    data: dict[str, Any] = yaml.safe_load(settings.config_path.read_text())
+    for key, value in changes.items():
+        data = changed(data, key, value)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return dataclasses.replace(settings, config_path=path)
+
+
 def on_redis(settings: Settings, redis_url: str, config_path: Path | None = None) -> Settings:
     """The same settings with broker, results and cache on another Redis database."""
     return dataclasses.replace(
@@ -242,11 +254,16 @@ def worker_process(
 
 def scraped(port: int, name: str, **labels: str) -> float:
     """A counter as a worker process serves it (0 when never touched)."""
+    return scraped_sample(port, f"{name}_total", **labels)
+
+
+def scraped_sample(port: int, sample: str, **labels: str) -> float:
+    """One sample (a gauge, a counter's ``_total``) a worker process serves; 0 if absent."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
         text = page.read().decode()
     wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     for line in text.splitlines():
-        if line.startswith(f"{name}_total{{"):
+        if line.startswith(f"{sample}{{"):
             metric, value = line.rsplit(" ", 1)
             found = ",".join(sorted(metric[metric.index("{") + 1 : -1].split(",")))
             if found == wanted:
