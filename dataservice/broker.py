@@ -28,6 +28,7 @@ removed from the URL it sees, so they are read one way only.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -36,6 +37,7 @@ from celery import Celery
 from kombu.entity import Exchange, Queue
 from kombu.serialization import register
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual as kombu_virtual
 from kombu.utils.json import dumps
 
 from dataservice.config import Config
@@ -76,6 +78,47 @@ def _decode(data: bytes | str) -> tuple[tuple[bytes], dict[str, Any], dict[str, 
 register(SERIALIZER, _encode, _decode, content_type=CONTENT_TYPE, content_encoding="binary")
 
 
+class _QoS(kombu_redis.QoS):
+    """kombu's bookkeeping of delivered messages (what a restart restores).
+
+    - Its two commands go without MULTI/EXEC: they travel in one write either
+      way, and the sweep that reads them back only looks at entries older
+      than the visibility timeout, so no reader sees one without the other.
+    - For a message of a lane queue the write waits for the task's strategy
+      (``workers/fastpath.py``), on the same thread: a message the worker
+      answers and acknowledges at once needs none (its answer and its
+      acknowledgement are one step), and one it passes on is written then
+      (:meth:`flush`). Until then the message exists only in this worker,
+      as between kombu's ``BRPOP`` and its own bookkeeping.
+    """
+
+    _pending: tuple[Any, str] | None = None
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        self.flush()
+        delivery_info = message.delivery_info
+        if delivery_info.get("routing_key") in self.channel.lane_queues:
+            self._pending = (message, delivery_tag)
+        else:
+            self._write(message, delivery_tag)
+        kombu_virtual.QoS.append(self, message, delivery_tag)
+
+    def flush(self) -> None:
+        """Write the pending message's bookkeeping, unless it was acknowledged."""
+        pending, self._pending = self._pending, None
+        if pending is not None and not pending[0].acknowledged:
+            self._write(*pending)
+
+    def _write(self, message: Any, delivery_tag: str) -> None:
+        delivery = message.delivery_info
+        raw = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
+        with self.channel.conn_or_acquire() as client:
+            pipe = client.pipeline(transaction=False)
+            pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()})
+            pipe.hset(self.unacked_key, delivery_tag, raw)
+            pipe.execute()
+
+
 class _Channel(kombu_redis.Channel):
     """kombu's Redis channel, with admission and one client for its lifetime.
 
@@ -88,6 +131,7 @@ class _Channel(kombu_redis.Channel):
       thread-safe connection pool, so sharing it changes nothing else.
     """
 
+    QoS = _QoS
     _shared_client: Any = None
     # kombu's batch publishing would push with a plain LPUSH, past admission.
     supports_batch_publish = False
@@ -97,6 +141,7 @@ class _Channel(kombu_redis.Channel):
         options = self.connection.client.transport_options
         lanes = options.get("dataservice_admission") or {}
         self._admission = {queue: LaneAdmission(**lane) for queue, lane in lanes.items()}
+        self.lane_queues = frozenset(self._admission)
         self._pacing = options.get("dataservice_pacing") or {}
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:

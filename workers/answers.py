@@ -4,13 +4,16 @@ admission bytes and in-flight slot given back in the same transaction."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import redis
 
 from dataservice.enums import LaneName
+from dataservice.keys import result_key
 from dataservice.limits.gate import Gate
 from dataservice.metrics import DEPENDENCY_FAILURES, Dependency
+from dataservice.proto import pb
 from dataservice.results import Completion, ResultStore
 from dataservice.worker import RequestHandler
 from dataservice.worker.steps import Reply
@@ -21,6 +24,17 @@ log = logging.getLogger(__name__)
 def int_header(value: Any) -> int | None:
     """A message header's integer, None if it is missing or not one."""
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _size(admitted_size: Any, body: object) -> int:
+    """What admission counted for the request (its header), else the body's size."""
+    size = int_header(admitted_size)
+    if size is None:
+        size = len(body) if isinstance(body, bytes) else 0
+    return size
+
+
+_OK = pb.Status(code=pb.STATUS_CODE_OK)
 
 
 class Answers:
@@ -40,18 +54,24 @@ class Answers:
         # The slot can go back with the answer only when both live on one Redis.
         self._slots_with_answers = slots_with_answers
 
-    def deliver(self, task_id: str, reply: Reply | None, body: object, admitted_size: Any) -> None:
+    def deliver(
+        self,
+        task_id: str,
+        reply: Reply | None,
+        body: object,
+        admitted_size: Any,
+        ack: tuple[str, str, str] | None = None,
+    ) -> bool:
         """Store the answer (if any), give the request's bytes back to
-        admission and its in-flight slot back to the gate."""
-        size = int_header(admitted_size)
-        if size is None:
-            size = len(body) if isinstance(body, bytes) else 0
+        admission and its in-flight slot back to the gate, and with ``ack``
+        acknowledge its message, all in one step. False if Redis did not take it."""
+        size = _size(admitted_size, body)
         # The in-flight slot goes back in the answer's own transaction when
         # both live on one Redis: one round trip fewer per request.
         slot = reply.slot if reply is not None else None
         shared = slot is not None and self._slots_with_answers
         inflight = Gate.slot_member(slot) if slot is not None and shared else None
-        done = Completion(self._admission_key, size, inflight)
+        done = Completion(self._admission_key, size, inflight, ack)
         try:
             self._handler.release(reply, released_in_redis=inflight is not None)
             if reply is None or not reply.caller:
@@ -62,3 +82,18 @@ class Answers:
             # The work is done; its caller sees DEADLINE_EXCEEDED and may retry.
             DEPENDENCY_FAILURES.labels(self._lane.value, Dependency.RESULTS.value).inc()
             log.warning("could not deliver the answer to %s: %s", task_id, type(exc).__name__)
+            return False
+        return True
+
+    def in_gate(
+        self, caller: str, task_id: str, expires_at_ms: int, admitted_size: Any, body: object
+    ) -> tuple[list[str], list[Any]] | None:
+        """The answer of a cache hit as ``hit.lua`` writes it (its KEYS[5..6]
+        and ARGV[9..11], kombu's acknowledgement to follow); None when the
+        answer would already have expired."""
+        ttl_ms = expires_at_ms - time.time_ns() // 1_000_000
+        if ttl_ms <= 0:
+            return None
+        prefix = pb.ResponseEnvelope(request_id=task_id, status=_OK).SerializeToString()
+        keys = [result_key(caller, task_id), self._admission_key]
+        return keys, [prefix, ttl_ms, _size(admitted_size, body)]

@@ -13,24 +13,22 @@ from celery.worker.control import inspect_command
 
 from dataservice.auth import Authenticator
 from dataservice.broker import TASK_NAME, celery_app
-from dataservice.cache.breaker import CacheDown
 from dataservice.cache.runtime import CacheRuntime
 from dataservice.callers import KeyRing, load_keyring
 from dataservice.config import Config
-from dataservice.enums import LaneName, ReadMode
+from dataservice.enums import LaneName
 from dataservice.keys import admission_key
 from dataservice.limits.admission import DEADLINE_HEADER, SIZE_HEADER
 from dataservice.limits.gate import Gate
 from dataservice.limits.permits import PERMITS_COMMAND, LanePermits
 from dataservice.metrics import DEPENDENCY_FAILURES, Dependency
-from dataservice.proto import pb
 from dataservice.results import ResultStore
 from dataservice.settings import Settings
 from dataservice.store import RecordStore, create_store_engine
 from dataservice.worker import Database, build_handler
-from dataservice.worker.steps import Admitted, Opened
 from workers.answers import Answers, int_header
-from workers.fastpath import InlineMessage, redelivered, serve_inline
+from workers.fastpath import redelivered, serve_inline
+from workers.inline import InlineReads
 from workers.purger import OutcomePurger
 
 log = logging.getLogger(__name__)
@@ -38,13 +36,6 @@ log = logging.getLogger(__name__)
 # The limits script must answer quickly or not at all: a slow Redis sends the
 # gate to its local fallback rather than holding every request.
 _LIMITS_TIMEOUT_S = 0.25
-
-
-def _cached_read(envelope: pb.RequestEnvelope) -> bool:
-    return (
-        envelope.WhichOneof("operation") == "read"
-        and envelope.read.mode == pb.READ_MODE_ALLOW_CACHED
-    )
 
 
 class LaneRuntime:
@@ -96,10 +87,6 @@ class LaneRuntime:
             gate,
             self.cache.source,
         )
-        # Requests admitted on the consumer thread whose record was not in the
-        # cache, by task id, until the pool runs them: at most the messages
-        # this process has reserved (prefetch: one per thread).
-        self._admitted: dict[str, Admitted] = {}
         self.results = ResultStore.from_url(
             settings.result_backend_url,
             max_waiters=threads + 2,
@@ -112,46 +99,14 @@ class LaneRuntime:
             slots_with_answers=settings.redis_url == settings.result_backend_url,
         )
         self._deliver = self._answers.deliver
-
-    def serve_inline(self, message: InlineMessage) -> bool:
-        """Answer a cached read on the consumer thread; False hands the message
-        to the pool (everything but an ``ALLOW_CACHED`` read, and misses).
-
-        Only a verified, authorised read within its caller's limits reaches
-        the cache here, the same order as in the pool. A miss keeps its place
-        under the limits (``_admitted``) for :meth:`process` to go on from.
-        """
-        task_id, admitted_size = message.task_id, message.admitted_size
-        args, kwargs = message.args, message.kwargs
-        body: object = args[0] if len(args) == 1 and not kwargs else None
-        opened = self.handler.open(task_id, body, int_header(message.deadline))
-        if not isinstance(opened, Opened):
-            # Refused or late: answered (or dropped) here, and counted once.
-            self._deliver(task_id, opened, body, admitted_size)
-            return True
-        if not _cached_read(opened.envelope):
-            return False
-        admitted = self.handler.admit(opened, redelivered=message.redelivered)
-        if not isinstance(admitted, Admitted):
-            self._deliver(task_id, admitted, body, admitted_size)
-            return True
-        read = opened.envelope.read
-        try:
-            record = self.cache.source.peek(
-                read.scope, read.object_id, ReadMode(read.mode), task_id
-            )
-        except CacheDown:
-            record = None
-        except Exception as exc:
-            # A bug: the pool serves it from here (the gate would refuse a second entry).
-            log.error("unexpected %s on %s", type(exc).__name__, task_id, exc_info=True)
-            record = None
-        if record is None:
-            self._admitted[task_id] = admitted
-            return False
-        result = pb.ResponseEnvelope(read=pb.ReadRecordResponse(record=record))
-        self._deliver(task_id, self.handler.serve(admitted, result), body, admitted_size)
-        return True
+        self.inline = InlineReads(
+            self.handler,
+            self.cache.source,
+            self._answers,
+            # kombu's acknowledgement can join the answer's transaction only on one Redis.
+            ack_with_answers=settings.broker_url == settings.result_backend_url,
+            one_redis=settings.redis_url == settings.result_backend_url,
+        )
 
     def process(
         self,
@@ -167,7 +122,7 @@ class LaneRuntime:
         body: object = args[0] if len(args) == 1 and not kwargs else None
         reply = None
         try:
-            admitted = self._admitted.pop(task_id, None)
+            admitted = self.inline.take(task_id)
             if admitted is not None:
                 reply = self.handler.serve(admitted)
             else:
@@ -229,7 +184,7 @@ def register_task(app: Celery, runtime: LaneRuntime) -> None:
 
     # Cache hits are answered on the consumer thread; everything else goes on
     # to the pool as above (workers/fastpath.py).
-    serve_inline(handle, runtime.serve_inline)
+    serve_inline(handle, runtime.inline)
 
 
 def create_app(

@@ -3,18 +3,16 @@ thread, before Celery builds a request object or touches the pool.
 
 Celery calls a task's strategy for every message the consumer receives.
 :func:`inline_strategy` offers each eligible message to the task's *inline
-handler* (an :class:`InlineHandler`, provided by the worker runtime), which
-either answers it completely and returns True, or returns False. Answered:
-the message is acknowledged through the consumer's own ack callback, after
-the answer was written (late acknowledgement holds: a worker that dies before
-the ack leaves the message unacknowledged, and another worker answers it once
-the visibility timeout has passed). Declined: the message goes on through
-Celery's default strategy exactly as if this module did not exist.
+handler* (an :class:`InlineHandler`, provided by the worker runtime). It
+answers the message (:class:`Outcome`) or declines it. Answered: the message is acknowledged after
+the answer was written (late acknowledgement holds: a worker that dies
+before the ack leaves it unacknowledged, and another worker answers it after
+the visibility timeout). Declined: it goes on through Celery's default
+strategy exactly as if this module did not exist.
 
-How a task opts in: ``serve_inline(task, handler)`` before the worker starts
-(strategies are built when the consumer connects). It sets the task's
-``Strategy`` to :data:`INLINE_STRATEGY` and its ``inline_handler``. A task
-whose ``inline_handler`` is None gets Celery's default strategy itself.
+A task opts in with ``serve_inline(task, handler)`` before the worker starts
+(strategies are built when the consumer connects); without a handler it
+gets Celery's default strategy itself.
 
 The handler's contract:
 
@@ -22,40 +20,30 @@ The handler's contract:
   commands (``inspect ping``, ``active_queues``), heartbeats, timers and every
   other delivery wait while it works. So it must stay sub-millisecond-ish:
   a few Redis round trips with tight socket timeouts, never a database call.
-- It never raises. If it does (a bug), the exception is logged and the
-  message goes to the pool as if declined; nothing is lost, though the
-  caller may see two answers if the handler had already written one.
-- It may see a message more than once (``redelivered``): delivery is at
-  least once.
+- It never raises; if it does (a bug), the message goes to the pool as if
+  declined. It may see a message more than once (``redelivered``).
 
 What the default strategy does that this path keeps, or does not:
 
 - Kept: late acknowledgement; reservations bounded by the prefetch window
-  (an inline message holds its slot until acked: with prefetch equal to
-  the pool's threads, a full pool also stalls inline answers); Celery's
-  per-worker totals (``inspect stats`` ``total``, the heartbeat's
-  ``processed``), counted under the task's name; task events
-  (``task-received``, ``task-started``, ``task-succeeded``), sent after the
-  answer and only while the worker sends task events (``-E`` or
-  ``enable_events``); revocation, eta and rate limits, by falling back
-  (below).
-- Not kept: task signals (``task_received``, ``task_prerun``,
-  ``task_postrun``, ``task_success``), Celery's "Task received/succeeded"
-  log lines, ``inspect active``/``reserved`` listing (nothing can observe
-  an inline message: control commands wait for it), time limits (the
-  threads pool has none either) and result storage.
-- Falls back to the default strategy for: protocol 1 messages; an ``eta``
-  or ``countdown``; ``expires``; a revoked id (or revoked stamp); a rate
-  limit on the task (checked per message, so ``rate_limit`` set by control
-  applies at once); a result Celery would store; embedded callbacks,
-  errbacks, chains or chords; autoscaler hooks; a body Celery cannot decode
-  (the default strategy reports it as usual).
+  (a message holds its slot until acked, so a full pool also stalls inline
+  answers); Celery's per-worker totals (``inspect stats``, heartbeats);
+  task events, only while the worker sends them (``-E``); revocation, eta
+  and rate limits, by falling back.
+- Not kept: task signals, Celery's per-task log lines, ``inspect
+  active``/``reserved`` listing, time limits (the threads pool has none
+  either) and result storage.
+- Falls back to the default strategy for: protocol 1 messages; an ``eta``,
+  ``countdown`` or ``expires``; a revoked id or stamp; a task rate limit
+  (checked per message); a result Celery would store; embedded callbacks,
+  errbacks, chains or chords; autoscaler hooks; a body Celery cannot decode.
 
 The pool path sees the same ``redelivered`` flag through :func:`redelivered`.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -66,6 +54,7 @@ from typing import Any, Final, Protocol
 from celery.backends.base import DisabledBackend
 from celery.utils.imports import symbol_by_name
 from celery.worker import state as worker_state
+from kombu.transport.virtual.base import QoS as VirtualQoS
 
 from dataservice.limits.admission import DEADLINE_HEADER, SIZE_HEADER
 
@@ -74,6 +63,7 @@ __all__ = [
     "INLINE_STRATEGY",
     "InlineHandler",
     "InlineMessage",
+    "Outcome",
     "inline_strategy",
     "redelivered",
     "serve_inline",
@@ -107,23 +97,34 @@ class InlineMessage:
     headers: Mapping[str, Any]
     #: Delivered before, to a worker that did not acknowledge it.
     redelivered: bool
+    #: What acknowledging it takes on the broker's Redis: kombu's unacked
+    #: index, its unacked hash, the delivery tag (``Outcome.ANSWERED_AND_ACKED``).
+    acknowledgement: tuple[str, str, str] = ("", "", "")
 
     @property
     def deadline(self) -> Any:
-        """The raw deadline header (``DEADLINE_HEADER``), as the pool path reads it."""
-        return self.headers.get(DEADLINE_HEADER)
+        return self.headers.get(DEADLINE_HEADER)  # raw, as the pool path reads it
 
     @property
     def admitted_size(self) -> Any:
-        """The raw size admission counted (``SIZE_HEADER``)."""
         return self.headers.get(SIZE_HEADER)
 
 
-class InlineHandler(Protocol):
-    """Answer ``message`` completely and return True, or return False to pass
-    it to the pool. Runs on the consumer thread; must be quick and never raise."""
+class Outcome(enum.IntEnum):
+    """What an inline handler did with a message (a plain bool works too)."""
 
-    def __call__(self, message: InlineMessage, /) -> bool: ...
+    DECLINED = 0
+    ANSWERED = 1
+    # The answer and the acknowledgement went in one transaction
+    # (``InlineMessage.acknowledgement``): only the consumer's books are left.
+    ANSWERED_AND_ACKED = 2
+
+
+class InlineHandler(Protocol):
+    """Answer ``message`` (an :class:`Outcome`, True) or decline it (False).
+    Runs on the consumer thread; must be quick and never raise."""
+
+    def __call__(self, message: InlineMessage, /) -> bool | Outcome: ...
 
 
 def serve_inline(task: Any, handler: InlineHandler) -> None:
@@ -150,6 +151,13 @@ def inline_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Messa
     return _InlineStrategy(task, app, consumer, handler, default)
 
 
+def _acked_in_redis(message: Any) -> None:
+    """What ``message.ack()`` does besides its Redis commands: the channel's
+    books (so the prefetch window moves on) and the message's state."""
+    VirtualQoS.ack(message.channel.qos, message.delivery_tag)
+    message._state = "ACK"
+
+
 class _InlineStrategy:
     """The message handler :func:`inline_strategy` returns (one per task and connection)."""
 
@@ -173,7 +181,7 @@ class _InlineStrategy:
     ) -> Any:
         inline = None if callbacks or body is not None else self._eligible(message)
         if inline is None:
-            return self._default(message, body, ack, reject, callbacks, **kwargs)
+            return self._passed_on(message, body, ack, reject, callbacks, **kwargs)
         started = time.monotonic()
         try:
             answered = self._handler(inline)
@@ -181,15 +189,30 @@ class _InlineStrategy:
             log.exception("inline handler failed on %s; the pool serves it", inline.task_id)
             answered = False
         if not answered:
-            return self._default(message, body, ack, reject, callbacks, **kwargs)
-        # Only now: the answer is written, so a crash before this point leaves
-        # the message unacknowledged and it is delivered again.
-        ack(log, self._connection_errors)
+            return self._passed_on(message, body, ack, reject, callbacks, **kwargs)
+        self._settle(message, ack, started, Outcome(answered))
+        return None
+
+    def _passed_on(self, message: Any, *args: Any, **kwargs: Any) -> Any:
+        """The default strategy's, after the channel's bookkeeping of the
+        message, which may wait for this decision (``dataservice/broker.py``)."""
+        flush = getattr(message.channel.qos, "flush", None)
+        if flush is not None:
+            flush()
+        return self._default(message, *args, **kwargs)
+
+    def _settle(self, message: Any, ack: Any, started: float, outcome: Outcome) -> None:
+        """Acknowledge an answered message, count it and tell the events.
+        Only now: the answer is written, so a crash before this point leaves
+        the message unacknowledged and it is delivered again."""
+        if outcome == Outcome.ANSWERED_AND_ACKED:
+            _acked_in_redis(message)
+        else:
+            ack(log, self._connection_errors)
         name = message.headers.get("shadow") or self._task.name
         worker_state.total_count[name] += 1
         worker_state.all_total_count[0] += 1
-        self._send_events(inline, name, time.monotonic() - started)
-        return None
+        self._send_events(message.headers, name, time.monotonic() - started)
 
     def _eligible(self, message: Any) -> InlineMessage | None:
         """The message as the handler sees it, or None when only the default
@@ -222,12 +245,14 @@ class _InlineStrategy:
         ):
             return None
         delivery_info = message.delivery_info or {}
+        qos = message.channel.qos
         return InlineMessage(
             task_id=task_id,
             args=tuple(args),
             kwargs=MappingProxyType(kwargs),
             headers=MappingProxyType(headers),
             redelivered=bool(delivery_info.get(_REDELIVERED) or headers.get(_REDELIVERED)),
+            acknowledgement=(qos.unacked_index_key, qos.unacked_key, message.delivery_tag),
         )
 
     def _rate_limited(self) -> bool:
@@ -242,7 +267,7 @@ class _InlineStrategy:
         ignore = headers.get("ignore_result")
         return not (self._task.ignore_result if ignore is None else ignore)
 
-    def _send_events(self, inline: InlineMessage, name: str, runtime_s: float) -> None:
+    def _send_events(self, headers: Mapping[str, Any], name: str, runtime_s: float) -> None:
         """Task events as the pool path sends them, when task events are on.
 
         The dispatcher is looked up per message (the consumer replaces it on
@@ -253,11 +278,11 @@ class _InlineStrategy:
             return
         if eventer.groups and "task" not in eventer.groups:
             return
-        headers = inline.headers
+        task_id = headers.get("id")
         send = eventer.send
         send(
             "task-received",
-            uuid=inline.task_id,
+            uuid=task_id,
             name=name,
             args=headers.get("argsrepr", ""),
             kwargs=headers.get("kwargsrepr", ""),
@@ -267,5 +292,5 @@ class _InlineStrategy:
             eta=None,
             expires=None,
         )
-        send("task-started", uuid=inline.task_id)
-        send("task-succeeded", uuid=inline.task_id, result=_NO_RESULT, runtime=runtime_s)
+        send("task-started", uuid=task_id)
+        send("task-succeeded", uuid=task_id, result=_NO_RESULT, runtime=runtime_s)

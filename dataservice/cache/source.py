@@ -18,14 +18,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from dataservice.cache.breaker import Breaker, CacheDown, Guard
+from dataservice.cache.breaker import Breaker, BreakerState, CacheDown, Guard
 from dataservice.cache.coalesce import Coalescer, FollowerTimedOut, LeaderFailed
 from dataservice.cache.config import CacheConfig
 from dataservice.cache.controls import RolloutControls
 from dataservice.cache.replicas import ANSWER_MARGIN_MS, ReplicaCoalescing
-from dataservice.cache.store import CacheStore
+from dataservice.cache.store import CacheStore, decode_entry
 from dataservice.codec import record_to_pb
 from dataservice.enums import CacheFormat, OperationClass, ReadMode
+from dataservice.keys import record_key
 from dataservice.metrics import BREAKER, CACHE_READS, COALESCED, DEPENDENCY_FAILURES, Dependency
 from dataservice.proto import pb
 from dataservice.store import RecordStore
@@ -66,14 +67,32 @@ class CachedSource:
             config.max_inflight_keys, on_follow=COALESCED.labels(lane, "process").inc
         )
 
-    def peek(self, scope: str, object_id: str, mode: ReadMode, request_id: str) -> pb.Record | None:
-        """A cache hit, or None on a miss; never the database (the consumer
-        thread's path). Raises :class:`CacheDown` when the cache cannot answer."""
-        if mode is ReadMode.PRIMARY:
+    def peek_key(
+        self, scope: str, object_id: str, mode: ReadMode, request_id: str
+    ) -> tuple[CacheFormat, str] | None:
+        """The entry an admitted read would look at first, for the gate to
+        read in the same round trip; None when the read skips the cache."""
+        # Only a closed breaker: a half-open one's single probe belongs to a
+        # read that reports back to it (read()).
+        if mode is ReadMode.PRIMARY or self.breaker.state is not BreakerState.CLOSED:
             return None
         rollout = self._controls.current()
         fmt = rollout.read_format(request_id)
-        return self._get(fmt, scope, object_id, rollout.generation) if fmt else None
+        if fmt is None:
+            return None
+        return fmt, record_key(fmt.value, scope, object_id, rollout.generation)
+
+    def peeked(self, fmt: CacheFormat, value: bytes | None) -> pb.Record | None:
+        """The record in an entry the gate read, or None (a miss, or an entry
+        that does not decode: the full read looks again)."""
+        record = decode_entry(fmt, value) if value is not None else None
+        if record is not None:
+            CACHE_READS.labels(self._lane, fmt.value, "hit").inc()
+        return record
+
+    def peeked_answered(self, fmt: CacheFormat) -> None:
+        """A hit the gate's script answered itself."""
+        CACHE_READS.labels(self._lane, fmt.value, "hit").inc()
 
     def read(
         self, scope: str, object_id: str, mode: ReadMode, deadline_ms: int, request_id: str

@@ -69,7 +69,8 @@ class Fill:
     written: int
 
 
-def _decode(fmt: CacheFormat, value: bytes) -> pb.Record | None:
+def decode_entry(fmt: CacheFormat, value: bytes) -> pb.Record | None:
+    """The record in a stored entry, None if it is not a well-formed one."""
     framed = unframe(value)
     if framed is None:
         return None
@@ -91,7 +92,7 @@ class CacheStore:
     ) -> pb.Record | None:
         """The cached record, or None (absent, or an entry that does not decode)."""
         value = self._redis.get(record_key(fmt.value, scope, object_id, generation))
-        return _decode(fmt, value) if isinstance(value, bytes) else None
+        return decode_entry(fmt, value) if isinstance(value, bytes) else None
 
     def lookup(
         self, fmt: CacheFormat, scope: str, object_id: str, generation: int, lease_ms: int
@@ -107,7 +108,7 @@ class CacheStore:
         ]
         kind, first, *rest = _LOOKUP(self._redis, keys, [lease_ms])
         if kind == b"hit":
-            record = _decode(fmt, first)
+            record = decode_entry(fmt, first)
             return Hit(record) if record is not None else None
         if kind == b"lead":
             return Lead(_bytes(first), int(rest[0]))
@@ -126,7 +127,7 @@ class CacheStore:
             return Word(absent=True)
         if word == RETRY:
             return Word()
-        return Word(record=_decode(CacheFormat.V2, word))
+        return Word(record=decode_entry(CacheFormat.V2, word))
 
     def fill(
         self,

@@ -12,8 +12,12 @@
 -- ARGV[6]  when this request's slot lapses if never released (Unix ms)
 -- ARGV[7]  the retry-after to suggest when the in-flight cap is reached (ms)
 -- ARGV[8]  '1' when the broker marked the message as delivered again, else '0'
+-- KEYS[4]  (optional) a cached record to read once the request is admitted:
+--          record:<fmt>:<scope>:<id>#<gen> (dataservice/cache), so that a cache
+--          hit costs one round trip, and the cache is read only after the limits
 --
--- Returns {'', 0} when admitted (and, with a cap, holding a slot), or
+-- Returns {'', 0} when admitted (and, with a cap, holding a slot; with KEYS[4],
+-- {'', 0, entry or false}), or
 -- {reason, retry_after_ms} with a dataservice.refusals.Reason value:
 -- 'replayed', 'rate_limited' or 'concurrency_limited'.
 -- A request id is remembered whatever the outcome: each attempt uses a new one.
@@ -21,36 +25,13 @@
 -- it) passes once more: the marker goes from '1' to 'r', and a third delivery,
 -- or a replay of a redelivery, is refused.
 --#include gcra.lua
+--#include gate_enter.lua
 
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now_ms = math.floor(now_us / 1000)
-
-if redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) == false then
-  if ARGV[8] ~= '1' or redis.call('GET', KEYS[1]) ~= '1' then
-    return {'replayed', 0}
-  end
-  redis.call('SET', KEYS[1], 'r', 'KEEPTTL')
+local reason, retry_ms = gate_enter()
+if reason ~= '' then
+  return {reason, retry_ms}
 end
-
-local new_tat, retry_ms = gcra_check(KEYS[2], now_us, tonumber(ARGV[2]), tonumber(ARGV[3]))
-if not new_tat then
-  return {'rate_limited', retry_ms}
+if KEYS[4] then
+  return {'', 0, redis.call('GET', KEYS[4])}
 end
-
-local cap = tonumber(ARGV[4])
-if cap > 0 then
-  -- Slots of requests whose worker died lapse on their own.
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_ms)
-  if redis.call('ZCARD', KEYS[3]) >= cap then
-    return {'concurrency_limited', tonumber(ARGV[7])}
-  end
-  local lapse = tonumber(ARGV[6])
-  redis.call('ZADD', KEYS[3], lapse, ARGV[5])
-  if redis.call('PTTL', KEYS[3]) < lapse - now_ms then
-    redis.call('PEXPIRE', KEYS[3], lapse - now_ms + 1000)
-  end
-end
-
-gcra_commit(KEYS[2], new_tat, now_us)
 return {'', 0}

@@ -16,7 +16,8 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import redis
 
@@ -31,6 +32,31 @@ log = logging.getLogger(__name__)
 
 REDIS_RETRY_S = 1.0
 _SCRIPT = LuaScript("gate.lua")
+_HIT = LuaScript("hit.lua")
+
+
+@dataclass(frozen=True, slots=True)
+class Peek:
+    """A cache entry to read once the request is admitted, in the same round
+    trip; with ``answer`` (``hit.lua``'s KEYS[5..8] and ARGV[9..12]), a hit is
+    answered there too (``dataservice/limits/hit.lua``)."""
+
+    key: str
+    answer: tuple[list[str], list[Any]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Peeked:
+    """What the gate read for an admitted request: ``looked`` whether it read
+    at all, ``value`` what the key held (None: nothing), ``answered`` whether
+    the hit was answered in the same step (``Peek.answer``)."""
+
+    looked: bool
+    value: bytes | None = None
+    answered: bool = False
+
+
+NOT_LOOKED = Peeked(False)
 
 
 class CallerLimits(Protocol):
@@ -51,12 +77,24 @@ class RedisLimits:
         self._grace_ms = config.results.grace_ms
 
     def enter(self, entry: Entry) -> Slot:
+        return self.enter_peeking(entry, None)[0]
+
+    def enter_peeking(self, entry: Entry, peek: Peek | None) -> tuple[Slot, Peeked]:
+        """The slot, and with ``peek`` what its key holds, read only if admitted."""
         caller, request_id, rate = entry.caller, entry.request_id, entry.policy.rate
         # Beyond its deadline (plus the skew) a replay would be dropped as late anyway.
         remember_ms = max(1, entry.deadline_ms - entry.now_ms + self._skew_ms)
-        reason, retry_ms = _SCRIPT(
+        keys = [replay_key(caller, request_id), rate_key(caller), inflight_key(caller)]
+        script, more_keys, more_args = _SCRIPT, [], []
+        if peek is not None:
+            more_keys.append(peek.key)
+            if peek.answer is not None:
+                script = _HIT
+                more_keys += peek.answer[0]
+                more_args = peek.answer[1]
+        reason, retry_ms, *peeked = script(
             self._redis,
-            [replay_key(caller, request_id), rate_key(caller), inflight_key(caller)],
+            [*keys, *more_keys],
             [
                 remember_ms,
                 rate.interval_us,
@@ -66,12 +104,23 @@ class RedisLimits:
                 entry.deadline_ms + self._grace_ms,
                 RETRY_AT_CAP_MS,
                 1 if entry.redelivered else 0,
+                *more_args,
             ],
         )
         if reason:
             name = reason.decode() if isinstance(reason, bytes) else str(reason)
             raise rejection(Reason(name), caller, int(retry_ms))
-        return Slot(caller, request_id, entry.capped, local=False, in_redis=entry.capped)
+        slot = Slot(caller, request_id, entry.capped, local=False, in_redis=entry.capped)
+        if peek is None:
+            return slot, NOT_LOOKED
+        if peek.answer is not None:
+            answered = bool(peeked) and peeked[0] == b"hit"
+            # A hit's slot went back with its answer.
+            return dataclasses.replace(slot, in_redis=not answered and slot.in_redis), Peeked(
+                True, None, answered
+            )
+        value = peeked[0] if peeked and isinstance(peeked[0], bytes) else None
+        return slot, Peeked(True, value)
 
     def leave(self, slot: Slot) -> None:
         if slot.in_redis:
@@ -105,19 +154,25 @@ class Gate:
     ) -> Slot:
         """Take the request's place, or raise :class:`~dataservice.refusals.Rejected`."""
         entry = Entry(policy, caller, request_id, deadline_ms, now_ms, capped, redelivered)
+        return self.enter_peeking(entry, None)[0]
+
+    def enter_peeking(self, entry: Entry, peek: Peek | None) -> tuple[Slot, Peeked]:
+        """:meth:`enter`; with ``peek`` (a cache key), the same round trip
+        reads it once the request is admitted (:class:`Peeked`). On this
+        replica's own limits nothing is read."""
         uncertain = False
         if time.monotonic() >= self._redis_retry_at:
             try:
-                return self._shared.enter(entry)
+                return self._shared.enter_peeking(entry, peek)
             except redis.RedisError as exc:
                 log.warning("limits fall back to this replica's share: %s", type(exc).__name__)
                 self._redis_retry_at = time.monotonic() + REDIS_RETRY_S
                 self._on_fallback()
                 # The script may have run before the reply was lost: its slot,
                 # if any, is given back with this one.
-                uncertain = capped
+                uncertain = entry.capped
         slot = self._local.enter(entry)
-        return dataclasses.replace(slot, in_redis=uncertain)
+        return dataclasses.replace(slot, in_redis=uncertain), NOT_LOOKED
 
     @staticmethod
     def slot_member(slot: Slot) -> tuple[str, str] | None:

@@ -23,7 +23,8 @@ from dataservice.auth import Authenticator
 from dataservice.codec import error_response
 from dataservice.config import Config, LaneConfig
 from dataservice.enums import LaneName, StatusCode
-from dataservice.limits.gate import Gate
+from dataservice.limits.gate import Gate, Peek
+from dataservice.limits.slots import Entry
 from dataservice.metrics import DEPENDENCY_FAILURES, REJECTIONS, REQUESTS, TIMEOUTS, Stage
 from dataservice.proto import pb
 from dataservice.refusals import Reason, Refusal, Rejected
@@ -66,11 +67,10 @@ class RequestHandler:
         redelivered: bool = False,
     ) -> Reply | None:
         """Answer one request; None when its caller has already given up."""
-        opened = self.open(task_id, body, deadline_ms)
-        admitted = (
-            self.admit(opened, redelivered=redelivered) if isinstance(opened, Opened) else opened
-        )
-        return self.serve(admitted) if isinstance(admitted, Admitted) else admitted
+        step: Opened | Admitted | Reply | None = self.open(task_id, body, deadline_ms)
+        if isinstance(step, Opened):
+            step = self.admit(step, redelivered=redelivered)
+        return self.serve(step) if isinstance(step, Admitted) else step
 
     def open(self, task_id: str, body: object, deadline_ms: int | None) -> Opened | Reply | None:
         """Verify the envelope (no I/O) and drop it if it is late."""
@@ -84,24 +84,27 @@ class RequestHandler:
             TIMEOUTS.labels(self.lane_name.value, Stage.QUEUE.value).inc()
             log.info("dropped request %s: deadline passed %d ms ago", task_id, late_ms)
             return None
-        return Opened(task_id, envelope, now)
+        return Opened(task_id, envelope, now, envelope.deadline_unix_ms + self._grace_ms)
 
-    def admit(self, opened: Opened, *, redelivered: bool = False) -> Admitted | Reply | None:
-        """Authorise the request and take its place under its caller's limits."""
-        task_id, envelope = opened.task_id, opened.envelope
-        # Absolute: time spent serving the request does not extend the answer's life.
-        expires_at_ms = envelope.deadline_unix_ms + self._grace_ms
+    def admit(
+        self, opened: Opened, *, redelivered: bool = False, peek: Peek | None = None
+    ) -> Admitted | Reply | None:
+        """Authorise the request and take its place under its caller's limits
+        (then, with ``peek``, read that cache entry in the same round trip, and
+        maybe answer it: :class:`~dataservice.limits.gate.Peek`)."""
+        task_id, envelope, expires_at_ms = opened.task_id, opened.envelope, opened.expires_at_ms
         try:
             request = self.authenticator.authorise(envelope)
-            slot = self.gate.enter(
+            entry = Entry(
                 request.policy,
                 envelope.caller,
                 task_id,
                 envelope.deadline_unix_ms,
                 opened.now_ms,
-                capped=self._capped,
-                redelivered=redelivered,
+                self._capped,
+                redelivered,
             )
+            slot, peeked = self.gate.enter_peeking(entry, peek)
         except Rejected as rejected:
             if rejected.reason is Reason.REPLAYED:
                 # The id belongs to the first delivery, which answers under it; an
@@ -110,7 +113,7 @@ class RequestHandler:
                 log.info("dropped request %s: replayed", task_id)
                 return None
             return self._refused(task_id, rejected, rejected.caller, expires_at_ms)
-        return Admitted(task_id, request, slot, expires_at_ms)
+        return Admitted(task_id, request, slot, expires_at_ms, peeked)
 
     def serve(self, admitted: Admitted, result: pb.ResponseEnvelope | None = None) -> Reply:
         """Run the admitted request's operation, unless its ``result`` is
@@ -123,20 +126,23 @@ class RequestHandler:
         REQUESTS.labels(self.lane_name.value, admitted.request.operation, reply.code.name).inc()
         return dataclasses.replace(reply, slot=admitted.slot)
 
+    def answered_by_gate(self, admitted: Admitted) -> None:
+        """A read the gate's script answered (``Peek.answer``), slot and all."""
+        REQUESTS.labels(self.lane_name.value, admitted.request.operation, StatusCode.OK.name).inc()
+        self.gate.leave(admitted.slot, released_in_redis=True)
+
     def internal_error(self, caller: str, task_id: str, deadline_ms: int | None) -> Reply:
-        """The answer for a request whose handling failed outside the handler."""
+        # For a request whose handling failed outside the handler.
         return self._answer(caller, task_id, INTERNAL, self._fallback(deadline_ms))
 
     def release(self, reply: Reply | None, *, released_in_redis: bool = False) -> None:
-        """Give back the in-flight slot a reply holds (its Redis part, unless
-        that went back with the answer)."""
+        """Give back a reply's in-flight slot (in Redis too, unless it went with the answer)."""
         if reply is not None and reply.slot is not None:
             self.gate.leave(reply.slot, released_in_redis=released_in_redis)
 
     def _fallback(self, deadline_ms: int | None) -> int:
-        """Until the envelope is verified, the message's deadline header bounds
-        how long an answer is worth keeping; the header is not signed, so
-        never beyond the lane's longest deadline."""
+        """Until the envelope is verified, the message's deadline header (not
+        signed, so never beyond the lane's longest) bounds an answer's life."""
         now = self._clock()
         longest = now + self.lane.max_deadline_ms
         return min(max(deadline_ms or longest, now), longest) + self._grace_ms

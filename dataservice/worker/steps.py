@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from dataservice.auth import Authorised
 from dataservice.enums import StatusCode
+from dataservice.limits.gate import NOT_LOOKED, Peeked
 from dataservice.limits.slots import Slot
 from dataservice.proto import pb
 
@@ -17,6 +18,8 @@ class Opened:
     task_id: str
     envelope: pb.RequestEnvelope
     now_ms: int
+    # Absolute: time spent serving the request does not extend the answer's life.
+    expires_at_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +31,8 @@ class Admitted:
     request: Authorised
     slot: Slot
     expires_at_ms: int
+    # The cache entry the gate read on the way in, if it was asked to.
+    peeked: Peeked = NOT_LOOKED
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,29 @@
+-- An answer left for its caller, and its request gone from the lane, in one step.
+--
+-- KEYS[1]  the answer's list: ds:result:<caller>:<request id> (unused without an answer)
+-- KEYS[2]  the lane's admission hash: ds:admission:<lane queue>
+-- KEYS[3]  the caller's in-flight set: ds:inflight:<caller> (unused without ARGV[4])
+-- KEYS[4]  kombu's index of unacknowledged messages, a sorted set (unused without ARGV[5])
+-- KEYS[5]  kombu's unacknowledged messages, a hash (unused without ARGV[5])
+-- ARGV[1]  the encoded ResponseEnvelope; '' when there is no answer to leave
+-- ARGV[2]  how long the answer is kept (ms, relative: the server's clock may differ)
+-- ARGV[3]  the request's envelope bytes, given back to the lane's admission
+-- ARGV[4]  the request's member in KEYS[3]; '' when its slot is not in Redis
+-- ARGV[5]  the message's delivery tag; '' when kombu acknowledges it itself
+--
+-- Returns 1.
+
+if ARGV[1] ~= '' then
+  redis.call('RPUSH', KEYS[1], ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+redis.call('HINCRBY', KEYS[2], 'bytes', -tonumber(ARGV[3]))
+redis.call('HINCRBY', KEYS[2], 'done', 1)
+if ARGV[4] ~= '' then
+  redis.call('ZREM', KEYS[3], ARGV[4])
+end
+if ARGV[5] ~= '' then
+  redis.call('ZREM', KEYS[4], ARGV[5])
+  redis.call('HDEL', KEYS[5], ARGV[5])
+end
+return 1

@@ -1,0 +1,39 @@
+-- gate_enter(): one request's pass through its caller's limits (gate.lua's
+-- KEYS[1..3] and ARGV[1..8], documented there). Returns '' and 0 when
+-- admitted, else a dataservice.refusals.Reason value and a retry-after (ms).
+-- Needs gcra.lua.
+
+local function gate_enter()
+  local t = redis.call('TIME')
+  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local now_ms = math.floor(now_us / 1000)
+
+  if redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) == false then
+    if ARGV[8] ~= '1' or redis.call('GET', KEYS[1]) ~= '1' then
+      return 'replayed', 0
+    end
+    redis.call('SET', KEYS[1], 'r', 'KEEPTTL')
+  end
+
+  local new_tat, retry_ms = gcra_check(KEYS[2], now_us, tonumber(ARGV[2]), tonumber(ARGV[3]))
+  if not new_tat then
+    return 'rate_limited', retry_ms
+  end
+
+  local cap = tonumber(ARGV[4])
+  if cap > 0 then
+    -- Slots of requests whose worker died lapse on their own.
+    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_ms)
+    if redis.call('ZCARD', KEYS[3]) >= cap then
+      return 'concurrency_limited', tonumber(ARGV[7])
+    end
+    local lapse = tonumber(ARGV[6])
+    redis.call('ZADD', KEYS[3], lapse, ARGV[5])
+    if redis.call('PTTL', KEYS[3]) < lapse - now_ms then
+      redis.call('PEXPIRE', KEYS[3], lapse - now_ms + 1000)
+    end
+  end
+
+  gcra_commit(KEYS[2], new_tat, now_us)
+  return '', 0
+end

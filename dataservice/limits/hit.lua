@@ -1,0 +1,60 @@
+-- A cached read answered in one step: the caller's limits, then the cache
+-- entry, then (on a hit) the answer, the request gone from its lane and its
+-- message acknowledged. Used when the limits, the cache, the answers and the
+-- broker share one Redis and the read format is v2 (protobuf), whose entry
+-- is the Record's own encoding.
+--
+-- KEYS[1..3], ARGV[1..8]  as gate.lua
+-- KEYS[4]  the cached record: record:v2:<scope>:<id>#<gen>, '<revision>:<Record>'
+-- KEYS[5]  the answer's list: ds:result:<caller>:<request id>
+-- KEYS[6]  the lane's admission hash: ds:admission:<lane queue>
+-- KEYS[7]  kombu's index of unacknowledged messages (unused without ARGV[12])
+-- KEYS[8]  kombu's unacknowledged messages (unused without ARGV[12])
+-- ARGV[9]  the encoded ResponseEnvelope without its result: request_id and an OK status
+-- ARGV[10] how long the answer is kept (ms)
+-- ARGV[11] the request's envelope bytes, given back to the lane's admission
+-- ARGV[12] the message's delivery tag; '' when kombu acknowledges it itself
+--
+-- Returns {reason, retry_after_ms} as gate.lua when refused, {'', 0, 'hit'}
+-- when answered, {'', 0, 'miss'} when admitted without an entry (the
+-- request goes on to the database, holding its slot).
+--#include gcra.lua
+--#include gate_enter.lua
+
+local reason, retry_ms = gate_enter()
+if reason ~= '' then
+  return {reason, retry_ms}
+end
+local entry = redis.call('GET', KEYS[4])
+local colon = entry and string.find(entry, ':', 1, true)
+if not colon then
+  return {'', 0, 'miss'}
+end
+
+-- A protobuf length prefix.
+local function varint(n)
+  local out = {}
+  while n >= 128 do
+    out[#out + 1] = string.char(n % 128 + 128)
+    n = math.floor(n / 128)
+  end
+  out[#out + 1] = string.char(n)
+  return table.concat(out)
+end
+
+local record = string.sub(entry, colon + 1)
+-- ReadRecordResponse.record is field 1 and ResponseEnvelope.read field 10,
+-- both length-delimited: tags 0x0A and 0x52.
+local read = '\10' .. varint(#record) .. record
+redis.call('RPUSH', KEYS[5], ARGV[9] .. '\82' .. varint(#read) .. read)
+redis.call('PEXPIRE', KEYS[5], ARGV[10])
+redis.call('HINCRBY', KEYS[6], 'bytes', -tonumber(ARGV[11]))
+redis.call('HINCRBY', KEYS[6], 'done', 1)
+if tonumber(ARGV[4]) > 0 then
+  redis.call('ZREM', KEYS[3], ARGV[5])
+end
+if ARGV[12] ~= '' then
+  redis.call('ZREM', KEYS[7], ARGV[12])
+  redis.call('HDEL', KEYS[8], ARGV[12])
+end
+return {'', 0, 'hit'}

@@ -1,0 +1,77 @@
+"""``hit.lua``: a cached read answered by the gate's own script, byte for byte
+the answer the worker would encode, with the request leaving its lane and its
+message acknowledged in the same step."""
+
+from __future__ import annotations
+
+import uuid
+
+import redis
+
+from dataservice.cache.formats import CODECS, frame
+from dataservice.config import Config
+from dataservice.enums import CacheFormat
+from dataservice.keys import admission_key, inflight_key, record_key, result_key
+from dataservice.limits.gate import Gate, Peek
+from dataservice.limits.slots import Entry
+from dataservice.proto import pb
+from tests.support import now_ms
+
+INDEX, UNACKED = "hit-test-unacked-index", "hit-test-unacked"
+
+
+def _request(config: Config, redis_client: redis.Redis, scope: str, size: int) -> tuple:
+    request_id = uuid.uuid4().hex
+    tag = str(uuid.uuid4())
+    redis_client.zadd(INDEX, {tag: 1.0})
+    redis_client.hset(UNACKED, tag, "message")
+    key = record_key("v2", scope, "a", 1)
+    prefix = pb.ResponseEnvelope(
+        request_id=request_id, status=pb.Status(code=pb.STATUS_CODE_OK)
+    ).SerializeToString()
+    answer_keys = [result_key("tests", request_id), admission_key("hit-test"), INDEX, UNACKED]
+    peek = Peek(key, (answer_keys, [prefix, 60_000, size, tag]))
+    entry = Entry(config.callers["tests"], "tests", request_id, now_ms() + 5_000, now_ms(), True)
+    return request_id, tag, peek, entry
+
+
+def test_a_hit_is_answered_acknowledged_and_released_in_one_step(
+    config: Config, redis_client: redis.Redis, scope: str
+) -> None:
+    record = pb.Record(object_id="a", revision=3, payload=bytes(range(256)) * 4)
+    body = CODECS[CacheFormat.V2].encode(record)
+    redis_client.set(record_key("v2", scope, "a", 1), frame(3, body))
+    redis_client.hset(admission_key("hit-test"), mapping={"bytes": 500, "done": 0})
+    request_id, tag, peek, entry = _request(config, redis_client, scope, 200)
+
+    slot, peeked = Gate(redis_client, config).enter_peeking(entry, peek)
+
+    assert peeked.answered
+    assert not slot.in_redis
+    expected = pb.ResponseEnvelope(
+        request_id=request_id,
+        status=pb.Status(code=pb.STATUS_CODE_OK),
+        read=pb.ReadRecordResponse(record=record),
+    ).SerializeToString()
+    assert redis_client.lrange(result_key("tests", request_id), 0, -1) == [expected]
+    assert 0 < redis_client.pttl(result_key("tests", request_id)) <= 60_000
+    assert redis_client.hmget(admission_key("hit-test"), "bytes", "done") == [b"300", b"1"]
+    assert redis_client.zscore(inflight_key("tests"), request_id) is None
+    assert redis_client.zscore(INDEX, tag) is None
+    assert not redis_client.hexists(UNACKED, tag)
+
+
+def test_a_miss_is_admitted_holding_its_slot_and_nothing_is_written(
+    config: Config, redis_client: redis.Redis, scope: str
+) -> None:
+    request_id, tag, peek, entry = _request(config, redis_client, scope, 200)
+
+    slot, peeked = Gate(redis_client, config).enter_peeking(entry, peek)
+
+    assert peeked.looked
+    assert not peeked.answered
+    assert slot.in_redis
+    assert redis_client.zscore(inflight_key("tests"), request_id) is not None
+    assert not redis_client.exists(result_key("tests", request_id))
+    assert redis_client.zscore(INDEX, tag) is not None
+    Gate(redis_client, config).leave(slot)
