@@ -122,13 +122,13 @@ class LaneRuntime:
         body: object = args[0] if len(args) == 1 and not kwargs else None
         reply = None
         try:
-            admitted = self.inline.take(task_id)
-            if admitted is not None:
-                reply = self.handler.serve(admitted)
-            else:
-                reply = self.handler.handle(
-                    task_id, body, int_header(deadline), redelivered=redelivered
-                )
+            reply = self.handler.handle(
+                task_id,
+                body,
+                int_header(deadline),
+                redelivered=redelivered,
+                started=self.inline.take(task_id),
+            )
         except Exception as exc:
             # A bug, not a request's fault: answer INTERNAL rather than leave
             # the caller waiting for its deadline.

@@ -44,14 +44,15 @@ class InlineReads:
         # The limits and the cache on the answers' Redis too: a hit can be
         # answered by the gate's own script.
         self._one_redis = one_redis
-        # Requests admitted here whose record was not in the cache, by task
-        # id, until the pool runs them: at most the messages this replica has
-        # reserved (prefetch: one per thread).
-        self._admitted: dict[str, Admitted] = {}
+        # Requests passed on to the pool, by task id, as far as they got here
+        # (verified; or admitted, their record not in the cache), until the
+        # pool runs them: at most the messages this replica has reserved
+        # (prefetch: one per thread).
+        self._passed: dict[str, Opened | Admitted] = {}
 
-    def take(self, task_id: str) -> Admitted | None:
-        """The pool's side: a request admitted here, if this one was."""
-        return self._admitted.pop(task_id, None)
+    def take(self, task_id: str) -> Opened | Admitted | None:
+        """The pool's side: how far this request got here, if it was here."""
+        return self._passed.pop(task_id, None)
 
     def __call__(self, message: InlineMessage) -> Outcome:
         """Answer a cached read on the consumer thread; DECLINED hands the
@@ -70,6 +71,7 @@ class InlineReads:
             # Refused or late: answered (or dropped) here, and counted once.
             return self._answered(message, opened, body)
         if not _cached_read(opened.envelope):
+            self._passed[task_id] = opened
             return Outcome.DECLINED
         read = opened.envelope.read
         source = self._source
@@ -86,7 +88,7 @@ class InlineReads:
         if target is not None and admitted.peeked.looked:
             record = source.peeked(target[0], admitted.peeked.value)
         if record is None:
-            self._admitted[task_id] = admitted
+            self._passed[task_id] = admitted
             return Outcome.DECLINED
         result = pb.ResponseEnvelope(read=pb.ReadRecordResponse(record=record))
         return self._answered(message, self._handler.serve(admitted, result), body)

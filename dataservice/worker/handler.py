@@ -39,6 +39,13 @@ log = logging.getLogger(__name__)
 _ROUTINE_REFUSALS = frozenset({Reason.RATE_LIMITED, Reason.CONCURRENCY_LIMITED})
 
 
+def _unverified_expiry(now: int, deadline_ms: int | None, lane: LaneConfig, grace_ms: int) -> int:
+    """Until the envelope is verified, the message's deadline header (not
+    signed, so never beyond the lane's longest) bounds an answer's life."""
+    longest = now + lane.max_deadline_ms
+    return min(max(deadline_ms or longest, now), longest) + grace_ms
+
+
 class RequestHandler:
     def __init__(
         self,
@@ -65,9 +72,11 @@ class RequestHandler:
         deadline_ms: int | None = None,
         *,
         redelivered: bool = False,
+        started: Opened | Admitted | None = None,
     ) -> Reply | None:
-        """Answer one request; None when its caller has already given up."""
-        step: Opened | Admitted | Reply | None = self.open(task_id, body, deadline_ms)
+        """Answer one request (``started``: as far as it got on the consumer
+        thread); None when its caller has already given up."""
+        step = started or self.open(task_id, body, deadline_ms)
         if isinstance(step, Opened):
             step = self.admit(step, redelivered=redelivered)
         return self.serve(step) if isinstance(step, Admitted) else step
@@ -141,11 +150,7 @@ class RequestHandler:
             self.gate.leave(reply.slot, released_in_redis=released_in_redis)
 
     def _fallback(self, deadline_ms: int | None) -> int:
-        """Until the envelope is verified, the message's deadline header (not
-        signed, so never beyond the lane's longest) bounds an answer's life."""
-        now = self._clock()
-        longest = now + self.lane.max_deadline_ms
-        return min(max(deadline_ms or longest, now), longest) + self._grace_ms
+        return _unverified_expiry(self._clock(), deadline_ms, self.lane, self._grace_ms)
 
     def _serve(self, admitted: Admitted, response: pb.ResponseEnvelope | None) -> Reply:
         task_id, request, expires_at_ms = admitted.task_id, admitted.request, admitted.expires_at_ms
