@@ -12,6 +12,8 @@ import typer
 
 from dataservice.cache.cli import app as cache_app
 from dataservice.callers import KeyRing, load_keyring
+from dataservice.callers_cli import app as keys_app
+from dataservice.changes.cli import changes as changes_command
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.errors import DataServiceError
@@ -25,6 +27,8 @@ app.add_typer(db, name="db")
 acl = typer.Typer(no_args_is_help=True, help="Redis users (ACL) for callers and workers.")
 app.add_typer(acl, name="acl")
 app.add_typer(cache_app, name="cache")
+app.add_typer(keys_app, name="keys")
+app.command("changes")(changes_command)
 
 
 def _fail(exc: DataServiceError, code: int) -> typer.Exit:
@@ -94,51 +98,6 @@ def acl_show() -> None:
     _, config, keyring = _acl_inputs()
     for line in render_commands(keyring, config):
         typer.echo(line)
-
-
-keys = typer.Typer(no_args_is_help=True, help="Caller signing keys (DATASERVICE_CALLERS_FILE).")
-app.add_typer(keys, name="keys")
-
-
-def _callers_file(settings: Settings) -> Path:
-    if settings.callers_file is None:
-        typer.echo("error: DATASERVICE_CALLERS_FILE is not set", err=True)
-        raise typer.Exit(2)
-    return settings.callers_file
-
-
-@keys.command("init")
-def keys_init() -> None:
-    """Give every caller in queues.yml that has none a key (and a Redis password),
-    creating the callers file (mode 600) if needed. Existing keys are kept."""
-    from dataservice.callers import ensure_callers_file
-
-    settings, config = _load()
-    path = _callers_file(settings)
-    try:
-        added = ensure_callers_file(settings, config)
-    except DataServiceError as exc:
-        raise _fail(exc, 1) from None
-    typer.echo(
-        f"{path}: " + (f"new keys for {', '.join(added)}" if added else "every caller has a key")
-    )
-
-
-@keys.command("rotate")
-def keys_rotate(
-    caller: str = typer.Argument(..., help="The caller whose signing key to replace."),
-    key_id: str = typer.Option(..., "--key-id", help="The new key's id, unique across callers."),
-) -> None:
-    """Put a fresh signing key first for CALLER, keeping its current key as the second."""
-    from dataservice.callers import rotate_key
-
-    settings, _ = _load()
-    path = _callers_file(settings)
-    try:
-        dropped = rotate_key(path, caller, key_id)
-    except DataServiceError as exc:
-        raise _fail(exc, 1) from None
-    typer.echo(f"{caller} signs with {key_id}" + (f"; dropped {dropped}" if dropped else ""))
 
 
 @app.command("check-config")

@@ -186,6 +186,17 @@ class BrokerConfig(FrozenModel):
     restore_every_s: Annotated[int, Field(gt=0, le=3_600)]
 
 
+class ChangesConfig(FrozenModel):
+    # The consumer's replication id: unique among the database server's replicas.
+    server_id: Annotated[int, Field(gt=0, lt=1 << 32)]
+    # An active consumer's lease in Redis; a standby takes over once it lapses.
+    lease_ms: Annotated[int, Field(ge=500, le=60_000)]
+    # Past this lag (or with no active consumer), ALLOW_CACHED reads go to the database.
+    max_lag_s: Annotated[float, Field(gt=0, le=3_600, strict=False)]
+    # The longest wait between reconnects to the database (a doubling ramp up to it).
+    reconnect_max_s: Annotated[float, Field(gt=0, le=300, strict=False)]
+
+
 class Config(FrozenModel):
     budget: BudgetConfig
     lanes: Lanes
@@ -197,6 +208,7 @@ class Config(FrozenModel):
     client: ClientConfig
     broker: BrokerConfig
     cache: CacheConfig
+    changes: ChangesConfig
     callers: dict[CallerName, CallerPolicy]
 
     @model_validator(mode="after")

@@ -18,10 +18,13 @@
     │       ├── ResourceExhausted   RESOURCE_EXHAUSTED: overloaded or rate limited
     │       └── Unavailable         UNAVAILABLE: a dependency is down
     ├── ServiceSetupError           a local dependency could not be started or reached
+    │   └── BinlogSetupError        the database cannot feed the change stream (names each setting)
     ├── CacheDetour                 internal: a read takes another way than the cache planned
     │   ├── CacheDown               the breaker is open or a cache command failed
     │   ├── FollowerTimedOut        a coalesced read's own deadline came before the leader's
     │   └── LeaderFailed            the read it waited for failed; it may try itself
+    ├── LeaseLost                   internal: this change consumer is no longer the active one
+    │   └── StaleToken              its fencing token was refused by the invalidation script
     └── Refusal                     internal: why a request was not served (dataservice.refusals)
         ├── Rejected                a check before any work (auth, allowlist, limits)
         ├── AdmissionRefused        a lane queue's bounds or the caller's pace, at publish
@@ -73,9 +76,28 @@ class ServiceSetupError(DataServiceError):
     """A local service (Redis, MariaDB) could not be started or reached."""
 
 
+class BinlogSetupError(ServiceSetupError):
+    """The database server cannot feed the change stream: its binlog settings
+    or the consumer's grants. ``problems`` holds one line per missing setting,
+    each naming the server setting or grant that fixes it."""
+
+    def __init__(self, message: str, problems: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.problems = problems
+
+
 class CacheDetour(DataServiceError):
     """Internal to the cache (:mod:`dataservice.cache`): a read goes another
     way than planned. Never seen by a caller."""
+
+
+class LeaseLost(DataServiceError):
+    """Internal to the change consumer (:mod:`dataservice.changes`): another
+    consumer holds the lease now; this one stands by."""
+
+
+class StaleToken(LeaseLost):
+    """The invalidation script refused this consumer's fencing token."""
 
 
 class RequestError(DataServiceError):

@@ -31,6 +31,11 @@ key                                    what it holds
 ``ds:cache:rollout``                   a hash: the rollout controls (``dataservice cache``)
 ``ds:cache:audit``                     a stream: every change to the controls, who and
                                        what before and after
+``ds:changes:lease``                   the active change consumer's fencing token,
+                                       with its lease as the expiry
+``ds:changes:fence``                   the change consumers' fencing-token counter
+``ds:changes:status``                  a hash: the active consumer's position, lag and
+                                       when it last said so (``docs/changes.md``)
 =====================================  ===========================================
 
 Who may touch what is decided by key pattern (:mod:`dataservice.acl`): a
@@ -60,6 +65,10 @@ CACHE_PREFIX = "ds:cache:"
 FENCE_KEY = CACHE_PREFIX + "fence"
 ROLLOUT_KEY = CACHE_PREFIX + "rollout"
 AUDIT_KEY = CACHE_PREFIX + "audit"
+CHANGES_PREFIX = "ds:changes:"
+CHANGES_LEASE_KEY = CHANGES_PREFIX + "lease"
+CHANGES_FENCE_KEY = CHANGES_PREFIX + "fence"
+CHANGES_STATUS_KEY = CHANGES_PREFIX + "status"
 # Between a cached record's key and its namespace generation: neither a scope
 # nor an object id may hold it (dataservice.identifiers).
 GENERATION_SEP = "#"
@@ -75,6 +84,7 @@ WORKER_STATE_PREFIXES = (
     LOCKWAIT_PREFIX,
     FILLED_PREFIX,
     CACHE_PREFIX,
+    CHANGES_PREFIX,
 )
 
 

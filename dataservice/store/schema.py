@@ -41,3 +41,17 @@ idempotency_keys = Table(
     mysql_engine="InnoDB",
     mysql_charset="utf8mb4",
 )
+
+# Where the change stream has got to in the binlog: saved only after the
+# invalidations it covers, and only by the holder of the newest fencing token.
+change_positions = Table(
+    "change_positions",
+    metadata,
+    Column("stream", String(64, collation="ascii_bin"), primary_key=True),
+    Column("log_file", String(255), nullable=False),
+    Column("log_pos", BigInteger, nullable=False),
+    Column("fencing_token", BigInteger, nullable=False),
+    Column("updated_at", DATETIME(fsp=6), nullable=False),
+    mysql_engine="InnoDB",
+    mysql_charset="utf8mb4",
+)

@@ -1,0 +1,199 @@
+"""The change consumer: binlog in, invalidations out, position saved after.
+
+One process runs :meth:`ChangeConsumer.run` until :meth:`ChangeConsumer.stop`.
+It is *standby* until it takes the lease (:mod:`.lease`), then *active*: it
+reads the binlog from the saved position (:mod:`.checkpoint`), applies each
+transaction's invalidations in one script carrying its fencing token
+(:mod:`.invalidator`), and saves the position only after the invalidations
+it covers. A lost lease, a stale token or any error ends the active spell;
+the consumer waits (a doubling ramp up to ``changes.reconnect_max_s``) and
+tries again. A saved position the server no longer has (purged binlogs), or
+none at all, means changes may have gone unseen: the consumer says so in the
+log and rotates the cache's generation before it reads on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, replace
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from sqlalchemy import Engine, create_engine, text
+
+from dataservice.cache.controls import RolloutControls
+from dataservice.changes.checkpoint import Checkpoints
+from dataservice.changes.invalidator import Invalidator
+from dataservice.changes.lease import Lease
+from dataservice.changes.stream import BinlogChanges, Committed, Position
+from dataservice.config import Config
+from dataservice.errors import LeaseLost
+from dataservice.keys import CHANGES_STATUS_KEY
+from dataservice.settings import Settings
+
+log = logging.getLogger(__name__)
+
+WHO = "change-consumer"
+# Positions are saved at most this often: a replay after a crash is cheap
+# (invalidations are idempotent), a write per binlog transaction is not.
+_SAVE_EVERY_S = 0.2
+_STATUS_EVERY_S = 1.0
+_FIRST_WAIT_S = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerState:
+    role: str  # "standby", "active" or "stopped"
+    token: int = 0
+    position: Position | None = None
+    lag_s: float = 0.0
+    transactions: int = 0
+    invalidated: int = 0
+
+
+class ChangeConsumer:
+    def __init__(self, settings: Settings, config: Config) -> None:
+        self._config = config.changes
+        self._url = getattr(settings, "changes_database_url", None) or settings.database_url
+        self._engine: Engine = create_engine(
+            self._url, pool_size=1, max_overflow=0, pool_recycle=300, pool_pre_ping=True
+        )
+        self._redis = redis.Redis.from_url(
+            settings.redis_url,
+            socket_timeout=2,
+            socket_connect_timeout=2,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self._lease = Lease(self._redis, self._config.lease_ms)
+        self._invalidator = Invalidator(self._redis, config.cache.ttl_s * 1000)
+        self._controls = RolloutControls(self._redis, config.cache)
+        self._checkpoints = Checkpoints(self._engine)
+        self._stop = threading.Event()
+        self.state = ConsumerState("standby")
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        wait_s = _FIRST_WAIT_S
+        while not self._stop.is_set():
+            token = self._lease.take() if self._alive_redis() else None
+            if token is None:
+                self.state = ConsumerState("standby")
+                self._stop.wait(self._config.lease_ms / 3000)
+                continue
+            try:
+                self._active(token)
+                wait_s = _FIRST_WAIT_S
+            except LeaseLost:
+                log.warning("change consumer: lease lost (token %d); standing by", token)
+            except Exception as exc:
+                log.warning("change consumer: %s; retrying in %.1f s", type(exc).__name__, wait_s)
+                self._stop.wait(wait_s)
+                wait_s = min(wait_s * 2, self._config.reconnect_max_s)
+        self.state = replace(self.state, role="stopped")
+        if self.state.token:
+            self._lease.release(self.state.token)
+
+    def close(self) -> None:
+        self._engine.dispose()
+        self._redis.close()
+
+    def _alive_redis(self) -> bool:
+        try:
+            return bool(self._redis.ping())
+        except redis.RedisError:
+            return False
+
+    def _active(self, token: int) -> None:
+        start = self._start(token)
+        self.state = ConsumerState("active", token, start)
+        log.info("change consumer active (token %d) from %s", token, start)
+        heartbeat_s = self._config.lease_ms / 3000
+        stream = BinlogChanges(self._url, self._config.server_id, start, heartbeat_s)
+        renewed = saved = reported = time.monotonic()
+        unsaved: Position | None = None
+        try:
+            for item in stream:
+                now = time.monotonic()
+                if now - renewed >= heartbeat_s:
+                    if not self._lease.renew(token):
+                        raise LeaseLost
+                    renewed = now
+                if isinstance(item, Committed):
+                    self._apply(token, item)
+                    unsaved = item.position
+                else:
+                    self.state = replace(self.state, position=item.position, lag_s=0.0)
+                if unsaved is not None and now - saved >= _SAVE_EVERY_S:
+                    self._checkpoints.save(unsaved, token)
+                    unsaved, saved = None, now
+                if now - reported >= _STATUS_EVERY_S:
+                    self._report()
+                    reported = now
+                if self._stop.is_set():
+                    break
+        finally:
+            stream.close()
+            if unsaved is not None and self._lease.renew(token):
+                self._checkpoints.save(unsaved, token)
+
+    def _apply(self, token: int, item: Committed) -> None:
+        rollout = self._controls.current()
+        if item.wholesale:
+            log.error("records changed wholesale (truncate, drop or rename): rotating the cache")
+            self._controls.rotate(WHO)
+        elif item.changes:
+            # Replicas that have not seen a rotation yet still read the previous generation.
+            generations = {rollout.generation, rollout.generation - 1} - {0}
+            deleted = self._invalidator.apply(token, item.changes, generations)
+            self.state = replace(self.state, invalidated=self.state.invalidated + deleted)
+        self.state = replace(
+            self.state,
+            position=item.position,
+            lag_s=max(0.0, time.time() - item.timestamp),
+            transactions=self.state.transactions + 1,
+        )
+
+    def _start(self, token: int) -> Position:
+        """Where to read from: the saved position, if the server still has it;
+        otherwise the server's current one, after rotating the cache."""
+        saved = self._checkpoints.load()
+        with self._engine.connect() as conn:
+            logs = {row[0] for row in conn.execute(text("SHOW BINARY LOGS"))}
+            head = conn.execute(text("SHOW MASTER STATUS")).first()
+        if saved is not None and saved.log_file in logs:
+            return saved
+        if saved is None:
+            log.error(
+                "no saved binlog position: changes before now are unknown; rotating the cache"
+            )
+        else:
+            log.error(
+                "the saved binlog position (%s) is no longer on the server (purged): "
+                "changes since are unknown; rotating the cache",
+                saved,
+            )
+        self._controls.rotate(WHO)
+        if head is None:
+            raise RuntimeError("the server reports no binlog position")
+        position = Position(str(head[0]), int(head[1]))
+        self._checkpoints.save(position, token)
+        return position
+
+    def _report(self) -> None:
+        state = self.state
+        position = state.position
+        self._redis.hset(
+            CHANGES_STATUS_KEY,
+            mapping={
+                "token": state.token,
+                "log_file": position.log_file if position else "",
+                "log_pos": position.log_pos if position else 0,
+                "lag_s": f"{state.lag_s:.3f}",
+                "at_ms": time.time_ns() // 1_000_000,
+            },
+        )

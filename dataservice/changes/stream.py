@@ -1,0 +1,147 @@
+"""The binlog, read as committed changes to records.
+
+:class:`BinlogChanges` tails the server's binlog (ROW format) with
+``mysql-replication`` and yields, per committed transaction that touched the
+records table, every record it changed with the lowest revision a cache fill
+may still bring for it (:class:`Committed`), and the position after its
+commit. Between transactions it yields :class:`Idle` at least every
+``heartbeat_s``, so the consumer can renew its lease and report its lag while
+the database is quiet. File and position, not GTIDs: ``is_mariadb=False``
+resumes from them on MariaDB too (``docs/changes.md``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pymysql
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.event import HeartbeatLogEvent, QueryEvent, RotateEvent, XidEvent
+from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+from sqlalchemy.engine import make_url
+
+RECORDS_TABLE = "records"
+# Statements that change rows without row events: the cache cannot be told
+# which records, so the whole namespace goes (a generation rotation).
+_WHOLESALE = re.compile(r"^\s*(truncate|drop|rename)\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Position:
+    log_file: str
+    log_pos: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecordChange:
+    scope: str
+    object_id: str
+    # A write's new revision; a delete's revision plus one.
+    floor: int
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    changes: tuple[RecordChange, ...]
+    position: Position
+    # The commit's time on the server (Unix seconds), for the lag.
+    timestamp: int
+    # A statement replaced rows wholesale: no list of records can cover it.
+    wholesale: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Idle:
+    position: Position
+
+
+def _connection(url: str) -> tuple[dict[str, Any], str]:
+    parsed = make_url(url)
+    settings = {
+        "host": parsed.host or "127.0.0.1",
+        "port": parsed.port or 3306,
+        "user": parsed.username or "root",
+        "password": parsed.password or "",
+    }
+    return settings, parsed.database or "dataservice"
+
+
+def _connect(**settings: Any) -> Any:
+    """pymysql's connect, under the keyword it wants: the library still
+    passes the deprecated ``db`` for its control connection."""
+    if "db" in settings:
+        settings["database"] = settings.pop("db")
+    return pymysql.connect(**settings)
+
+
+def _changes(event: Any) -> Iterator[RecordChange]:
+    for row in event.rows:
+        if isinstance(event, UpdateRowsEvent):
+            before, after = row["before_values"], row["after_values"]
+            if (before["scope"], before["object_id"]) != (after["scope"], after["object_id"]):
+                # A key that moved: the old one is gone as if deleted.
+                yield RecordChange(before["scope"], before["object_id"], before["revision"] + 1)
+            yield RecordChange(after["scope"], after["object_id"], after["revision"])
+        elif isinstance(event, DeleteRowsEvent):
+            values = row["values"]
+            yield RecordChange(values["scope"], values["object_id"], values["revision"] + 1)
+        else:
+            values = row["values"]
+            yield RecordChange(values["scope"], values["object_id"], values["revision"])
+
+
+class BinlogChanges:
+    def __init__(
+        self, url: str, server_id: int, start: Position | None, heartbeat_s: float
+    ) -> None:
+        settings, self.schema = _connection(url)
+        self._reader = BinLogStreamReader(
+            connection_settings=settings,
+            server_id=server_id,
+            blocking=True,
+            resume_stream=start is not None,
+            log_file=start.log_file if start else None,
+            log_pos=start.log_pos if start else None,
+            only_events=[
+                WriteRowsEvent,
+                UpdateRowsEvent,
+                DeleteRowsEvent,
+                XidEvent,
+                QueryEvent,
+                RotateEvent,
+                HeartbeatLogEvent,
+            ],
+            only_schemas=[self.schema],
+            slave_heartbeat=heartbeat_s,
+            # File and position resume on MariaDB too (see the module docstring).
+            is_mariadb=False,
+            enable_logging=False,
+            pymysql_wrapper=_connect,
+        )
+
+    @property
+    def position(self) -> Position:
+        return Position(str(self._reader.log_file), int(self._reader.log_pos))
+
+    def __iter__(self) -> Iterator[Committed | Idle]:
+        pending: list[RecordChange] = []
+        for event in self._reader:
+            if isinstance(event, (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)):
+                if event.table == RECORDS_TABLE:
+                    pending.extend(_changes(event))
+            elif isinstance(event, QueryEvent):
+                if RECORDS_TABLE in event.query and _WHOLESALE.match(event.query):
+                    # DDL commits on its own, with no Xid to end it.
+                    yield Committed((), self.position, event.timestamp, wholesale=True)
+            elif isinstance(event, XidEvent):
+                if pending:
+                    yield Committed(tuple(pending), self.position, event.timestamp)
+                pending = []
+            else:
+                yield Idle(self.position)
+
+    def close(self) -> None:
+        self._reader.close()
