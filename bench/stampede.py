@@ -5,8 +5,9 @@ coalescing and, as the baseline, without it, in the same run.
 
 For each mode in turn (``--rounds`` rounds; the order of the two modes
 alternates between rounds), ``--replicas`` interactive worker processes start
-with the shipped ``queues.yml``, changed only in ``cache.coalesce`` (and
-``database.injected_delay_ms`` with ``--db-delay-ms``), and each serves a read
+with the shipped ``queues.yml``, changed only in ``cache.coalesce``,
+``changes.guard`` (off: no change consumer runs here) and, with
+``--db-delay-ms``, ``database.injected_delay_ms``; each serves a read
 before anything is measured. Then ``--keys`` records nobody has read (a fresh
 scope per mode, so every key is cold) are read ``--readers`` times each,
 ``ALLOW_CACHED``, one attempt per read (client retries off), from
@@ -85,6 +86,8 @@ def mode_settings(base: Settings, work: Path, coalesce: bool, delay_ms: int) -> 
     data: dict[str, Any] = yaml.safe_load((_env.REPO / "queues.yml").read_text(encoding="utf-8"))
     data["cache"]["coalesce"] = coalesce
     data["database"]["injected_delay_ms"] = delay_ms
+    # No change consumer runs here, and nothing but the bench changes records.
+    data["changes"]["guard"] = False
     path = work / f"queues-coalesce-{str(coalesce).lower()}.yml"
     path.write_text(
         "# Written by bench/stampede.py for one run.\n" + yaml.safe_dump(data, sort_keys=False),

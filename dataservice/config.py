@@ -193,6 +193,9 @@ class ChangesConfig(FrozenModel):
     lease_ms: Annotated[int, Field(ge=500, le=60_000)]
     # Past this lag (or with no active consumer), ALLOW_CACHED reads go to the database.
     max_lag_s: Annotated[float, Field(gt=0, le=3_600, strict=False)]
+    # Whether the cache is read only while a consumer reports within max_lag_s:
+    # off only where no change stream runs and nothing changes records but the service.
+    guard: bool
     # The longest wait between reconnects to the database (a doubling ramp up to it).
     reconnect_max_s: Annotated[float, Field(gt=0, le=300, strict=False)]
 

@@ -19,6 +19,8 @@
   ``replica`` (another worker's lock).
 - ``dataservice_lock_takeovers_total{lane}``: followers that became leaders.
 - ``dataservice_cache_breaker{lane}``: 0 closed, 1 open, 2 half-open.
+- ``dataservice_freshness_guard{lane}``: 1 while the change stream lags (or
+  is gone) and ``ALLOW_CACHED`` reads go to the database, else 0.
 
 Labels are drawn from closed sets: never a caller's key, payload, scope or id.
 ``dataservice worker --metrics-port`` serves them over HTTP.
@@ -83,6 +85,12 @@ TAKEOVERS = Counter(
 BREAKER = Gauge(
     "dataservice_cache_breaker",
     "The cache's circuit breaker: 0 closed, 1 open, 2 half-open.",
+    ["lane"],
+    registry=REGISTRY,
+)
+FRESHNESS_GUARD = Gauge(
+    "dataservice_freshness_guard",
+    "1 while ALLOW_CACHED reads bypass the cache because the change stream lags or is gone.",
     ["lane"],
     registry=REGISTRY,
 )

@@ -18,6 +18,7 @@ from sqlalchemy import create_engine, text
 
 from dataservice.cache.controls import RolloutControls
 from dataservice.cache.formats import CODECS, frame
+from dataservice.cache.guard import FreshnessGuard, stream_status
 from dataservice.changes.consumer import ChangeConsumer
 from dataservice.changes.invalidator import Invalidator
 from dataservice.changes.lease import Lease
@@ -235,3 +236,26 @@ def running_consumer(settings: Settings, config: Config) -> Iterator[ChangeConsu
         consumer.stop()
         thread.join(10)
         consumer.close()
+
+
+def test_lag_grows_with_the_consumer_stopped_and_the_guard_follows(
+    binlog_url: str, config: Config, cache_redis: redis.Redis
+) -> None:
+    changes = config.changes.model_copy(update={"max_lag_s": 1.0})
+    quick = config.model_copy(update={"changes": changes})
+    settings = Settings(database_url=binlog_url, redis_url=CHANGES_REDIS_URL)
+    engagements: list[bool] = []
+    guard = FreshnessGuard(cache_redis, 1.0, 50, on_change=engagements.append)
+    assert not guard.allows_cache()  # no consumer has ever reported
+    with running_consumer(settings, quick):
+        wait_for(guard.allows_cache, 5)
+        status = stream_status(cache_redis)
+        assert status is not None
+        assert float(status["lag_s"]) <= 1.0
+    # Stopped: its status lapses within max_lag_s, and the guard engages.
+    took = wait_for(lambda: not guard.allows_cache(), 5)
+    assert took <= 1.5
+    assert stream_status(cache_redis) is None
+    with running_consumer(settings, quick):
+        wait_for(guard.allows_cache, 5)
+    assert engagements == [True, False, True, False]

@@ -21,6 +21,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from dataservice.cache.controls import RolloutControls
+from dataservice.cache.guard import stream_status
 from dataservice.cache.rollout import AuditEntry, Change, Rollout, parse_format, parse_formats
 from dataservice.errors import DataServiceError, InvalidControl
 from dataservice.keys import ROLLOUT_KEY
@@ -58,6 +59,22 @@ def _controls() -> Iterator[RolloutControls]:
         raise _fail(exc, 1) from None
     finally:
         client.close()
+
+
+def _guard(stream: dict[str, str] | None) -> str:
+    """The freshness guard as the workers see it (docs/changes.md)."""
+    from dataservice.cli import _load
+
+    _, config = _load()
+    if not config.changes.guard:
+        return "off (changes.guard: false): the cache is read without a change consumer"
+    if stream is None:
+        return "ENGAGED: no change consumer has reported; ALLOW_CACHED reads go to the database"
+    lag = float(stream.get("lag_s", "0"))
+    where = f"{stream.get('log_file', '?')}:{stream.get('log_pos', '?')}"
+    if lag > config.changes.max_lag_s:
+        return f"ENGAGED: the change stream lags {lag:.1f} s at {where}; reads go to the database"
+    return f"off: the change stream is {lag:.1f} s behind at {where} (token {stream.get('token')})"
 
 
 def _who() -> str:
@@ -124,10 +141,14 @@ def status(
     with _controls() as controls:
         rollout = controls.fetch()
         entries = controls.history(HISTORY)
+        stream = stream_status(controls.client)
+    guard = _guard(stream)
     warnings = _warnings(rollout)
     if as_json:
         document = {
             "controls": _as_json(rollout),
+            "change_stream": stream,
+            "freshness_guard": guard,
             "warnings": warnings,
             "history": [_entry_as_json(entry) for entry in entries],
         }
@@ -144,6 +165,7 @@ def status(
         typer.echo(f"  {name:<11} {value}")
     if rollout.bypass:
         typer.echo("  bypass is on: reads go to the database; no cache reads, no fills")
+    typer.echo(f"freshness guard: {guard}")
     for warning in warnings:
         typer.echo(f"warning: {warning}", err=True)
     typer.echo(f"last {HISTORY} changes, newest first:" if entries else "no changes yet")

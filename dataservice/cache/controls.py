@@ -100,6 +100,11 @@ class RolloutControls:
             return rollout
         return self._refresh()
 
+    @property
+    def client(self) -> redis.Redis:
+        """The Redis the controls live in (the change stream reports there too)."""
+        return self._client
+
     def fetch(self) -> Rollout:
         """The values in Redis now, not this replica's copy.
 

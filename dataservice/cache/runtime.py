@@ -7,9 +7,11 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from dataservice.cache.controls import RolloutControls
+from dataservice.cache.guard import FreshnessGuard
 from dataservice.cache.source import CachedSource
 from dataservice.cache.store import CacheStore
 from dataservice.config import Config
+from dataservice.metrics import FRESHNESS_GUARD
 from dataservice.settings import Settings
 from dataservice.store import RecordStore
 from dataservice.worker.database import Database
@@ -52,7 +54,18 @@ class CacheRuntime:
         )
         self.controls = RolloutControls(self._client, cache)
         self.store = CacheStore(self._client, self._waits)
-        self.source = CachedSource(database, store, self.store, self.controls, cache, lane)
+        guard = None
+        if config.changes.guard:
+            gauge = FRESHNESS_GUARD.labels(lane)
+            guard = FreshnessGuard(
+                self._client,
+                config.changes.max_lag_s,
+                cache.controls_max_age_ms,
+                on_change=lambda engaged: gauge.set(1 if engaged else 0),
+            )
+        self.source = CachedSource(
+            database, store, self.store, self.controls, cache, lane, guard=guard
+        )
 
     def close(self) -> None:
         for client in (self._client, self._waits):

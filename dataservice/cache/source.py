@@ -22,6 +22,7 @@ from dataservice.cache.breaker import Breaker, BreakerState, CacheDown, Guard
 from dataservice.cache.coalesce import Coalescer, FollowerTimedOut, LeaderFailed
 from dataservice.cache.config import CacheConfig
 from dataservice.cache.controls import RolloutControls
+from dataservice.cache.guard import FreshnessGuard
 from dataservice.cache.replicas import ANSWER_MARGIN_MS, ReplicaCoalescing
 from dataservice.cache.store import CacheStore, decode_entry
 from dataservice.codec import record_to_pb
@@ -49,6 +50,7 @@ class CachedSource:
         config: CacheConfig,
         lane: str,
         clock: Callable[[], int] = now_ms,
+        guard: FreshnessGuard | None = None,
     ) -> None:
         self._database = database
         self._store = store
@@ -56,6 +58,7 @@ class CachedSource:
         self._controls = controls
         self._lane = lane
         self._clock = clock
+        self._guard_freshness = guard
         self._ttl_ms = config.ttl_s * 1000
         self._coalesce = config.coalesce
         self.breaker = Breaker(config.breaker, on_change=BREAKER.labels(lane).set)
@@ -77,7 +80,7 @@ class CachedSource:
         if mode is ReadMode.PRIMARY or self.breaker.state is not BreakerState.CLOSED:
             return None
         rollout = self._controls.current()
-        fmt = rollout.read_format(request_id)
+        fmt = rollout.read_format(request_id) if self._fresh() else None
         if fmt is None:
             return None
         return fmt, record_key(fmt.value, scope, object_id, rollout.generation)
@@ -100,7 +103,7 @@ class CachedSource:
         if mode is ReadMode.PRIMARY:
             return self._database_read(scope, object_id, deadline_ms)
         rollout = self._controls.current()
-        fmt = rollout.read_format(request_id)
+        fmt = rollout.read_format(request_id) if self._fresh() else None
         if fmt is not None:
             try:
                 record = self._get(fmt, scope, object_id, rollout.generation)
@@ -131,6 +134,10 @@ class CachedSource:
             )
         except CacheDown:
             log.warning("cache: a change could not be invalidated; the change stream will")
+
+    def _fresh(self) -> bool:
+        """Whether the change stream keeps up (the freshness guard is off)."""
+        return self._guard_freshness is None or self._guard_freshness.allows_cache()
 
     def _get(
         self, fmt: CacheFormat, scope: str, object_id: str, generation: int

@@ -114,6 +114,7 @@ class ChangeConsumer:
         log.info("change consumer active (token %d) from %s", token, start)
         heartbeat_s = self._config.lease_ms / 3000
         stream = BinlogChanges(self._url, self._config.server_id, start, heartbeat_s)
+        self._report()
         renewed = saved = reported = time.monotonic()
         unsaved: Position | None = None
         try:
@@ -185,15 +186,20 @@ class ChangeConsumer:
         return position
 
     def _report(self) -> None:
+        """The status the workers' freshness guard reads; it lives only
+        ``changes.max_lag_s``, so a consumer that stops reporting is gone."""
         state = self.state
         position = state.position
-        self._redis.hset(
-            CHANGES_STATUS_KEY,
-            mapping={
-                "token": state.token,
-                "log_file": position.log_file if position else "",
-                "log_pos": position.log_pos if position else 0,
-                "lag_s": f"{state.lag_s:.3f}",
-                "at_ms": time.time_ns() // 1_000_000,
-            },
-        )
+        with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(
+                CHANGES_STATUS_KEY,
+                mapping={
+                    "token": state.token,
+                    "log_file": position.log_file if position else "",
+                    "log_pos": position.log_pos if position else 0,
+                    "lag_s": f"{state.lag_s:.3f}",
+                    "at_ms": time.time_ns() // 1_000_000,
+                },
+            )
+            pipe.pexpire(CHANGES_STATUS_KEY, int(self._config.max_lag_s * 1000))
+            pipe.execute()
