@@ -5,6 +5,12 @@ STAMP := $(VENV)/.installed
 # Caller keys (and Redis passwords): created by `make services` for every
 # caller in queues.yml that has none, readable only by their owner.
 export DATASERVICE_CALLERS_FILE ?= $(CURDIR)/.state/callers.yml
+# Written by `make services` when the configured MariaDB has no binlog: the URLs
+# of the private one that has, which run and demo use instead. Read by each
+# command (not by make) so that a fresh clone's first `make run` sees it; the
+# tests never read it.
+SERVICES_ENV := .state/services.env
+WITH_SERVICES_ENV := set -a; if [ -f $(SERVICES_ENV) ]; then . ./$(SERVICES_ENV); fi; set +a;
 
 .PHONY: run demo test lint services stop-services proto clean
 
@@ -12,17 +18,18 @@ $(STAMP): pyproject.toml scripts/bootstrap.sh
 	scripts/bootstrap.sh
 	touch $@
 
-# Redis and MariaDB answer on the configured URLs (private instances under .state/ if not).
+# Redis and MariaDB answer on the configured URLs (private instances under .state/ if
+# not), and a MariaDB with a binlog is there for the change stream.
 services: $(STAMP)
 	$(BIN)/python -m dataservice.localservices up
 
 run: services
-	$(BIN)/dataservice db upgrade
-	$(BIN)/dataservice run
+	$(WITH_SERVICES_ENV) $(BIN)/dataservice db upgrade
+	$(WITH_SERVICES_ENV) $(BIN)/dataservice run
 
 demo: services
-	$(BIN)/dataservice db upgrade
-	$(BIN)/dataservice run --demo 1000
+	$(WITH_SERVICES_ENV) $(BIN)/dataservice db upgrade
+	$(WITH_SERVICES_ENV) $(BIN)/dataservice run --demo 1000
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -14,6 +14,7 @@ from dataservice.cache.cli import app as cache_app
 from dataservice.callers import KeyRing, load_keyring
 from dataservice.callers_cli import app as keys_app
 from dataservice.changes.cli import changes as changes_command
+from dataservice.changes.user_cli import changes_user
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.errors import DataServiceError
@@ -22,8 +23,9 @@ from dataservice.settings import Settings
 DEMO_CALLER = "demo"
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run and operate dataservice.")
-db = typer.Typer(no_args_is_help=True, help="Database schema.")
+db = typer.Typer(no_args_is_help=True, help="Database schema and the change consumer's user.")
 app.add_typer(db, name="db")
+db.command("changes-user")(changes_user)
 acl = typer.Typer(no_args_is_help=True, help="Redis users (ACL) for callers and workers.")
 app.add_typer(acl, name="acl")
 app.add_typer(cache_app, name="cache")

@@ -29,6 +29,7 @@ _ENV_FIELDS = {
     "DATASERVICE_REDIS_URL": "redis_url",
     "DATASERVICE_DATABASE_URL": "database_url",
     "DATASERVICE_CALLERS_FILE": "callers_file",
+    "DATASERVICE_CHANGES_DATABASE_URL": "changes_database_url",
 }
 
 
@@ -46,6 +47,9 @@ class Settings:
     database_url: str = DEFAULT_DATABASE_URL
     # Caller keys (and Redis passwords); see dataservice.callers. None: not configured.
     callers_file: Path | None = None
+    # The change-stream consumer's own, least-privilege user (docs/changes.md).
+    # None: it connects as the service does.
+    changes_database_url: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -71,11 +75,15 @@ class Settings:
             if not env[name].startswith(("redis://", "rediss://", "unix://")):
                 raise ConfigError(f"{name} must be a redis://, rediss:// or unix:// URL")
             redis_tls(env[name], name)
-        if "DATASERVICE_DATABASE_URL" in env and not env["DATASERVICE_DATABASE_URL"].startswith(
-            "mysql"
-        ):
-            raise ConfigError("DATASERVICE_DATABASE_URL must be a mysql+mysqldb:// URL")
+        for name in ("DATASERVICE_DATABASE_URL", "DATASERVICE_CHANGES_DATABASE_URL"):
+            if name in env and not env[name].startswith("mysql"):
+                raise ConfigError(f"{name} must be a mysql+mysqldb:// URL")
         return cls(**values)
+
+    @property
+    def changes_url(self) -> str:
+        """Where the change-stream consumer connects: its own user, else the service's."""
+        return self.changes_database_url or self.database_url
 
     def to_env(self) -> dict[str, str]:
         """The ``DATASERVICE_*`` variables that reproduce these settings in another process."""

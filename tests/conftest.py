@@ -7,6 +7,8 @@ Tests use Redis databases 14 and 15 and the MariaDB database
 worker processes serve database 14, so a test against them is answered by them
 alone. The cache's multi-replica tests use database 9 and a MariaDB of their
 own (``counting_database``), which counts the replicas' reads itself.
+The change stream's tests use a MariaDB with a binlog (``binlog_database``),
+never the one ``make services`` may start: a test reads no ``.state/`` file.
 A test that needs a service that is down fails when ``CI`` is set, and is
 skipped otherwise.
 """
@@ -27,14 +29,16 @@ from sqlalchemy import Engine, create_engine, text
 from dataservice import Client
 from dataservice.broker import celery_settings
 from dataservice.callers import write_callers_file
+from dataservice.changes.user import changes_url, create_changes_user
 from dataservice.client.transport import Transport
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.errors import ServiceSetupError
-from dataservice.localservices import mysql_reachable, redis_reachable
+from dataservice.localservices import TemporaryBinlogMariaDB, mysql_reachable, redis_reachable
 from dataservice.settings import Settings
 from dataservice.store.migrate import upgrade
 from dataservice.supervisor import Supervisor
+from tests.binlog import BinlogDatabase
 from tests.support import TEST_CALLERS, on_redis, with_test_callers
 from workers.app import LaneRuntime, register_task
 
@@ -51,6 +55,8 @@ TEST_DATABASE = "dataservice_test"
 SERVICE_USER = "ds_test"
 TEST_DATABASE_URL = f"mysql+mysqldb://{SERVICE_USER}:ds-test-pw@127.0.0.1:3306/{TEST_DATABASE}"
 ROOT_URL = "mysql+mysqldb://root@127.0.0.1:3306/"
+CHANGES_USER = "ds_changes"
+CHANGES_PASSWORD = "ds-changes-pw"
 SHIPPED_CONFIG = Path(__file__).resolve().parents[1] / "queues.yml"
 
 
@@ -243,3 +249,24 @@ def replica_settings(settings: Settings, counting_database: CountingDatabase) ->
     finally:
         client.flushdb()
         client.close()
+
+
+@pytest.fixture(scope="session")
+def binlog_database(config: Config) -> Iterator[BinlogDatabase]:
+    """A private MariaDB with a ROW binlog, started once, migrated as ``dataservice
+    db upgrade`` does, with the consumer's user as ``dataservice db changes-user``
+    creates it. A test that stops it starts it again."""
+    server = TemporaryBinlogMariaDB()
+    try:
+        server.start()
+    except ServiceSetupError as exc:
+        server.stop()
+        require(False, f"a private MariaDB with a binlog ({exc})")
+    try:
+        admin_url = server.url(TEST_DATABASE)
+        upgrade(admin_url, config.database)
+        create_changes_user(admin_url, CHANGES_USER, CHANGES_PASSWORD, TEST_DATABASE)
+        consumer_url = changes_url(admin_url, CHANGES_USER, CHANGES_PASSWORD)
+        yield BinlogDatabase(server, TEST_DATABASE, admin_url, consumer_url)
+    finally:
+        server.stop()

@@ -11,8 +11,9 @@ directory, or ``--state-dir``), and keeps running until
 binary log on a free port, for tests and demos that read the change stream.
 
 Modules: :mod:`.probes` (is it answering, where is the binary),
-:mod:`.mariadb` (a server of our own), :mod:`.lifecycle` (``up`` and ``down``)
-and ``__main__`` (the command).
+:mod:`.mariadb` (a server of our own), :mod:`.lifecycle` (``up`` and ``down``),
+:mod:`.binlog` (a server with a binlog where the configured one has none) and
+``__main__`` (the command).
 """
 
 from dataservice.localservices.lifecycle import DEFAULT_STATE_DIR, down, start_redis, up

@@ -1,4 +1,4 @@
-"""``python -m dataservice.localservices up|down [--state-dir DIR]``."""
+"""``python -m dataservice.localservices up|down [--state-dir DIR] [--binlog-port PORT]``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 from dataservice.callers import ensure_callers_file
 from dataservice.errors import DataServiceError
+from dataservice.localservices.binlog import BINLOG_PORT, ensure_binlog
 from dataservice.localservices.lifecycle import DEFAULT_STATE_DIR, down, up
 from dataservice.settings import Settings
 
@@ -16,13 +17,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dataservice.localservices")
     parser.add_argument("action", choices=["up", "down"])
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
+    # Where a private binlog MariaDB listens when the configured one has no binlog.
+    parser.add_argument("--binlog-port", type=int, default=BINLOG_PORT)
     args = parser.parse_args(argv)
     try:
         if args.action == "up":
             settings = Settings.from_env()
             done = up(settings, args.state_dir)
             print("started: " + ", ".join(done) if done else "redis and mariadb are reachable")
-            added = ensure_callers_file(settings, settings.load())
+            config = settings.load()
+            binlog = ensure_binlog(settings, config.database, args.state_dir, args.binlog_port)
+            if binlog is not None:
+                started = " (started)" if binlog.started else ""
+                print(
+                    "the configured mariadb has no binlog: run and demo use the one on port "
+                    f"{binlog.port}{started}, as {binlog.env_file} says"
+                )
+            added = ensure_callers_file(settings, config)
             if added:
                 print(f"{settings.callers_file}: new keys for {', '.join(added)}")
             # Imported here: the ACL rules need the configuration, the rest of this module not.

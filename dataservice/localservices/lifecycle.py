@@ -11,7 +11,7 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 
 from dataservice.errors import ServiceSetupError
-from dataservice.localservices.mariadb import PrivateMariaDB, mariadb_dir
+from dataservice.localservices.mariadb import PrivateMariaDB, binlog_mariadb_dir, mariadb_dir
 from dataservice.localservices.probes import (
     binary,
     is_local,
@@ -64,16 +64,21 @@ def up(settings: Settings, state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
     ):
         if not is_local(db.host):
             raise ServiceSetupError(f"MariaDB at {db.host}:{db.port} is unreachable")
-        PrivateMariaDB(mariadb_dir(state_dir), db.port or 3306).start(detach=True)
+        # With a binlog: the change stream reads it, so no second server is needed.
+        PrivateMariaDB(mariadb_dir(state_dir), db.port or 3306, binlog=True).start(detach=True)
         started.append(f"mariadb on port {db.port or 3306}")
     return started
 
 
 def down(state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
-    """Stop the private instances that ``up`` started."""
+    """Stop the private instances that ``up`` (and ``ensure_binlog``) started."""
     stopped = []
-    for name, pidfile in (("redis", state_dir / "redis" / "redis.pid"),
-                          ("mariadb", mariadb_dir(state_dir) / "mariadb.pid")):  # fmt: skip
+    pidfiles = {
+        "redis": state_dir / "redis" / "redis.pid",
+        "mariadb": mariadb_dir(state_dir) / "mariadb.pid",
+        "binlog mariadb": binlog_mariadb_dir(state_dir) / "mariadb.pid",
+    }
+    for name, pidfile in pidfiles.items():
         try:
             pid = int(pidfile.read_text().strip())
             os.kill(pid, signal.SIGTERM)

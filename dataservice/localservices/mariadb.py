@@ -153,3 +153,9 @@ def mariadb_dir(state_dir: Path) -> Path:
     fallback = Path("/var/tmp") / f"dataservice-{tag}"
     fallback.mkdir(mode=0o755, exist_ok=True)
     return fallback / "mariadb"
+
+
+def binlog_mariadb_dir(state_dir: Path) -> Path:
+    """Where ``up`` keeps the binlog MariaDB it starts beside a configured one
+    without a binlog (:mod:`.binlog`): next to :func:`mariadb_dir`'s."""
+    return mariadb_dir(state_dir).with_name("binlog-mariadb")

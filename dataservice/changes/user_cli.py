@@ -1,0 +1,52 @@
+"""``dataservice db changes-user``: the change-stream consumer's database user."""
+
+from __future__ import annotations
+
+import typer
+
+from dataservice.changes.user import DEFAULT_HOSTS, DEFAULT_USER
+
+
+def changes_user(
+    user: str = typer.Option(DEFAULT_USER, help="The consumer's database user."),
+    host: list[str] = typer.Option(
+        list(DEFAULT_HOSTS), help="A host it connects from (repeat for several; '%' for any)."
+    ),
+) -> None:
+    """Create or update the change-stream consumer's database user with exactly
+    the grants it needs, then print the DATASERVICE_CHANGES_DATABASE_URL line to use.
+
+    Connects as DATASERVICE_DATABASE_URL's user, who must be allowed to create
+    users; run it after `db upgrade`. The password is the one in
+    DATASERVICE_CHANGES_DATABASE_URL when that names the same user (so running
+    it again changes nothing), else a new one. It is stored nowhere: keep the
+    printed line where the consumer's environment comes from."""
+    # Imported here: dataservice.cli imports this module to register the command.
+    from sqlalchemy.engine import make_url
+
+    from dataservice.changes.server import check_server
+    from dataservice.changes.user import changes_url, create_changes_user, new_password
+    from dataservice.cli import _fail, _load
+    from dataservice.errors import BinlogSetupError, DataServiceError
+
+    settings, config = _load()
+    admin = make_url(settings.database_url)
+    if not admin.database:
+        typer.echo("error: DATASERVICE_DATABASE_URL names no database", err=True)
+        raise typer.Exit(2)
+    current = make_url(settings.changes_database_url) if settings.changes_database_url else None
+    kept = current is not None and current.username == user and bool(current.password)
+    password = str(current.password) if current is not None and kept else new_password()
+    try:
+        create_changes_user(settings.database_url, user, password, admin.database, hosts=host)
+    except DataServiceError as exc:
+        raise _fail(exc, 1) from None
+    url = changes_url(settings.database_url, user, password)
+    try:
+        check_server(url, replica_server_id=config.changes.server_id)
+    except BinlogSetupError as exc:
+        # The user is there; the server itself still needs the settings named.
+        typer.echo(f"warning: {exc}", err=True)
+    except DataServiceError as exc:
+        typer.echo(f"warning: could not check as {user}: {exc}", err=True)
+    typer.echo(f"DATASERVICE_CHANGES_DATABASE_URL={url}")

@@ -1,0 +1,37 @@
+"""``DATASERVICE_*`` variables: the change consumer's own connection, and
+the README's table naming every variable the settings read."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from dataservice import settings as settings_module
+from dataservice.errors import ConfigError
+from dataservice.settings import Settings
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+CONSUMER_URL = "mysql+mysqldb://ds_changes:pw@127.0.0.1:3307/dataservice"
+
+
+def test_the_consumer_connects_as_the_service_unless_given_its_own_url() -> None:
+    plain = Settings.from_env({"DATASERVICE_DATABASE_URL": "mysql+mysqldb://u@db/x"})
+    assert plain.changes_database_url is None
+    assert plain.changes_url == "mysql+mysqldb://u@db/x"
+    assert "DATASERVICE_CHANGES_DATABASE_URL" not in plain.to_env()
+    own = Settings.from_env({"DATASERVICE_CHANGES_DATABASE_URL": CONSUMER_URL})
+    assert own.changes_url == CONSUMER_URL
+    assert Settings.from_env(own.to_env()) == own
+
+
+@pytest.mark.parametrize("value", ["", "redis://127.0.0.1:6379/0"])
+def test_a_changes_url_that_is_not_mysql_is_refused_naming_the_variable(value: str) -> None:
+    with pytest.raises(ConfigError, match="DATASERVICE_CHANGES_DATABASE_URL"):
+        Settings.from_env({"DATASERVICE_CHANGES_DATABASE_URL": value})
+
+
+def test_the_readme_lists_every_variable_the_settings_read() -> None:
+    documented = set(re.findall(r"^\| `(DATASERVICE_\w+)` \|", README.read_text(), re.MULTILINE))
+    assert documented == set(settings_module._ENV_FIELDS)
