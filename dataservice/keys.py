@@ -31,6 +31,8 @@ key                                    what it holds
 ``ds:cache:rollout``                   a hash: the rollout controls (``dataservice cache``)
 ``ds:cache:audit``                     a stream: every change to the controls, who and
                                        what before and after
+``changes``                            the change consumer's own queue: nothing is sent
+                                       to it; it makes the consumer a worker node
 ``ds:changes:lease``                   the active change consumer's fencing token,
                                        with its lease as the expiry
 ``ds:changes:fence``                   the change consumers' fencing-token counter
@@ -65,6 +67,7 @@ CACHE_PREFIX = "ds:cache:"
 FENCE_KEY = CACHE_PREFIX + "fence"
 ROLLOUT_KEY = CACHE_PREFIX + "rollout"
 AUDIT_KEY = CACHE_PREFIX + "audit"
+CHANGES_QUEUE = "changes"
 CHANGES_PREFIX = "ds:changes:"
 CHANGES_LEASE_KEY = CHANGES_PREFIX + "lease"
 CHANGES_FENCE_KEY = CHANGES_PREFIX + "fence"

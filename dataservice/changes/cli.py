@@ -1,32 +1,30 @@
-"""``dataservice changes``: the change consumer, in the foreground."""
+"""``dataservice changes``: the change consumer and its worker node, in the foreground."""
 
 from __future__ import annotations
 
 import logging
-import signal
-from types import FrameType
+
+import typer
 
 
-def changes() -> None:
+def changes(loglevel: str = typer.Option("INFO", help="Log level.")) -> None:
     """Tail the database's binlog and invalidate both cache formats for every
     change to a record (docs/changes.md). One consumer is active across all
-    that run; the others stand by and take over when it stops."""
+    that run; the others stand by and take over when it stops. Each is a
+    Celery worker node on the `changes` queue (inspect: dataservice_changes)."""
     # Imported here: dataservice.cli imports this module to register the command.
-    from dataservice.changes.consumer import ChangeConsumer
-    from dataservice.cli import _load
+    from dataservice.changes.server import check_server
+    from dataservice.cli import _fail, _load
+    from dataservice.errors import ServiceSetupError
+    from workers.changes import run_changes_node
 
     settings, config = _load()
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    consumer = ChangeConsumer(settings, config)
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        consumer.stop()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
     try:
-        consumer.run()
-    finally:
-        consumer.close()
+        # Every missing setting and grant at once, before anything starts.
+        check_server(settings.changes_url, replica_server_id=config.changes.server_id)
+    except ServiceSetupError as exc:
+        raise _fail(exc, 2) from None
+    logging.basicConfig(
+        level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    run_changes_node(settings, config, loglevel.upper())

@@ -1,0 +1,79 @@
+"""The change consumer as a Celery worker node.
+
+It consumes a ``changes`` queue of its own, to which nothing is sent: being a
+worker node is what makes it answer ``celery inspect ping``, appear in
+``dataservice run``'s summary and in Flower beside the two pools, and answer
+``celery inspect dataservice_changes`` with its state (active or standby,
+fencing token, position, lag). The consumer itself runs on a thread of its
+own (:class:`~dataservice.changes.consumer.ChangeConsumer`); Celery's warm
+shutdown (``SIGTERM``) stops it, and its lease goes to a standby at once.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from typing import Any
+from weakref import WeakKeyDictionary
+
+from celery import Celery
+from celery.worker.control import inspect_command
+from kombu.entity import Exchange, Queue
+
+from dataservice.broker import celery_app
+from dataservice.changes.consumer import CHANGES_COMMAND, ChangeConsumer
+from dataservice.config import Config
+from dataservice.keys import CHANGES_QUEUE
+from dataservice.settings import Settings
+
+_CONSUMERS: WeakKeyDictionary[Celery, ChangeConsumer] = WeakKeyDictionary()
+
+
+@inspect_command(name=CHANGES_COMMAND)
+def _changes(state: Any) -> dict[str, Any]:
+    """The consumer's state, over Celery's control channel."""
+    consumer = _CONSUMERS.get(state.consumer.app)
+    if consumer is None:
+        return {}
+    current = consumer.state
+    position = current.position
+    return {
+        "role": current.role,
+        "token": current.token,
+        "position": f"{position.log_file}:{position.log_pos}" if position else None,
+        "lag_s": round(current.lag_s, 3),
+        "transactions": current.transactions,
+        "invalidated": current.invalidated,
+    }
+
+
+def node_name() -> str:
+    return f"changes-{os.getpid()}@{socket.gethostname()}"
+
+
+def run_changes_node(settings: Settings, config: Config, loglevel: str = "INFO") -> None:
+    """Run the consumer and its worker node until stopped (blocks)."""
+    app = celery_app("dataservice-changes", settings, config)
+    # Declared like the lanes' queues (the service creates no queue implicitly).
+    own = Queue(CHANGES_QUEUE, Exchange(CHANGES_QUEUE, type="direct"), routing_key=CHANGES_QUEUE)
+    app.conf.task_queues = [*app.conf.task_queues, own]
+    consumer = ChangeConsumer(settings, config)
+    _CONSUMERS[app] = consumer
+    thread = threading.Thread(target=consumer.run, name="change-consumer", daemon=True)
+    worker = app.Worker(
+        hostname=node_name(),
+        queues=[CHANGES_QUEUE],
+        pool="solo",
+        concurrency=1,
+        loglevel=loglevel,
+        without_gossip=True,
+        without_mingle=True,
+    )
+    thread.start()
+    try:
+        worker.start()
+    finally:
+        consumer.stop()
+        thread.join(config.changes.lease_ms / 1000 + 5)
+        consumer.close()
