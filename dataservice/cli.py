@@ -159,7 +159,8 @@ def run(
     ),
     log_dir: Path = typer.Option(Path(".state/logs"), help="Where the worker pools log."),
 ) -> None:
-    """Run both worker pools in the foreground with a live summary (Ctrl-C stops)."""
+    """Run both worker pools and the change consumer in the foreground with a
+    live summary (Ctrl-C stops)."""
     from rich.console import Console
     from rich.live import Live
 
@@ -167,7 +168,7 @@ def run(
 
     settings, config = _load()
     console = Console()
-    supervisor = Supervisor(settings, config, log_dir)
+    supervisor = Supervisor(settings, config, log_dir, changes=True)
     supervisor.start()
     try:
         supervisor.wait_ready()

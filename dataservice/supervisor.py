@@ -1,10 +1,12 @@
-"""``dataservice run``: both worker pools in the foreground, with a live summary.
+"""``dataservice run``: both worker pools and the change consumer in the
+foreground, with a live summary.
 
-The supervisor starts one worker process per lane, restarts a pool that dies
-(with a back-off, so a crash loop cannot spin), and shows each lane's queue
-depth, live workers, database permits in use (and refused), and completed
-requests, sampled from the broker and from Celery's control channel rather
-than from the workers' own logs.
+The supervisor starts one worker process per lane and, with ``changes``, a
+change consumer (``dataservice changes``), restarts any that dies (with a
+back-off, so a crash loop cannot spin), and shows each lane's queue depth,
+live workers, database permits in use (and refused), and completed requests,
+and the consumer's role, position and lag, sampled from the broker and from
+Celery's control channel rather than from the processes' own logs.
 """
 
 from __future__ import annotations
@@ -12,15 +14,23 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 from rich.table import Table
 
 from dataservice.broker import TASK_NAME, celery_app
+from dataservice.changes.consumer import CHANGES_COMMAND
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.limits.permits import PERMITS_COMMAND
-from dataservice.processes import WorkerProcess, stop_all, wait_answering
+from dataservice.processes import (
+    WorkerProcess,
+    dataservice_argv,
+    stop_all,
+    wait_answering,
+    worker_environ,
+)
 from dataservice.settings import Settings
 
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
@@ -29,7 +39,7 @@ READY_TIMEOUT_S = 30.0
 
 @dataclass
 class Pool:
-    lane: LaneName
+    lane: LaneName | None  # None: the change consumer
     log: Path
     worker: WorkerProcess | None = None
     restarts: int = 0
@@ -51,6 +61,8 @@ class LaneStats:
 class Snapshot:
     at: float
     lanes: dict[LaneName, LaneStats] = field(default_factory=dict)
+    # What the change consumers said (dataservice_changes), one dict per node.
+    changes: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Supervisor:
@@ -60,17 +72,25 @@ class Supervisor:
         config: Config,
         log_dir: Path,
         lanes: tuple[LaneName, ...] = tuple(LaneName),
+        *,
+        changes: bool = False,
     ) -> None:
         self.settings = settings
         self.config = config
         log_dir.mkdir(parents=True, exist_ok=True)
         self.pools = [Pool(lane, log_dir / f"worker-{lane.value}.log") for lane in lanes]
+        if changes:
+            self.pools.append(Pool(None, log_dir / "changes.log"))
         self._control = celery_app("dataservice-supervisor", settings, config)
         self._broker = redis.Redis.from_url(settings.broker_url, socket_timeout=2)
         self._last: Snapshot | None = None
 
     def _spawn(self, pool: Pool) -> None:
-        pool.worker = WorkerProcess.for_lane(self.settings, pool.lane, pool.log).start()
+        if pool.lane is None:
+            argv, environ = dataservice_argv("changes"), worker_environ(self.settings)
+            pool.worker = WorkerProcess(argv, environ, pool.log, "changes").start()
+        else:
+            pool.worker = WorkerProcess.for_lane(self.settings, pool.lane, pool.log).start()
 
     def start(self) -> None:
         for pool in self.pools:
@@ -78,9 +98,11 @@ class Supervisor:
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
         """Until every pool answers; one that dies meanwhile is restarted (with back-off)."""
+        # The lanes only: a consumer that cannot start (no binlog, say) shows
+        # as down in the summary; the service still serves, without its cache.
         wait_answering(
             self._control,
-            lambda: [pool.worker for pool in self.pools if pool.worker is not None],
+            lambda: [p.worker for p in self.pools if p.worker is not None and p.lane is not None],
             timeout,
             check=self.check_pools,
         )
@@ -105,7 +127,9 @@ class Supervisor:
         inspect = self._control.control.inspect(timeout=0.5, limit=len(self.pools))
         stats = inspect.stats() or {}
         gauges = inspect._request(PERMITS_COMMAND) or {}
-        for lane in (pool.lane for pool in self.pools):
+        if any(pool.lane is None for pool in self.pools):
+            snap.changes = [s for s in (inspect._request(CHANGES_COMMAND) or {}).values() if s]
+        for lane in (pool.lane for pool in self.pools if pool.lane is not None):
             lane_stats = LaneStats(depth=int(self._broker.llen(self.config.lanes[lane].queue)))
             for node, info in stats.items():
                 if node.startswith(f"{lane.value}-"):
@@ -125,11 +149,13 @@ class Supervisor:
         return snap
 
     def table(self, snap: Snapshot) -> Table:
-        table = Table(title="dataservice", caption="Ctrl-C stops the service")
+        table = Table(title="dataservice", caption=_consumer_line(self.pools, snap))
         columns = ("lane", "queued", "workers", "permits", "refused", "done", "per s", "restarts")
         for column in columns:
             table.add_column(column, justify="right" if column != "lane" else "left")
         for pool in self.pools:
+            if pool.lane is None:
+                continue
             stats = snap.lanes[pool.lane]
             alive = pool.worker is not None and pool.worker.running
             table.add_row(
@@ -149,3 +175,23 @@ class Supervisor:
         stop_all((pool.worker for pool in self.pools if pool.worker is not None), timeout)
         self._control.close()
         self._broker.close()
+
+
+def _consumer_line(pools: list[Pool], snap: Snapshot) -> str:
+    """The change consumer, under the lanes; then how to stop."""
+    consumer = next((pool for pool in pools if pool.lane is None), None)
+    if consumer is None:
+        return "Ctrl-C stops the service"
+    if consumer.worker is None or not consumer.worker.running:
+        state = f"[red]down[/red] (restarts: {consumer.restarts}; see {consumer.log})"
+    else:
+        active = [s for s in snap.changes if s.get("role") == "active"]
+        if active:
+            now = active[0]
+            state = (
+                f"active, token {now.get('token')}, at {now.get('position')}, "
+                f"lag {float(now.get('lag_s') or 0):.1f} s, {now.get('transactions')} transactions"
+            )
+        else:
+            state = "standby (another consumer holds the lease)" if snap.changes else "starting"
+    return f"change consumer: {state}\nCtrl-C stops the service"

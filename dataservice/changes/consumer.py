@@ -37,6 +37,8 @@ from dataservice.settings import Settings
 log = logging.getLogger(__name__)
 
 WHO = "change-consumer"
+# The control command a consumer's worker node answers with its state.
+CHANGES_COMMAND = "dataservice_changes"
 # Positions are saved at most this often: a replay after a crash is cheap
 # (invalidations are idempotent), a write per binlog transaction is not.
 _SAVE_EVERY_S = 0.2
@@ -57,7 +59,7 @@ class ConsumerState:
 class ChangeConsumer:
     def __init__(self, settings: Settings, config: Config) -> None:
         self._config = config.changes
-        self._url = getattr(settings, "changes_database_url", None) or settings.database_url
+        self._url = settings.changes_url
         self._engine: Engine = create_engine(
             self._url, pool_size=1, max_overflow=0, pool_recycle=300, pool_pre_ping=True
         )
