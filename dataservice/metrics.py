@@ -21,6 +21,10 @@
 - ``dataservice_cache_breaker{lane}``: 0 closed, 1 open, 2 half-open.
 - ``dataservice_freshness_guard{lane}``: 1 while the change stream lags (or
   is gone) and ``ALLOW_CACHED`` reads go to the database, else 0.
+- The change consumer's (``dataservice changes --metrics-port``):
+  ``dataservice_changes_active`` (1 while it holds the lease),
+  ``dataservice_changes_lag_seconds``, ``dataservice_changes_transactions_total``
+  and ``dataservice_changes_invalidated_total`` (cache entries deleted).
 
 Labels are drawn from closed sets: never a caller's key, payload, scope or id.
 ``dataservice worker --metrics-port`` serves them over HTTP.
@@ -92,6 +96,26 @@ FRESHNESS_GUARD = Gauge(
     "dataservice_freshness_guard",
     "1 while ALLOW_CACHED reads bypass the cache because the change stream lags or is gone.",
     ["lane"],
+    registry=REGISTRY,
+)
+CHANGES_ACTIVE = Gauge(
+    "dataservice_changes_active",
+    "1 while this change consumer holds the lease and applies invalidations.",
+    registry=REGISTRY,
+)
+CHANGES_LAG = Gauge(
+    "dataservice_changes_lag_seconds",
+    "Seconds since the commit of the binlog transaction the consumer last applied, while behind.",
+    registry=REGISTRY,
+)
+CHANGES_TRANSACTIONS = Counter(
+    "dataservice_changes_transactions",
+    "Binlog transactions that changed records, applied to the cache.",
+    registry=REGISTRY,
+)
+CHANGES_INVALIDATED = Counter(
+    "dataservice_changes_invalidated",
+    "Cache entries the change consumer deleted.",
     registry=REGISTRY,
 )
 

@@ -7,7 +7,12 @@ import logging
 import typer
 
 
-def changes(loglevel: str = typer.Option("INFO", help="Log level.")) -> None:
+def changes(
+    loglevel: str = typer.Option("INFO", help="Log level."),
+    metrics_port: int = typer.Option(
+        0, min=0, max=65535, help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off)."
+    ),
+) -> None:
     """Tail the database's binlog and invalidate both cache formats for every
     change to a record (docs/changes.md). One consumer is active across all
     that run; the others stand by and take over when it stops. Each is a
@@ -27,4 +32,8 @@ def changes(loglevel: str = typer.Option("INFO", help="Log level.")) -> None:
     logging.basicConfig(
         level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if metrics_port:
+        from dataservice.metrics import serve
+
+        serve(metrics_port)
     run_changes_node(settings, config, loglevel.upper())

@@ -32,6 +32,12 @@ from dataservice.changes.stream import BinlogChanges, Committed, Position
 from dataservice.config import Config
 from dataservice.errors import LeaseLost
 from dataservice.keys import CHANGES_STATUS_KEY
+from dataservice.metrics import (
+    CHANGES_ACTIVE,
+    CHANGES_INVALIDATED,
+    CHANGES_LAG,
+    CHANGES_TRANSACTIONS,
+)
 from dataservice.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -113,6 +119,7 @@ class ChangeConsumer:
     def _active(self, token: int) -> None:
         start = self._start(token)
         self.state = ConsumerState("active", token, start)
+        CHANGES_ACTIVE.set(1)
         log.info("change consumer active (token %d) from %s", token, start)
         heartbeat_s = self._config.lease_ms / 3000
         stream = BinlogChanges(self._url, self._config.server_id, start, heartbeat_s)
@@ -140,6 +147,7 @@ class ChangeConsumer:
                 if self._stop.is_set():
                     break
         finally:
+            CHANGES_ACTIVE.set(0)
             stream.close()
             if unsaved is not None and self._lease.renew(token):
                 self._checkpoints.save(unsaved, token)
@@ -154,6 +162,8 @@ class ChangeConsumer:
             generations = {rollout.generation, rollout.generation - 1} - {0}
             deleted = self._invalidator.apply(token, item.changes, generations)
             self.state = replace(self.state, invalidated=self.state.invalidated + deleted)
+            CHANGES_INVALIDATED.inc(deleted)
+        CHANGES_TRANSACTIONS.inc()
         self.state = replace(
             self.state,
             position=item.position,
@@ -165,6 +175,7 @@ class ChangeConsumer:
         """Where to read from: the saved position, if the server still has it;
         otherwise the server's current one, after rotating the cache."""
         saved = self._checkpoints.load()
+        self._lease.outrank(token, self._checkpoints.highest_token())
         with self._engine.connect() as conn:
             logs = {row[0] for row in conn.execute(text("SHOW BINARY LOGS"))}
             head = conn.execute(text("SHOW MASTER STATUS")).first()
@@ -191,6 +202,7 @@ class ChangeConsumer:
         """The status the workers' freshness guard reads; it lives only
         ``changes.max_lag_s``, so a consumer that stops reporting is gone."""
         state = self.state
+        CHANGES_LAG.set(state.lag_s)
         position = state.position
         with self._redis.pipeline(transaction=True) as pipe:
             pipe.hset(

@@ -1,0 +1,250 @@
+"""Commit-to-invalidation latency of the change stream, against the binlog's own delivery.
+
+    .venv/bin/python bench/changes_latency.py [--writes 1000] [--ids 200] [--json out.json]
+
+Sets everything up itself: a private MariaDB with a binlog (a temporary
+directory and a free port), migrated; Redis db ``--redis-db`` (flushed before
+and after; never db 0); one ``dataservice changes`` subprocess, waited for
+until it holds the lease. Then ``--writes`` random changes by direct SQL, one
+at a time (inserts, updates and deletes of ``--ids`` records in one scope),
+each made after the record's cache entries were planted in both formats:
+
+- **invalidation latency**: from the moment the write's ``COMMIT`` returned to
+  the moment neither entry exists any more (polled every 0.2 ms);
+- **baseline, the binlog's own delivery**: from the same moment to the
+  arrival of the write's row event at a bare ``mysql-replication`` reader in
+  this process (the floor any binlog consumer stands on).
+
+The report gives both distributions and the ratio of their p50s and p99s.
+**Target: invalidation p99 at most 200 ms.**
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import redis
+import yaml
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+from sqlalchemy import create_engine, text
+
+from bench import _env
+from dataservice.cache.controls import RolloutControls
+from dataservice.cache.formats import CODECS, frame
+from dataservice.config import load_config
+from dataservice.enums import CacheFormat
+from dataservice.keys import CHANGES_LEASE_KEY, record_key
+from dataservice.localservices import TemporaryBinlogMariaDB
+from dataservice.processes import WorkerProcess, dataservice_argv, worker_environ
+from dataservice.proto import pb
+from dataservice.settings import Settings
+from dataservice.store.migrate import upgrade
+
+TARGET_P99_MS = 200.0
+_POLL_S = 0.0002
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "p50_ms": percentile(values, 50),
+        "p90_ms": percentile(values, 90),
+        "p99_ms": percentile(values, 99),
+        "max_ms": max(values),
+        "mean_ms": statistics.fmean(values),
+    }
+
+
+class Arrivals:
+    """A bare binlog reader: when each (scope, id, revision) arrived."""
+
+    def __init__(self, url: str, schema: str) -> None:
+        parsed = url.split("://", 1)[1]
+        credentials, _, rest = parsed.partition("@")
+        host, _, port_db = rest.partition(":")
+        port = int(port_db.split("/", 1)[0])
+        self._reader = BinLogStreamReader(
+            connection_settings={"host": host, "port": port, "user": credentials.split(":")[0]},
+            server_id=4299,
+            blocking=True,
+            resume_stream=False,
+            only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent],
+            only_schemas=[schema],
+            only_tables=["records"],
+            enable_logging=False,
+        )
+        self.seen: dict[tuple[str, int], float] = {}
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for event in self._reader:
+                now = time.monotonic()
+                for row in event.rows:
+                    values = row.get("after_values") or row.get("values")
+                    self.seen[(values["object_id"], values["revision"])] = now
+        except Exception:
+            return
+
+
+def measure(
+    args: argparse.Namespace,
+    rng: random.Random,
+    url: str,
+    client: redis.Redis,
+    generation: int,
+    arrivals: Arrivals,
+) -> tuple[list[float], list[float], dict[str, int]]:
+    """One write at a time: plant both formats, write, time the invalidation
+    and the binlog's own delivery of the same row."""
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    scope = f"bench-{uuid.uuid4().hex[:8]}"
+    revisions: dict[str, int] = {}
+    invalidation: list[float] = []
+    delivery: list[float] = []
+    kinds = {"insert": 0, "update": 0, "delete": 0}
+    body = CODECS[CacheFormat.V2].encode(pb.Record(object_id="x", revision=1))
+    with engine.connect() as conn:
+        for _ in range(args.writes):
+            object_id = f"id-{rng.randrange(args.ids)}"
+            current = revisions.get(object_id)
+            keys = [record_key(f.value, scope, object_id, generation) for f in CacheFormat]
+            for key in keys:
+                client.set(key, frame(current or 0, body))
+            if current is not None and rng.random() < 0.2:
+                kind, revision = "delete", current
+                conn.execute(
+                    text("DELETE FROM records WHERE scope = :s AND object_id = :o"),
+                    {"s": scope, "o": object_id},
+                )
+                del revisions[object_id]
+            else:
+                kind, revision = ("update" if current else "insert"), (current or 0) + 1
+                conn.execute(
+                    text(
+                        "INSERT INTO records (scope, object_id, revision, payload,"
+                        " created_at, updated_at) VALUES (:s, :o, :r, 'p', NOW(6), NOW(6))"
+                        " ON DUPLICATE KEY UPDATE revision = :r, updated_at = NOW(6)"
+                    ),
+                    {"s": scope, "o": object_id, "r": revision},
+                )
+                revisions[object_id] = revision
+            committed = time.monotonic()
+            kinds[kind] += 1
+            while client.exists(*keys):
+                if time.monotonic() - committed > 10:
+                    raise RuntimeError(f"{object_id} was not invalidated within 10 s")
+                time.sleep(_POLL_S)
+            invalidation.append((time.monotonic() - committed) * 1000)
+            arrived_at = None
+            while arrived_at is None and time.monotonic() - committed < 10:
+                arrived_at = arrivals.seen.get((object_id, revision))
+                time.sleep(_POLL_S)
+            if arrived_at is not None:
+                delivery.append(max(0.0, arrived_at - committed) * 1000)
+    engine.dispose()
+    return invalidation, delivery, kinds
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    server = TemporaryBinlogMariaDB().start()
+    redis_url = _env.redis_url("127.0.0.1", 6379, args.redis_db)
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    workdir = Path(server.datadir).parent
+    consumer: WorkerProcess | None = None
+
+    try:
+        url = server.url("dataservice")
+        shipped = load_config(_env.REPO / "queues.yml")
+        upgrade(url, shipped.database)
+        config_path = workdir / "queues.yml"
+        config_path.write_text((_env.REPO / "queues.yml").read_text(encoding="utf-8"))
+        settings = Settings(
+            config_path=config_path,
+            broker_url=redis_url,
+            result_backend_url=redis_url,
+            database_url=url,
+            redis_url=redis_url,
+        )
+        consumer = WorkerProcess(
+            dataservice_argv("changes"),
+            worker_environ(settings),
+            workdir / "changes.log",
+            "changes",
+        ).start()
+        deadline = time.monotonic() + 30
+        while not client.exists(CHANGES_LEASE_KEY):
+            consumer.check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError("the consumer did not take the lease")
+            time.sleep(0.05)
+        # Its first act is a rotation (no saved position): wait for it to settle.
+        time.sleep(1.0)
+        generation = RolloutControls(client, shipped.cache).fetch().generation
+        machine = _env.machine_info(redis_url, url)
+        arrivals = Arrivals(url, "dataservice")
+        invalidation, delivery, kinds = measure(args, rng, url, client, generation, arrivals)
+    finally:
+        # The bare reader's thread blocks in a read that closing its
+        # connection from here can deadlock on; the server's stop ends it.
+        if consumer is not None:
+            consumer.stop()
+        client.flushdb()
+        client.close()
+        server.stop()
+    inv, base = summary(invalidation), summary(delivery)
+    return {
+        "command": " ".join(["python", "bench/changes_latency.py", *sys.argv[1:]]),
+        "machine": machine,
+        "setup": {"writes": args.writes, "ids": args.ids, "kinds": kinds, "seed": args.seed},
+        "invalidation": inv,
+        "binlog_delivery": base,
+        # None where the binlog's own delivery rounds to nothing.
+        "ratios": {
+            q: inv[f"{q}_ms"] / base[f"{q}_ms"] if base[f"{q}_ms"] else None for q in ("p50", "p99")
+        },
+        "target": {"p99_ms": TARGET_P99_MS, "met": inv["p99_ms"] <= TARGET_P99_MS},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--writes", type=int, default=1000)
+    p.add_argument("--ids", type=int, default=200)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--redis-db", type=int, default=2, help="flushed before and after; not 0")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    if args.redis_db == 0:
+        p.error("--redis-db must not be 0")
+    report = run(args)
+    shown = ("setup", "invalidation", "binlog_delivery", "ratios", "target")
+    print(yaml.safe_dump({k: report[k] for k in shown}, sort_keys=False))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0 if report["target"]["met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
