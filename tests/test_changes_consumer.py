@@ -5,79 +5,40 @@ standby takes over, positions survive restarts (``docs/changes.md``)."""
 from __future__ import annotations
 
 import signal
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 from sqlalchemy import create_engine, text
 
+from dataservice.broker import celery_app
 from dataservice.cache.controls import RolloutControls
-from dataservice.cache.formats import CODECS, frame
 from dataservice.cache.guard import FreshnessGuard, stream_status
-from dataservice.changes.consumer import ChangeConsumer
+from dataservice.changes.consumer import CHANGES_COMMAND, ChangeConsumer
 from dataservice.changes.invalidator import Invalidator
 from dataservice.changes.lease import Lease
 from dataservice.changes.stream import RecordChange
 from dataservice.config import Config
-from dataservice.enums import CacheFormat
-from dataservice.errors import ServiceSetupError, StaleToken
-from dataservice.keys import CHANGES_LEASE_KEY, record_key, tombstone_key
-from dataservice.localservices import TemporaryBinlogMariaDB
-from dataservice.processes import WorkerProcess, dataservice_argv, worker_environ
-from dataservice.proto import pb
+from dataservice.errors import StaleToken
+from dataservice.keys import CHANGES_LEASE_KEY, tombstone_key
 from dataservice.settings import Settings
-from dataservice.store.migrate import upgrade
-from tests.conftest import SHIPPED_CONFIG, require
+from tests import changes_support
+from tests.changes_support import (
+    CHANGES_REDIS_URL,
+    cached,
+    consumer_process,
+    holder,
+    plant,
+    running_consumer,
+    wait_for,
+)
+from tests.support import counter, on_redis
 
-# The change stream's tests alone use this database.
-CHANGES_REDIS_URL = "redis://127.0.0.1:6379/2"
-
-
-@pytest.fixture(scope="module")
-def binlog_url(config: Config) -> Iterator[str]:
-    server = TemporaryBinlogMariaDB()
-    try:
-        server.start()
-    except ServiceSetupError as exc:
-        server.stop()
-        require(False, f"a private MariaDB with a binlog ({exc})")
-    url = server.url("dataservice")
-    upgrade(url, config.database)
-    yield url
-    server.stop()
-
-
-@pytest.fixture
-def cache_redis() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(CHANGES_REDIS_URL)
-    client.flushdb()
-    yield client
-    client.flushdb()
-    client.close()
-
-
-def plant(client: redis.Redis, scope: str, object_id: str, revision: int) -> None:
-    body = CODECS[CacheFormat.V2].encode(pb.Record(object_id=object_id, revision=revision))
-    for fmt in ("v1", "v2"):
-        client.set(record_key(fmt, scope, object_id, 1), frame(revision, body))
-
-
-def cached(client: redis.Redis, scope: str, object_id: str) -> int:
-    return int(client.exists(*(record_key(f, scope, object_id, 1) for f in ("v1", "v2"))))
-
-
-def wait_for(check: Callable[[], object], timeout_s: float = 5.0) -> float:
-    started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
-        if check():
-            return time.monotonic() - started
-        time.sleep(0.01)
-    raise AssertionError("timed out")
+binlog_url = changes_support.binlog_url
+cache_redis = changes_support.cache_redis
 
 
 @pytest.fixture
@@ -93,6 +54,8 @@ def test_a_change_made_by_direct_sql_invalidates_both_formats(
     scope = f"t-{uuid.uuid4().hex[:10]}"
     plant(cache_redis, scope, "a", 1)
     plant(cache_redis, scope, "b", 1)
+    transactions = counter("dataservice_changes_transactions")
+    invalidated = counter("dataservice_changes_invalidated")
     engine = create_engine(binlog_url)
     with engine.begin() as conn:
         conn.execute(
@@ -109,6 +72,8 @@ def test_a_change_made_by_direct_sql_invalidates_both_formats(
         conn.execute(text("DELETE FROM records WHERE scope = :s AND object_id = 'b'"), {"s": scope})
     wait_for(lambda: cache_redis.get(tombstone_key(scope, "b")) == b"6")
     engine.dispose()
+    assert counter("dataservice_changes_transactions") == transactions + 2
+    assert counter("dataservice_changes_invalidated") == invalidated + 4
 
 
 def test_a_stale_token_is_refused_and_changes_nothing(
@@ -131,36 +96,20 @@ def test_a_stale_token_is_refused_and_changes_nothing(
     assert invalidator.apply(second, [RecordChange("s", "a", 2)], [1]) == 2
 
 
-def _consumer_process(binlog_url: str, log_path: Path) -> WorkerProcess:
-    settings = Settings(
-        config_path=SHIPPED_CONFIG, database_url=binlog_url, redis_url=CHANGES_REDIS_URL
-    )
-    return WorkerProcess(
-        dataservice_argv("changes"),
-        worker_environ(settings),
-        log_path,
-        "changes",
-    )
-
-
-def _holder(client: redis.Redis) -> int:
-    return int(client.get(CHANGES_LEASE_KEY) or 0)
-
-
 @pytest.mark.timeout(90)
 def test_one_consumer_applies_and_a_standby_takes_over_when_it_is_killed(
     binlog_url: str, cache_redis: redis.Redis, config: Config, tmp_path: Path
 ) -> None:
-    first = _consumer_process(binlog_url, tmp_path / "first.log").start()
+    first = consumer_process(binlog_url, tmp_path / "first.log").start()
     try:
-        wait_for(lambda: _holder(cache_redis) > 0, 20)
-        token = _holder(cache_redis)
-        second = _consumer_process(binlog_url, tmp_path / "second.log").start()
+        wait_for(lambda: holder(cache_redis) > 0, 20)
+        token = holder(cache_redis)
+        second = consumer_process(binlog_url, tmp_path / "second.log").start()
         try:
             time.sleep(config.changes.lease_ms / 1000)
-            assert _holder(cache_redis) == token  # the standby waits
+            assert holder(cache_redis) == token  # the standby waits
             first.send_signal(signal.SIGKILL)
-            took = wait_for(lambda: _holder(cache_redis) > token, 20)
+            took = wait_for(lambda: holder(cache_redis) > token, 20)
             # The dead consumer's lease lapses, then the standby takes it.
             assert took < config.changes.lease_ms / 1000 + 3
             scope = f"t-{uuid.uuid4().hex[:10]}"
@@ -177,6 +126,16 @@ def test_one_consumer_applies_and_a_standby_takes_over_when_it_is_killed(
                 )
             engine.dispose()
             assert wait_for(lambda: cached(cache_redis, scope, "a") == 0, 10) < 2
+            # A worker node: it answers Celery's control channel with its state.
+            control = celery_app("changes-probe", on_redis(Settings(), CHANGES_REDIS_URL), config)
+            inspect = control.control.inspect(timeout=2.0)
+            states = inspect._request(CHANGES_COMMAND) or {}
+            queues = inspect.active_queues() or {}
+            control.close()
+            assert [s["role"] for s in states.values()] == ["active"]
+            assert [s["token"] for s in states.values()] == [holder(cache_redis)]
+            assert all(q[0]["name"] == "changes" for q in queues.values())
+            assert len(queues) == 1
         finally:
             second.stop()
     finally:
@@ -218,24 +177,18 @@ def test_binlog_rotation_misses_nothing_and_a_purged_position_rotates_the_cache(
         conn.execute(text("FLUSH BINARY LOGS"))
         current = conn.execute(text("SHOW MASTER STATUS")).first()
         assert current is not None
-        conn.execute(text(f"PURGE BINARY LOGS TO '{current[0]}'"))
+
+    def purged() -> bool:
+        # The server keeps a log its replication thread for the stopped
+        # consumer still reads; that thread ends soon after the connection.
+        with admin.connect() as conn:
+            conn.execute(text(f"PURGE BINARY LOGS TO '{current[0]}'"))
+            return len(conn.execute(text("SHOW BINARY LOGS")).all()) == 1
+
+    wait_for(purged)
     with running_consumer(settings, config):
         assert controls.fetch().generation == generation + 1
     admin.dispose()
-
-
-@contextmanager
-def running_consumer(settings: Settings, config: Config) -> Iterator[ChangeConsumer]:
-    consumer = ChangeConsumer(settings, config)
-    thread = threading.Thread(target=consumer.run, daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: consumer.state.role == "active", 10)
-        yield consumer
-    finally:
-        consumer.stop()
-        thread.join(10)
-        consumer.close()
 
 
 def test_lag_grows_with_the_consumer_stopped_and_the_guard_follows(
