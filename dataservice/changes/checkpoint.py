@@ -43,6 +43,14 @@ class Checkpoints:
             row = conn.execute(query).first()
         return Position(row.log_file, int(row.log_pos)) if row else None
 
+    def highest_token(self) -> int:
+        """The largest fencing token a position was saved with (0: none yet)."""
+        query = select(change_positions.c.fencing_token).where(
+            change_positions.c.stream == self._stream
+        )
+        with self._engine.connect() as conn:
+            return int(conn.execute(query).scalar() or 0)
+
     def save(self, position: Position, token: int) -> None:
         params = {
             "stream": self._stream,
