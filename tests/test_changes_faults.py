@@ -269,3 +269,25 @@ def test_the_consumer_rides_out_its_redis_restarting_empty_and_goes_on_saving(
     client.close()
     engine.dispose()
     print(f"the lease was taken again {back_s:.2f} s after Redis came back")
+
+
+def test_a_change_just_after_an_operator_rotation_reaches_the_new_generation(
+    binlog_url: str, cache_redis: redis.Redis, config: Config
+) -> None:
+    # The consumer re-reads the controls at most this often, like the workers;
+    # the longest allowed keeps it on the old generation for the whole test.
+    cache = config.cache.model_copy(update={"controls_max_age_ms": 5_000})
+    engine = create_engine(binlog_url)
+    settings = Settings(database_url=binlog_url, redis_url=CHANGES_REDIS_URL)
+    controls = RolloutControls(cache_redis, config.cache)
+    scope = f"t-{uuid.uuid4().hex[:10]}"
+    with running_consumer(settings, config.model_copy(update={"cache": cache})):
+        generation = controls.fetch().generation
+        change(engine, cache_redis, scope, "a", 2, generation)
+        wait_for(lambda: not cached(cache_redis, scope, "a", generation))
+        controls.rotate("tests")
+        # A worker that saw the rotation first filled the new generation.
+        change(engine, cache_redis, scope, "b", 2, generation + 1)
+        wait_for(lambda: tomb(cache_redis, scope, "b") == 2)
+        assert not cached(cache_redis, scope, "b", generation + 1)
+    engine.dispose()

@@ -158,8 +158,8 @@ class ChangeConsumer:
             log.error("records changed wholesale (truncate, drop or rename): rotating the cache")
             self._controls.rotate(WHO)
         elif item.changes:
-            # Replicas that have not seen a rotation yet still read the previous generation.
-            generations = {rollout.generation, rollout.generation - 1} - {0}
+            # Replicas may be a rotation behind the generation this consumer holds, or ahead of it.
+            generations = {rollout.generation + step for step in (-1, 0, 1)} - {0}
             deleted = self._invalidator.apply(token, item.changes, generations)
             self.state = replace(self.state, invalidated=self.state.invalidated + deleted)
             CHANGES_INVALIDATED.inc(deleted)
