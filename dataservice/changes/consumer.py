@@ -199,21 +199,24 @@ class ChangeConsumer:
         return position
 
     def _report(self) -> None:
-        """The status the workers' freshness guard reads; it lives only
-        ``changes.max_lag_s``, so a consumer that stops reporting is gone."""
-        state = self.state
-        CHANGES_LAG.set(state.lag_s)
-        position = state.position
-        with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(
-                CHANGES_STATUS_KEY,
-                mapping={
-                    "token": state.token,
-                    "log_file": position.log_file if position else "",
-                    "log_pos": position.log_pos if position else 0,
-                    "lag_s": f"{state.lag_s:.3f}",
-                    "at_ms": time.time_ns() // 1_000_000,
-                },
-            )
-            pipe.pexpire(CHANGES_STATUS_KEY, int(self._config.max_lag_s * 1000))
-            pipe.execute()
+        publish_status(self._redis, self.state, self._config.max_lag_s)
+
+
+def publish_status(client: redis.Redis, state: ConsumerState, max_lag_s: float) -> None:
+    """The status the workers' freshness guard reads; it lives only
+    ``changes.max_lag_s``, so a consumer that stops reporting is gone."""
+    CHANGES_LAG.set(state.lag_s)
+    position = state.position
+    with client.pipeline(transaction=True) as pipe:
+        pipe.hset(
+            CHANGES_STATUS_KEY,
+            mapping={
+                "token": state.token,
+                "log_file": position.log_file if position else "",
+                "log_pos": position.log_pos if position else 0,
+                "lag_s": f"{state.lag_s:.3f}",
+                "at_ms": time.time_ns() // 1_000_000,
+            },
+        )
+        pipe.pexpire(CHANGES_STATUS_KEY, int(max_lag_s * 1000))
+        pipe.execute()
