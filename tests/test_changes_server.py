@@ -290,8 +290,7 @@ def test_services_start_a_binlog_mariadb_when_the_configured_one_has_none(
 ) -> None:
     require(mysql_reachable("127.0.0.1", 3306), "MariaDB at 127.0.0.1:3306")
     shared = Settings(database_url=ROOT_URL + "dataservice")
-    state = tmp_path / "state"
-    state.mkdir()
+    state = tmp_path / "state"  # not there yet, as in a fresh checkout
     port = free_port()
     try:
         private = ensure_binlog(shared, config.database, state, port)

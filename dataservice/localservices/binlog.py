@@ -82,6 +82,9 @@ def ensure_binlog(
     if not is_local(configured.host) or log_bin_on(settings.database_url):
         env_file.unlink(missing_ok=True)
         return None
+    # A fresh checkout has no state directory yet; where the server may live
+    # depends on it (mariadb_dir looks at its permissions).
+    state_dir.mkdir(parents=True, exist_ok=True)
     server = PrivateMariaDB(binlog_mariadb_dir(state_dir), port, binlog=True)
     started = not _running(server)
     if started:
