@@ -286,11 +286,13 @@ def test_changes_user_command_prints_a_url_that_passes_and_keeps_its_password(
 
 @pytest.mark.timeout(120)
 def test_services_start_a_binlog_mariadb_when_the_configured_one_has_none(
-    tmp_path: Path, config: Config
+    tmp_path: Path, config: Config, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     require(mysql_reachable("127.0.0.1", 3306), "MariaDB at 127.0.0.1:3306")
     shared = Settings(database_url=ROOT_URL + "dataservice")
-    state = tmp_path / "state"  # not there yet, as in a fresh checkout
+    # Relative and not there yet, as `make services` in a fresh checkout has it.
+    monkeypatch.chdir(tmp_path)
+    state = Path("state")
     port = free_port()
     try:
         private = ensure_binlog(shared, config.database, state, port)

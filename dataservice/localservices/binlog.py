@@ -83,9 +83,10 @@ def ensure_binlog(
         env_file.unlink(missing_ok=True)
         return None
     # A fresh checkout has no state directory yet; where the server may live
-    # depends on it (mariadb_dir looks at its permissions).
+    # depends on it (mariadb_dir looks at its permissions). Absolute: the
+    # server's tools resolve a relative data directory against their own.
     state_dir.mkdir(parents=True, exist_ok=True)
-    server = PrivateMariaDB(binlog_mariadb_dir(state_dir), port, binlog=True)
+    server = PrivateMariaDB(binlog_mariadb_dir(state_dir.resolve()), port, binlog=True)
     started = not _running(server)
     if started:
         if mysql_reachable("127.0.0.1", port):
