@@ -44,6 +44,7 @@ from sqlalchemy import create_engine, text
 from bench import _env
 from dataservice.cache.controls import RolloutControls
 from dataservice.cache.formats import CODECS, frame
+from dataservice.changes.stream import connection_settings
 from dataservice.config import load_config
 from dataservice.enums import CacheFormat
 from dataservice.keys import CHANGES_LEASE_KEY, record_key
@@ -77,12 +78,9 @@ class Arrivals:
     """A bare binlog reader: when each (scope, id, revision) arrived."""
 
     def __init__(self, url: str, schema: str) -> None:
-        parsed = url.split("://", 1)[1]
-        credentials, _, rest = parsed.partition("@")
-        host, _, port_db = rest.partition(":")
-        port = int(port_db.split("/", 1)[0])
+        settings, _ = connection_settings(url)
         self._reader = BinLogStreamReader(
-            connection_settings={"host": host, "port": port, "user": credentials.split(":")[0]},
+            connection_settings=settings,
             server_id=4299,
             blocking=True,
             resume_stream=False,

@@ -28,6 +28,7 @@ from dataservice.cache.controls import RolloutControls
 from dataservice.changes.checkpoint import Checkpoints
 from dataservice.changes.invalidator import Invalidator
 from dataservice.changes.lease import Lease
+from dataservice.changes.server import check_server
 from dataservice.changes.stream import BinlogChanges, Committed, Position
 from dataservice.config import Config
 from dataservice.errors import LeaseLost
@@ -88,7 +89,10 @@ class ChangeConsumer:
     def run(self) -> None:
         wait_s = _FIRST_WAIT_S
         while not self._stop.is_set():
-            token = self._lease.take() if self._alive_redis() else None
+            try:
+                token = self._lease.take()
+            except redis.RedisError:
+                token = None
             if token is None:
                 self.state = ConsumerState("standby")
                 self._stop.wait(self._config.lease_ms / 3000)
@@ -109,12 +113,6 @@ class ChangeConsumer:
     def close(self) -> None:
         self._engine.dispose()
         self._redis.close()
-
-    def _alive_redis(self) -> bool:
-        try:
-            return bool(self._redis.ping())
-        except redis.RedisError:
-            return False
 
     def _active(self, token: int) -> None:
         start = self._start(token)
@@ -176,9 +174,11 @@ class ChangeConsumer:
         otherwise the server's current one, after rotating the cache."""
         saved = self._checkpoints.load()
         self._lease.outrank(token, self._checkpoints.highest_token())
+        # The server's own check also says where its binlog is now, in whichever
+        # spelling the server takes (MySQL 8.4 has no SHOW MASTER STATUS).
+        head = check_server(self._url, replica_server_id=self._config.server_id)
         with self._engine.connect() as conn:
             logs = {row[0] for row in conn.execute(text("SHOW BINARY LOGS"))}
-            head = conn.execute(text("SHOW MASTER STATUS")).first()
         if saved is not None and saved.log_file in logs:
             return saved
         if saved is None:
@@ -192,9 +192,7 @@ class ChangeConsumer:
                 saved,
             )
         self._controls.rotate(WHO)
-        if head is None:
-            raise RuntimeError("the server reports no binlog position")
-        position = Position(str(head[0]), int(head[1]))
+        position = Position(head.log_file, head.log_pos)
         self._checkpoints.save(position, token)
         return position
 

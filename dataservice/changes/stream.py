@@ -58,7 +58,7 @@ class Idle:
     position: Position
 
 
-def _connection(url: str) -> tuple[dict[str, Any], str]:
+def connection_settings(url: str) -> tuple[dict[str, Any], str]:
     parsed = make_url(url)
     settings = {
         "host": parsed.host or "127.0.0.1",
@@ -97,7 +97,7 @@ class BinlogChanges:
     def __init__(
         self, url: str, server_id: int, start: Position | None, heartbeat_s: float
     ) -> None:
-        settings, self.schema = _connection(url)
+        settings, self.schema = connection_settings(url)
         self._reader = BinLogStreamReader(
             connection_settings=settings,
             server_id=server_id,
