@@ -211,7 +211,9 @@ class RedisWatch:
         self.commands: list[bytes] = []
         # When the server ran each command (Unix s), in step with ``commands``.
         self.times: list[float] = []
-        self._stop = threading.Event()
+        # The last command the loop waits for: MONITOR reports in order, so
+        # everything the server ran before it has been seen.
+        self._marker = f"watch-end-{uuid.uuid4().hex}".encode()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -225,14 +227,12 @@ class RedisWatch:
                 if int(command.get("db", -1)) == self._db:
                     self.commands.append(text.encode() if isinstance(text, str) else text)
                     self.times.append(float(command["time"]))
-                if self._stop.is_set():
+                if self._marker in (text.encode() if isinstance(text, str) else text):
                     return
 
     def close(self) -> list[bytes]:
-        self._stop.set()
-        # The monitor loop sees the flag on the next command; send one.
         with redis.Redis.from_url(self._url) as client:
-            client.ping()
+            client.echo(self._marker)
         self._thread.join(5)
         self._client.close()
         return self.commands
