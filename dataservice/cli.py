@@ -205,7 +205,7 @@ def _run_demo(console: Any, settings: Settings, supervisor: Any, records: int) -
 def loadtest(
     scenario: str = typer.Option(
         ...,
-        help="steady, overload, overlap, reconnect-burst, slow-db or batch-flood.",
+        help="steady, overload, overlap, reconnect-burst, slow-db, batch-flood or cached.",
     ),
     system: str = typer.Option(
         "service",
@@ -224,6 +224,11 @@ def loadtest(
         None, help="Output directory (default .state/loadtest/<time>)."
     ),
     live: bool = typer.Option(True, help="Show the live display."),
+    server: str | None = typer.Option(
+        None,
+        help="The MariaDB server to run on, as an account that may create databases and "
+        "users (default: the configured database's server and account).",
+    ),
 ) -> None:
     """Offer a scenario's open-loop load to isolated replicas; write a JSON report and a chart."""
     from rich.console import Console
@@ -234,7 +239,7 @@ def loadtest(
     if problem is not None:
         typer.echo(f"error: {problem}", err=True)
         raise typer.Exit(2)
-    from dataservice.loadtest.cli import run_loadtest
+    from dataservice.loadtest.cli import run_loadtest, server_url
 
     settings, _ = _load()
     code = run_loadtest(
@@ -248,6 +253,7 @@ def loadtest(
         out=out,
         live=live,
         base_config=settings.config_path,
+        root_url=server or server_url(settings.database_url),
     )
     raise typer.Exit(code)
 

@@ -411,3 +411,13 @@ def test_every_repository_path_the_docs_name_exists() -> None:
             if not (doc.parent / target).exists():
                 missing.append(f"{where}: link to {target}")
     assert not missing, "paths that do not exist:\n" + "\n".join(missing)
+
+
+# 6. Load-test scenarios ---------------------------------------------------------
+
+
+def test_the_scenario_table_lists_exactly_the_loadtest_scenarios() -> None:
+    from dataservice.loadtest.scenarios import SCENARIOS
+
+    documented = [_unquote(row["scenario"]) for row in table(OPERATIONS, "scenario").rows]
+    assert documented == list(SCENARIOS), "docs/operations.md, Load testing: scenarios"

@@ -21,6 +21,7 @@ import pytest
 from rich.console import Console
 
 from dataservice.enums import LaneName
+from dataservice.errors import BinlogSetupError
 from dataservice.loadtest import environment as env
 from dataservice.loadtest.chart import write_chart
 from dataservice.loadtest.report import write_json
@@ -152,3 +153,12 @@ def test_naive_baseline_runs_from_the_package(tmp_path: Path) -> None:
         stats = report["lanes"][lane]
         assert stats["ok"] > 0, stats
         assert stats["error"] == 0, stats
+
+
+def test_the_cached_scenario_refuses_a_server_without_a_binlog_and_says_what_to_do(
+    tmp_path: Path,
+) -> None:
+    # The shared MariaDB has no binlog: the refusal names it and the way out.
+    with pytest.raises(BinlogSetupError, match="make services") as caught:
+        run("cached", tmp_path, replicas=1, duration_s=2.0, rate=20.0, db_delay_ms=0)
+    assert any("log_bin" in problem for problem in caught.value.problems), caught.value.problems

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from sqlalchemy.engine import make_url
 
 from dataservice.errors import DataServiceError
 from dataservice.loadtest import report as rep
@@ -30,6 +31,7 @@ def run_loadtest(
     out: Path | None,
     live: bool,
     base_config: Path,
+    root_url: str,
 ) -> int:
     if scenario not in SCENARIOS:
         console.print(f"error: unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
@@ -52,6 +54,7 @@ def run_loadtest(
             base_config=base_config,
             db_delay_ms=db_delay_ms,
             live=live,
+            root_url=root_url,
             # Both systems get the same offered load: the service's capacity.
             capacity=capacity,
         )
@@ -72,7 +75,26 @@ def run_loadtest(
         console.print(table)
     for report in reports:
         console.print(f"{report['system']} verdicts: {_verdict_line(report['verdicts'])}")
+        if "changes" in report:
+            console.print(f"{report['system']} cache and change stream: {_changes_line(report)}")
     return 0
+
+
+def server_url(database_url: str) -> str:
+    """The server (and account) of ``database_url``, with no database."""
+    return make_url(database_url).set(database=None).render_as_string(hide_password=False)
+
+
+def _changes_line(report: dict[str, Any]) -> str:
+    changes = report["changes"]
+    consumer = changes.get("consumer") or {}
+    parts = [
+        f"hit ratio {changes['hit_ratio']}",
+        f"direct SQL writes {changes['direct_writes']['ok']}",
+        f"consumer lag max {consumer.get('lag_s_max')} s",
+        f"guard engaged {consumer.get('guard_engaged_share')} of the time",
+    ]
+    return ", ".join(parts)
 
 
 def _verdict_line(verdicts: dict[str, Any]) -> str:

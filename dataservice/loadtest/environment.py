@@ -107,8 +107,12 @@ def prepare_database(target: Target, config: Config, records: int, root_url: str
     finally:
         server.dispose()
     upgrade(target.database_url(root_url), config.database)
-    url = make_url(root_url).set(database=target.database).render_as_string(hide_password=False)
-    return seed_records(url, SCOPE, records, PAYLOAD_BYTES)
+    return seed_records(direct_url(root_url, target.database), SCOPE, records, PAYLOAD_BYTES)
+
+
+def direct_url(root_url: str, database: str) -> str:
+    """The server's admin on ``database``: writes that go around the service."""
+    return make_url(root_url).set(database=database).render_as_string(hide_password=False)
 
 
 def seed_records(url: str, scope: str, count: int, payload_bytes: int) -> list[str]:

@@ -74,6 +74,8 @@ def build_report(
             str(t): dict(c.most_common(4)) for t, c in sorted(sampler.states.items())
         },
     }
+    if run.changes is not None:
+        report["changes"] = run.changes
     report["verdicts"] = _verdicts(run, report, loop, sampler, series, seconds)
     return report
 

@@ -6,6 +6,7 @@ and only its own Redis db numbers and databases are reset.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -19,6 +20,7 @@ from rich.table import Table
 from dataservice.broker import celery_app
 from dataservice.config import Config
 from dataservice.enums import LaneName
+from dataservice.loadtest import changes as ch
 from dataservice.loadtest import environment as env
 from dataservice.loadtest import naive
 from dataservice.loadtest.display import live_table
@@ -27,6 +29,7 @@ from dataservice.loadtest.openloop import Adapter, OpenLoop, closed_loop_capacit
 from dataservice.loadtest.sampler import Sample, Sampler, kill_connections
 from dataservice.loadtest.scenarios import Scenario
 from dataservice.loadtest.service import CALLER, ServiceAdapter
+from dataservice.localservices import free_port
 from dataservice.processes import WorkerProcess
 
 BATCH_TIMEOUT_S = 5.0
@@ -82,9 +85,15 @@ class Run:
         self.harness_cpu_s = 0.0
         self.killed = 0
         self.ready_s = 0.0
+        # Set when the measured load starts (others may watch the run from then on).
+        self.measuring = threading.Event()
+        # What a scenario reading through the cache adds (see .changes).
+        self.consumer: WorkerProcess | None = None
+        self.metrics_ports: list[int] = []
+        self.changes: dict[str, Any] | None = None
         spawn: env.Spawn
         if options.system == "service":
-            spawn = partial(WorkerProcess.for_lane, self.settings)
+            spawn = self._service_replica
             self.control = celery_app("loadtest-control", self.settings, self.config)
         else:
             url = self.target.database_url(options.root_url)
@@ -103,9 +112,23 @@ class Run:
         busy = sum(peak[lane] * capacity[lane] * min(self.timeouts[lane], 1.0) for lane in LaneName)
         return min(o.max_callers, int(busy) + 16)
 
+    def _service_replica(self, lane: LaneName, log: Path) -> WorkerProcess:
+        extra: tuple[str, ...] = ()
+        if self.o.scenario.changes:
+            port = free_port()
+            self.metrics_ports.append(port)
+            extra = ("--metrics-port", str(port))
+        return WorkerProcess.for_lane(self.settings, lane, log, *extra)
+
+    @property
+    def reads_cache(self) -> bool:
+        return self.o.system == "service" and self.o.scenario.changes
+
     def adapter(self) -> Adapter:
         if self.o.system == "service":
-            return ServiceAdapter.create(self.settings, self.config, self.expected_callers())
+            return ServiceAdapter.create(
+                self.settings, self.config, self.expected_callers(), self.o.scenario.read_mode
+            )
         return naive.NaiveAdapter(self.target.redis_url, self.config)
 
     def execute(self) -> dict[str, Any]:
@@ -116,6 +139,11 @@ class Run:
         payload = bytes(range(256)) * (env.PAYLOAD_BYTES // 256)
         adapter = self.adapter()
         try:
+            if self.reads_cache:
+                consumer = ch.consumer_settings(
+                    self.settings, o.root_url, self.target.database, self.config
+                )
+                self.consumer = ch.start_consumer(consumer, o.out / "logs" / "changes.log")
             self.fleet.start(o.replicas, generation=0)
             with self.console.status(f"{o.system}: starting {2 * o.replicas} replicas"):
                 self.ready_s = self.fleet.wait_ready(self.control)
@@ -135,6 +163,8 @@ class Run:
             return self._measure(adapter, ids, payload, capacity)
         finally:
             self.fleet.stop()
+            if self.consumer is not None:
+                self.consumer.stop()
             adapter.close()
             self.control.close()
 
@@ -164,9 +194,23 @@ class Run:
             )
             if at is not None
         }
+        writer = ch.DirectWriter(
+            env.direct_url(o.root_url, self.target.database),
+            env.SCOPE,
+            ids,
+            scenario.direct_writes * capacity[LaneName.INTERACTIVE],
+            o.duration_s,
+            t0,
+        )
+        watch = ch.LagWatch(self.target.redis_url, self.config.changes.max_lag_s, t0)
+        reads_before = ch.cache_reads(self.metrics_ports)
         cpu_before = time.process_time()
         sampler.start()
         loop.start(self.expected_callers(capacity))
+        writer.start()
+        if self.reads_cache:
+            watch.start()
+        self.measuring.set()
         live = Live(self._table(loop, sampler), console=self.console, auto_refresh=False)
         if o.live:
             live.start()
@@ -185,9 +229,20 @@ class Run:
                     live.update(self._table(loop, sampler), refresh=True)
                 time.sleep(0.1)
             loop.join()
+            writer.join()
         finally:
             live.stop()
             sampler.stop()
+            if self.reads_cache:
+                watch.stop()
+        if self.reads_cache or scenario.direct_writes:
+            reads = ch.cache_reads(self.metrics_ports)
+            self.changes = {
+                "direct_writes": writer.summary(),
+                "cache_reads": dict(reads - reads_before),
+                "hit_ratio": ch.hit_ratio(reads_before, reads),
+                "consumer": watch.summary() if self.reads_cache else None,
+            }
         # The generator shares the machine with the service: its CPU goes in the report.
         self.harness_cpu_s = time.process_time() - cpu_before
         return build_report(self, loop, sampler, capacity)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dataservice.enums import LaneName
+from dataservice.enums import LaneName, ReadMode
 
 # (start fraction, end fraction, multiple of the lane's capacity)
 Segment = tuple[float, float, float]
@@ -31,7 +31,18 @@ class Scenario:
     extra_delay_ms: int = 0
     # Compare interactive latency before and after this fraction (batch-flood).
     compare_at: float | None = None
+    # How every read asks: ALLOW_CACHED runs the change consumer beside the
+    # replicas, so the run needs a server with a binlog.
+    read_mode: ReadMode = ReadMode.PRIMARY
+    # Writes per second by direct SQL (not through the service), as a multiple
+    # of the interactive capacity: changes only the change stream can report.
+    direct_writes: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def changes(self) -> bool:
+        """Whether the run needs the change consumer (and a binlog)."""
+        return self.read_mode is ReadMode.ALLOW_CACHED
 
     def factor(self, lane: LaneName, fraction: float) -> float:
         for start, end, factor in self.segments.get(lane, ()):
@@ -94,6 +105,16 @@ SCENARIOS: dict[str, Scenario] = {
             },
             compare_at=0.5,
             notes=("interactive p99 of the second half is compared with the first half",),
+        ),
+        Scenario(
+            "cached",
+            "both lanes at 60% of capacity reading ALLOW_CACHED, the cache kept fresh by the "
+            "change consumer; direct SQL updates of the same records at 5% of the interactive "
+            "capacity besides the service's writes",
+            _both(0.6, 0.6),
+            read_mode=ReadMode.ALLOW_CACHED,
+            direct_writes=0.05,
+            notes=("needs a server with a binlog (make services starts one)",),
         ),
     )
 }

@@ -17,7 +17,8 @@ CALLERS_PER_CLIENT = 32
 
 
 class ServiceAdapter:
-    """Awaited calls on interactive, handles on batch, all in ``scope``.
+    """Awaited calls on interactive, handles on batch, all in ``scope``;
+    reads in ``read_mode``.
 
     A ``Client`` keeps a bounded pool of connections to wait on answers, so
     caller threads share one client per ``per_client`` threads instead of all
@@ -32,8 +33,10 @@ class ServiceAdapter:
         scope: str = SCOPE,
         per_client: int = CALLERS_PER_CLIENT,
         more: Callable[[], Client] | None = None,
+        read_mode: ReadMode = ReadMode.PRIMARY,
     ) -> None:
         self._clients = list(clients)
+        self._read_mode = read_mode
         self._scope = scope
         self._per_client = per_client
         self._more = more
@@ -42,13 +45,20 @@ class ServiceAdapter:
         self._threads = 0
 
     @classmethod
-    def create(cls, settings: Settings, config: Config, callers: int = 0) -> ServiceAdapter:
+    def create(
+        cls,
+        settings: Settings,
+        config: Config,
+        callers: int = 0,
+        read_mode: ReadMode = ReadMode.PRIMARY,
+    ) -> ServiceAdapter:
         """Clients for the ``callers`` expected, made before the clock starts."""
 
         def more() -> Client:
             return Client(CALLER, settings, config)
 
-        return cls([more() for _ in range(-(-callers // CALLERS_PER_CLIENT))], more=more)
+        clients = [more() for _ in range(-(-callers // CALLERS_PER_CLIENT))]
+        return cls(clients, more=more, read_mode=read_mode)
 
     def _client(self) -> Client:
         client: Client | None = getattr(self._local, "client", None)
@@ -69,13 +79,13 @@ class ServiceAdapter:
         client, scope = self._client(), self._scope
         if lane is LaneName.BATCH:
             operation: ReadOp | WriteOp = (
-                ReadOp(scope, object_id, ReadMode.PRIMARY)
+                ReadOp(scope, object_id, self._read_mode)
                 if op == "read"
                 else WriteOp(scope, object_id, payload)
             )
             client.submit(operation, timeout=timeout_s).result()
         elif op == "read":
-            client.read(scope, object_id, mode=ReadMode.PRIMARY, timeout=timeout_s)
+            client.read(scope, object_id, mode=self._read_mode, timeout=timeout_s)
         else:
             client.write(scope, object_id, payload, timeout=timeout_s)
 

@@ -1,0 +1,320 @@
+"""Freshness under load: what a reader of ``ALLOW_CACHED`` sees while others write.
+
+    .venv/bin/python bench/freshness.py [--duration 60] [--replicas 3] [--json out.json]
+
+Sets everything up itself: a private MariaDB with a binlog (a temporary
+directory and a free port) and Redis db ``--redis-db`` (flushed; never 0).
+Then it runs ``dataservice loadtest --scenario cached`` (the same run the
+command makes: replicas of both lanes at 60 % of their measured capacity,
+reads ``ALLOW_CACHED``, writes through the service, direct SQL updates of the
+same records at 5 % of the interactive capacity, the change consumer beside
+them) and, while the load runs, a checker:
+
+- a **probe** reads a random record's revision straight from the database
+  (its own connection, as root) at instant A: that revision was committed by A;
+- the record is then read through the service with ``ALLOW_CACHED`` at A plus
+  each of ``--offsets`` and at A + (``changes.max_lag_s`` + 1 s);
+- a read at A + (bound + 1 s) or later that returns a lower revision is a
+  **violation**: it saw a revision older than one committed more than the
+  bound plus a second earlier. There must be none.
+
+The reads at the earlier offsets show how often the cache is behind the
+database right after a commit (the window the change stream closes). The
+loadtest's own report (hit ratio, the consumer's lag, the guard) goes beside
+them: a run in which the guard sent every read to the database would prove
+nothing.
+
+**Baseline, the control**: the same scenario at the same offered load, with
+the consumer stopped as the load starts and ``changes.guard`` off, so that
+only the service's own writes reach the cache. The same checker must find
+stale reads there (a checker that cannot fail proves nothing); the report
+gives the stale share at the bound in both runs and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import io
+import json
+import random
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import yaml
+from rich.console import Console
+from sqlalchemy import create_engine, text
+
+from bench import _env
+from dataservice.client import Client
+from dataservice.enums import LaneName, ReadMode
+from dataservice.errors import DataServiceError
+from dataservice.loadtest import environment as env
+from dataservice.loadtest.runner import Run, RunOptions
+from dataservice.loadtest.scenarios import SCENARIOS
+from dataservice.localservices import TemporaryBinlogMariaDB
+
+_LANE_FIGURES = ("attempts", "offered_per_s", "goodput_per_s", "p99_ms")
+_REVISION = text("SELECT revision FROM records WHERE scope = :scope AND object_id = :object_id")
+
+
+@dataclass(order=True)
+class _Read:
+    due: float
+    offset: float
+    object_id: str
+    committed: int  # the database's revision at the probe
+
+
+class Checker:
+    """Probes at ``probes_per_s`` and their reads, until :meth:`stop`."""
+
+    def __init__(
+        self,
+        run: Run,
+        url: str,
+        ids: list[str],
+        offsets: list[float],
+        probes_per_s: float,
+        bound_s: float,
+    ) -> None:
+        self._client = Client(_env.CALLER, run.settings, run.config)
+        self._engine = create_engine(url, isolation_level="AUTOCOMMIT", pool_size=1)
+        self._ids, self._offsets, self._every_s = ids, offsets, 1.0 / probes_per_s
+        self._bound_s = bound_s
+        self._timeout_s = run.config.lanes.interactive.default_deadline_ms / 1000
+        self._due: list[_Read] = []
+        self._lock = threading.Condition()
+        self._stop = threading.Event()
+        self.probes = 0
+        self.reads: dict[float, Counter[str]] = {o: Counter() for o in offsets}
+        self.violations: list[dict[str, Any]] = []
+        self._threads = [threading.Thread(target=self._probe, daemon=True)] + [
+            threading.Thread(target=self._reader, daemon=True) for _ in range(8)
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        """Stop probing; the reads already due are still made."""
+        self._stop.set()
+        with self._lock:
+            self._lock.notify_all()
+        for thread in self._threads:
+            thread.join()
+        self._client.close()
+        self._engine.dispose()
+
+    def _probe(self) -> None:
+        rng = random.Random(7)
+        with self._engine.connect() as conn:
+            while not self._stop.wait(self._every_s):
+                object_id = rng.choice(self._ids)
+                revision = conn.execute(
+                    _REVISION, {"scope": env.SCOPE, "object_id": object_id}
+                ).scalar_one()
+                at = time.monotonic()
+                with self._lock:
+                    self.probes += 1
+                    for offset in self._offsets:
+                        heapq.heappush(self._due, _Read(at + offset, offset, object_id, revision))
+                    self._lock.notify_all()
+
+    def _next(self) -> _Read | None:
+        with self._lock:
+            while True:
+                if self._due and self._due[0].due <= time.monotonic():
+                    return heapq.heappop(self._due)
+                if self._stop.is_set() and not self._due:
+                    return None
+                wait = self._due[0].due - time.monotonic() if self._due else 0.1
+                self._lock.wait(max(0.0, min(wait, 0.1)))
+
+    def _reader(self) -> None:
+        while (read := self._next()) is not None:
+            started = time.monotonic()
+            try:
+                record = self._client.read(
+                    env.SCOPE, read.object_id, mode=ReadMode.ALLOW_CACHED, timeout=self._timeout_s
+                )
+            except DataServiceError as exc:
+                self.reads[read.offset][type(exc).__name__] += 1
+                continue
+            fresh = record.revision >= read.committed
+            self.reads[read.offset]["fresh" if fresh else "stale"] += 1
+            if not fresh and read.offset >= self._bound_s:
+                self.violations.append(
+                    {
+                        "object_id": read.object_id,
+                        "committed_by_probe": read.committed,
+                        "read": record.revision,
+                        "seconds_after_probe": round(started - (read.due - read.offset), 3),
+                    }
+                )
+
+
+def phase(
+    args: argparse.Namespace,
+    root_url: str,
+    target: env.Target,
+    *,
+    stream: bool,
+    capacity: dict[LaneName, float] | None = None,
+) -> tuple[Run, dict[str, Any], Checker]:
+    """One loadtest run with the checker beside it. Without ``stream`` (the
+    control), the consumer is stopped as the load starts and the guard is off."""
+    base = _env.REPO / "queues.yml"
+    out = args.out / ("stream" if stream else "control")
+    out.mkdir(parents=True, exist_ok=True)
+    if not stream:
+        data = yaml.safe_load(base.read_text(encoding="utf-8"))
+        data["changes"]["guard"] = False
+        base = out / "base.yml"
+        base.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    options = RunOptions(
+        scenario=SCENARIOS["cached"],
+        duration_s=args.duration,
+        rate=args.rate,
+        replicas=args.replicas,
+        out=out,
+        base_config=base,
+        root_url=root_url,
+        records=args.records,
+        live=False,
+        target=target,
+        capacity=capacity,
+    )
+    loadtest = Run(options, Console(file=io.StringIO()))
+    bound = loadtest.config.changes.max_lag_s + 1.0
+    outcome: dict[str, Any] = {}
+
+    def execute() -> None:
+        try:
+            outcome["report"] = loadtest.execute()
+        except BaseException as exc:  # raised again by the caller's thread
+            outcome["error"] = exc
+            loadtest.measuring.set()
+
+    runner = threading.Thread(target=execute, name="loadtest")
+    runner.start()
+    loadtest.measuring.wait()
+    if "error" in outcome:
+        raise outcome["error"]
+    if not stream and loadtest.consumer is not None:
+        loadtest.consumer.stop()
+    ids = [f"obj-{n:06d}" for n in range(args.records)]
+    url = env.direct_url(root_url, target.database)
+    checker = Checker(loadtest, url, ids, sorted({*args.offsets, bound}), args.probes, bound)
+    checker.start()
+    # Probing stops when its last read would fall after the load.
+    time.sleep(max(0.0, args.duration - bound))
+    checker.stop()
+    runner.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return loadtest, outcome["report"], checker
+
+
+def summary(report: dict[str, Any], checker: Checker) -> dict[str, Any]:
+    lanes = {
+        lane: {k: v for k, v in stats.items() if k in _LANE_FIGURES or k.endswith("_rate")}
+        for lane, stats in report["lanes"].items()
+    }
+    by_offset = {
+        f"{offset:g}": {**dict(counts), "stale_share": _stale_share(counts)}
+        for offset, counts in checker.reads.items()
+    }
+    return {
+        "capacity_per_s": report["config"]["capacity_per_s"],
+        "lanes": lanes,
+        "changes": report["changes"],
+        "probes": checker.probes,
+        "by_offset_s": by_offset,
+        "violations": checker.violations,
+    }
+
+
+def _stale_share(counts: Counter[str]) -> float:
+    return round(counts["stale"] / max(1, counts["fresh"] + counts["stale"]), 4)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.redis_db == 0:
+        raise ValueError("--redis-db must not be 0")
+    server = TemporaryBinlogMariaDB().start()
+    target = env.Target("service", "ds_fresh", "ds-fresh-pw", "dataservice_fresh", args.redis_db)
+    args.out = args.out or Path(server.datadir).parent / "loadtest"
+    try:
+        root_url = server.url("")
+        machine = _env.machine_info(target.redis_url, server.url("mysql"))
+        first, report, checker = phase(args, root_url, target, stream=True)
+        bound = first.config.changes.max_lag_s + 1.0
+        with_stream = summary(report, checker)
+        # The same offered load without the stream: the checker must see what it exists to catch.
+        _, report, checker = phase(args, root_url, target, stream=False, capacity=first.capacity)
+        control = summary(report, checker)
+    finally:
+        server.stop()
+        env.flush_redis(target.redis_url)
+    at_bound = f"{bound:g}"
+    stale = with_stream["by_offset_s"][at_bound]["stale_share"]
+    stale_control = control["by_offset_s"][at_bound]["stale_share"]
+    return {
+        "command": " ".join(["python", "bench/freshness.py", *sys.argv[1:]]),
+        "machine": machine,
+        "setup": {
+            "duration_s": args.duration,
+            "replicas_per_lane": args.replicas,
+            "records": args.records,
+            "probes_per_s": args.probes,
+            "bound_s": bound,
+        },
+        "with_change_stream": with_stream,
+        "control_without_stream": control,
+        "stale_at_bound": {
+            "with_stream": stale,
+            "control": stale_control,
+            "ratio": round(stale / stale_control, 4) if stale_control else None,
+        },
+        "violations": len(with_stream["violations"]),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--duration", type=float, default=60.0)
+    p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--records", type=int, default=1000)
+    p.add_argument("--rate", type=float, help="interactive capacity (default: measured)")
+    p.add_argument("--probes", type=float, default=20.0, help="probes per second")
+    p.add_argument(
+        "--offsets", type=float, nargs="*", default=[0.0, 0.05, 0.2, 1.0],
+        help="seconds after a probe to read it (bound + 1 s is always added)",
+    )  # fmt: skip
+    p.add_argument("--redis-db", type=int, default=5, help="flushed before and after; not 0")
+    p.add_argument(
+        "--out", type=Path, help="the loadtests' report directories (default: temporary)"
+    )
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    if args.redis_db == 0:
+        p.error("--redis-db must not be 0")
+    result = run(args)
+    print(yaml.safe_dump({k: v for k, v in result.items() if k != "machine"}, sort_keys=False))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 1 if result["violations"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
