@@ -36,8 +36,9 @@ key                                    what it holds
 ``ds:changes:lease``                   the active change consumer's fencing token,
                                        with its lease as the expiry
 ``ds:changes:fence``                   the change consumers' fencing-token counter
-``ds:changes:status``                  a hash: the active consumer's position, lag and
-                                       when it last said so (``docs/changes.md``)
+``ds:changes:status``                  a hash: the active consumer's position, lag
+                                       (seconds, events and bytes behind) and when it
+                                       last said so (``docs/changes.md``)
 =====================================  ===========================================
 
 Who may touch what is decided by key pattern (:mod:`dataservice.acl`): a

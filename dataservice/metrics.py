@@ -23,8 +23,10 @@
   is gone) and ``ALLOW_CACHED`` reads go to the database, else 0.
 - The change consumer's (``dataservice changes --metrics-port``):
   ``dataservice_changes_active`` (1 while it holds the lease),
-  ``dataservice_changes_lag_seconds``, ``dataservice_changes_transactions_total``
-  and ``dataservice_changes_invalidated_total`` (cache entries deleted).
+  ``dataservice_changes_lag_seconds``, ``dataservice_changes_lag_events`` and
+  ``dataservice_changes_lag_bytes`` (behind the server's binlog; -1 unknown),
+  ``dataservice_changes_transactions_total`` and
+  ``dataservice_changes_invalidated_total`` (cache entries deleted).
 
 Labels are drawn from closed sets: never a caller's key, payload, scope or id.
 ``dataservice worker --metrics-port`` serves them over HTTP.
@@ -108,6 +110,20 @@ CHANGES_LAG = Gauge(
     "Seconds since the commit of the binlog transaction the consumer last applied, while behind.",
     registry=REGISTRY,
 )
+CHANGES_LAG_EVENTS = Gauge(
+    "dataservice_changes_lag_events",
+    "Binlog events between the consumer's position and the server's end, counted up to a cap "
+    "(a figure at the cap means at least that many); -1 while unknown.",
+    registry=REGISTRY,
+)
+CHANGES_LAG_BYTES = Gauge(
+    "dataservice_changes_lag_bytes",
+    "Binlog bytes between the consumer's position and the server's end; -1 while unknown.",
+    registry=REGISTRY,
+)
+# Unknown until a consumer has asked the server: 0 would read as caught up.
+CHANGES_LAG_EVENTS.set(-1)
+CHANGES_LAG_BYTES.set(-1)
 CHANGES_TRANSACTIONS = Counter(
     "dataservice_changes_transactions",
     "Binlog transactions that changed records, applied to the cache.",

@@ -5,8 +5,9 @@ The supervisor starts one worker process per lane and, with ``changes``, a
 change consumer (``dataservice changes``), restarts any that dies (with a
 back-off, so a crash loop cannot spin), and shows each lane's queue depth,
 live workers, database permits in use (and refused), and completed requests,
-and the consumer's role, position and lag, sampled from the broker and from
-Celery's control channel rather than from the processes' own logs.
+and the consumer's role, position and lag (seconds, and events behind the
+server), sampled from the broker and from Celery's control channel rather
+than from the processes' own logs.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import redis
 from rich.table import Table
 
 from dataservice.broker import TASK_NAME, celery_app
+from dataservice.changes.behind import describe_events
 from dataservice.changes.consumer import CHANGES_COMMAND
 from dataservice.config import Config
 from dataservice.enums import LaneName
@@ -188,9 +190,13 @@ def _consumer_line(pools: list[Pool], snap: Snapshot) -> str:
         active = [s for s in snap.changes if s.get("role") == "active"]
         if active:
             now = active[0]
+            # A consumer from before events were counted reports none: unknown.
+            events = now.get("lag_events")
+            behind = describe_events(-1 if events is None else int(events))
             state = (
                 f"active, token {now.get('token')}, at {now.get('position')}, "
-                f"lag {float(now.get('lag_s') or 0):.1f} s, {now.get('transactions')} transactions"
+                f"lag {float(now.get('lag_s') or 0):.1f} s, {behind} behind, "
+                f"{now.get('transactions')} transactions"
             )
         else:
             state = "standby (another consumer holds the lease)" if snap.changes else "starting"

@@ -134,6 +134,8 @@ def test_one_consumer_applies_and_a_standby_takes_over_when_it_is_killed(
             control.close()
             assert [s["role"] for s in states.values()] == ["active"]
             assert [s["token"] for s in states.values()] == [holder(cache_redis)]
+            # It has asked the server how far behind it is.
+            assert all(s["lag_events"] >= 0 and s["lag_bytes"] >= 0 for s in states.values())
             assert all(q[0]["name"] == "changes" for q in queues.values())
             assert len(queues) == 1
         finally:

@@ -1,5 +1,5 @@
-"""The docs describe the code: status codes, refusal reasons, Redis keys,
-identifier patterns and the repository paths they name.
+"""The docs describe the code: status codes, refusal reasons, metrics, Redis
+keys, identifier patterns and the repository paths they name.
 
 The code is the truth. Each test reads a table (or the code spans) out of the
 Markdown, or the table in ``dataservice/keys.py``'s docstring, compares it with
@@ -17,11 +17,12 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 from dataservice import identifiers, keys
+from dataservice.changes.behind import EVENTS_CAP
 from dataservice.codec.requests import MAX_CURSOR_CHARS
 from dataservice.enums import StatusCode
 from dataservice.limits.local import RETRY_LOCAL_FULL_MS
 from dataservice.limits.slots import RETRY_AT_CAP_MS
-from dataservice.metrics import Dependency, Stage
+from dataservice.metrics import REGISTRY, Dependency, Stage
 from dataservice.proto import pb
 from dataservice.refusals import Reason
 from dataservice.worker import failures
@@ -30,6 +31,7 @@ from dataservice.worker.failures import REASON_CODES
 ROOT = Path(__file__).resolve().parents[1]
 PROTOCOL = ROOT / "docs" / "protocol.md"
 OPERATIONS = ROOT / "docs" / "operations.md"
+CHANGES = ROOT / "docs" / "changes.md"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "compose" / "README.md"]
 
 REASONS = {reason.value for reason in Reason}
@@ -249,6 +251,26 @@ def test_metrics_table_labels_are_the_closed_sets_the_workers_count() -> None:
             f"{row.where}: {counter} misses {sorted(labels - documented)} "
             f"and lists unknown {sorted(documented - labels)}"
         )
+
+
+def test_metrics_table_names_every_metric_the_service_exports() -> None:
+    exported = {
+        family.name + ("_total" if family.type == "counter" else "")
+        for family in REGISTRY.collect()
+    }
+    rows = {_unquote(row["counter"]): row.where for row in table(OPERATIONS, "counter").rows}
+    assert not exported - rows.keys(), (
+        f"operations.md metrics table misses {exported - rows.keys()}"
+    )
+    unknown = {name: where for name, where in rows.items() if name not in exported}
+    assert not unknown, f"operations.md names metrics the service does not export: {unknown}"
+
+
+def test_the_change_stream_docs_state_the_cap_on_events_behind() -> None:
+    cap = f"{EVENTS_CAP:,}"
+    assert f"The count stops at **{cap}**" in CHANGES.read_text()
+    row = next(r for r in table(OPERATIONS, "counter").rows if "lag_events" in r["counter"])
+    assert f"counted up to {cap}" in row["counts"], row.where
 
 
 # 3. Redis keys ----------------------------------------------------------------

@@ -4,8 +4,9 @@ It consumes a ``changes`` queue of its own, to which nothing is sent: being a
 worker node is what makes it answer ``celery inspect ping``, appear in
 ``dataservice run``'s summary and in Flower beside the two pools, and answer
 ``celery inspect dataservice_changes`` with its state (active or standby,
-fencing token, position, lag). The consumer itself runs on a thread of its
-own (:class:`~dataservice.changes.consumer.ChangeConsumer`); Celery's warm
+fencing token, position, lag in seconds, events and bytes behind the server).
+The consumer itself runs on a thread of its own
+(:class:`~dataservice.changes.consumer.ChangeConsumer`); Celery's warm
 shutdown (``SIGTERM``) stops it, and its lease goes to a standby at once.
 """
 
@@ -43,6 +44,8 @@ def _changes(state: Any) -> dict[str, Any]:
         "token": current.token,
         "position": f"{position.log_file}:{position.log_pos}" if position else None,
         "lag_s": round(current.lag_s, 3),
+        "lag_events": current.lag_events,
+        "lag_bytes": current.lag_bytes,
         "transactions": current.transactions,
         "invalidated": current.invalidated,
     }

@@ -23,6 +23,7 @@ from redis.retry import Retry
 from dataservice.cache.controls import RolloutControls
 from dataservice.cache.guard import stream_status
 from dataservice.cache.rollout import AuditEntry, Change, Rollout, parse_format, parse_formats
+from dataservice.changes.behind import describe_events
 from dataservice.errors import DataServiceError, InvalidControl
 from dataservice.keys import ROLLOUT_KEY
 
@@ -72,9 +73,21 @@ def _guard(stream: dict[str, str] | None) -> str:
         return "ENGAGED: no change consumer has reported; ALLOW_CACHED reads go to the database"
     lag = float(stream.get("lag_s", "0"))
     where = f"{stream.get('log_file', '?')}:{stream.get('log_pos', '?')}"
+    behind = _behind(stream)
     if lag > config.changes.max_lag_s:
-        return f"ENGAGED: the change stream lags {lag:.1f} s at {where}; reads go to the database"
-    return f"off: the change stream is {lag:.1f} s behind at {where} (token {stream.get('token')})"
+        return (
+            f"ENGAGED: the change stream lags {lag:.1f} s ({behind}) at {where}; "
+            "reads go to the database"
+        )
+    token = stream.get("token")
+    return f"off: the change stream is {lag:.1f} s ({behind}) behind at {where} (token {token})"
+
+
+def _behind(stream: dict[str, str]) -> str:
+    """Events and bytes behind the server, as the consumer last counted them."""
+    events = int(stream.get("lag_events", "-1"))
+    size = int(stream.get("lag_bytes", "-1"))
+    return describe_events(events) + (f", {size:,} bytes" if size >= 0 else "")
 
 
 def _who() -> str:

@@ -25,6 +25,7 @@ from redis.retry import Retry
 from sqlalchemy import Engine, create_engine, text
 
 from dataservice.cache.controls import RolloutControls
+from dataservice.changes.behind import UNKNOWN, Behind, LagProbe
 from dataservice.changes.checkpoint import Checkpoints
 from dataservice.changes.invalidator import Invalidator
 from dataservice.changes.lease import Lease
@@ -37,6 +38,8 @@ from dataservice.metrics import (
     CHANGES_ACTIVE,
     CHANGES_INVALIDATED,
     CHANGES_LAG,
+    CHANGES_LAG_BYTES,
+    CHANGES_LAG_EVENTS,
     CHANGES_TRANSACTIONS,
 )
 from dataservice.settings import Settings
@@ -59,6 +62,9 @@ class ConsumerState:
     token: int = 0
     position: Position | None = None
     lag_s: float = 0.0
+    # Behind the server's binlog (dataservice.changes.behind); -1: unknown.
+    lag_events: int = -1
+    lag_bytes: int = -1
     transactions: int = 0
     invalidated: int = 0
 
@@ -80,6 +86,7 @@ class ChangeConsumer:
         self._invalidator = Invalidator(self._redis, config.cache.ttl_s * 1000)
         self._controls = RolloutControls(self._redis, config.cache)
         self._checkpoints = Checkpoints(self._engine)
+        self._probe = LagProbe(self._url)
         self._stop = threading.Event()
         self.state = ConsumerState("standby")
 
@@ -112,6 +119,7 @@ class ChangeConsumer:
 
     def close(self) -> None:
         self._engine.dispose()
+        self._probe.close()
         self._redis.close()
 
     def _active(self, token: int) -> None:
@@ -121,7 +129,7 @@ class ChangeConsumer:
         log.info("change consumer active (token %d) from %s", token, start)
         heartbeat_s = self._config.lease_ms / 3000
         stream = BinlogChanges(self._url, self._config.server_id, start, heartbeat_s)
-        self._report()
+        self._report(start)
         renewed = saved = reported = time.monotonic()
         unsaved: Position | None = None
         try:
@@ -140,12 +148,13 @@ class ChangeConsumer:
                     self._checkpoints.save(unsaved, token)
                     unsaved, saved = None, now
                 if now - reported >= _STATUS_EVERY_S:
-                    self._report()
+                    self._report(stream.position)
                     reported = now
                 if self._stop.is_set():
                     break
         finally:
             CHANGES_ACTIVE.set(0)
+            set_behind(UNKNOWN)
             stream.close()
             if unsaved is not None and self._lease.renew(token):
                 self._checkpoints.save(unsaved, token)
@@ -196,7 +205,14 @@ class ChangeConsumer:
         self._checkpoints.save(position, token)
         return position
 
-    def _report(self) -> None:
+    def _report(self, position: Position) -> None:
+        """``position`` is the reader's own, past whatever it skipped since the last change."""
+        found = self._probe.measure(position)
+        # Nothing left to read: whatever the last commit's age, nothing is stale.
+        lag_s = 0.0 if found.events == 0 else self.state.lag_s
+        self.state = replace(
+            self.state, lag_s=lag_s, lag_events=found.events, lag_bytes=found.bytes
+        )
         publish_status(self._redis, self.state, self._config.max_lag_s)
 
 
@@ -204,6 +220,7 @@ def publish_status(client: redis.Redis, state: ConsumerState, max_lag_s: float) 
     """The status the workers' freshness guard reads; it lives only
     ``changes.max_lag_s``, so a consumer that stops reporting is gone."""
     CHANGES_LAG.set(state.lag_s)
+    set_behind(Behind(state.lag_events, state.lag_bytes))
     position = state.position
     with client.pipeline(transaction=True) as pipe:
         pipe.hset(
@@ -213,8 +230,15 @@ def publish_status(client: redis.Redis, state: ConsumerState, max_lag_s: float) 
                 "log_file": position.log_file if position else "",
                 "log_pos": position.log_pos if position else 0,
                 "lag_s": f"{state.lag_s:.3f}",
+                "lag_events": state.lag_events,
+                "lag_bytes": state.lag_bytes,
                 "at_ms": time.time_ns() // 1_000_000,
             },
         )
         pipe.pexpire(CHANGES_STATUS_KEY, int(max_lag_s * 1000))
         pipe.execute()
+
+
+def set_behind(found: Behind) -> None:
+    CHANGES_LAG_EVENTS.set(found.events)
+    CHANGES_LAG_BYTES.set(found.bytes)
