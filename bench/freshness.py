@@ -210,8 +210,8 @@ def phase(
     loadtest.measuring.wait()
     if "error" in outcome:
         raise outcome["error"]
-    if not stream and loadtest.consumer is not None:
-        loadtest.consumer.stop()
+    if not stream:
+        loadtest.stream.stop()
     ids = [f"obj-{n:06d}" for n in range(args.records)]
     url = env.direct_url(root_url, target.database)
     checker = Checker(loadtest, url, ids, sorted({*args.offsets, bound}), args.probes, bound)

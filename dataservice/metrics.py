@@ -107,7 +107,8 @@ CHANGES_ACTIVE = Gauge(
 )
 CHANGES_LAG = Gauge(
     "dataservice_changes_lag_seconds",
-    "Seconds since the commit of the binlog transaction the consumer last applied, while behind.",
+    "Seconds since the commit of the binlog transaction the consumer last read, while behind; "
+    "-1 until it can tell.",
     registry=REGISTRY,
 )
 CHANGES_LAG_EVENTS = Gauge(

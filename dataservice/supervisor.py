@@ -21,7 +21,7 @@ import redis
 from rich.table import Table
 
 from dataservice.broker import TASK_NAME, celery_app
-from dataservice.changes.behind import describe_events
+from dataservice.changes.behind import describe_events, describe_lag
 from dataservice.changes.consumer import CHANGES_COMMAND
 from dataservice.config import Config
 from dataservice.enums import LaneName
@@ -195,7 +195,7 @@ def _consumer_line(pools: list[Pool], snap: Snapshot) -> str:
             behind = describe_events(-1 if events is None else int(events))
             state = (
                 f"active, token {now.get('token')}, at {now.get('position')}, "
-                f"lag {float(now.get('lag_s') or 0):.1f} s, {behind} behind, "
+                f"lag {describe_lag(float(now.get('lag_s') or 0))}, {behind} behind, "
                 f"{now.get('transactions')} transactions"
             )
         else:

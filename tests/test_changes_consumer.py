@@ -23,7 +23,7 @@ from dataservice.changes.lease import Lease
 from dataservice.changes.stream import RecordChange
 from dataservice.config import Config
 from dataservice.errors import StaleToken
-from dataservice.keys import CHANGES_LEASE_KEY, tombstone_key
+from dataservice.keys import CHANGES_LEASE_KEY, CHANGES_STATUS_KEY, tombstone_key
 from dataservice.settings import Settings
 from tests import changes_support
 from tests.changes_support import (
@@ -214,3 +214,61 @@ def test_lag_grows_with_the_consumer_stopped_and_the_guard_follows(
     with running_consumer(settings, quick):
         wait_for(guard.allows_cache, 5)
     assert engagements == [True, False, True, False]
+
+
+@pytest.mark.timeout(60)
+def test_a_busy_binlog_of_other_tables_keeps_the_lease_and_the_reports(
+    binlog_url: str, config: Config, cache_redis: redis.Redis
+) -> None:
+    # The server sends no heartbeat while it has events to send: the
+    # transactions of other tables must be what keeps the lease renewed.
+    quick = config.model_copy(
+        update={"changes": config.changes.model_copy(update={"lease_ms": 600, "max_lag_s": 1.0})}
+    )
+    settings = Settings(database_url=binlog_url, redis_url=CHANGES_REDIS_URL)
+    engine = create_engine(binlog_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text("CREATE TABLE IF NOT EXISTS unrelated (n INT PRIMARY KEY)"))
+        conn.execute(text("DELETE FROM unrelated"))
+    scope = f"t-{uuid.uuid4().hex[:10]}"
+    with running_consumer(settings, quick) as consumer:
+        token = holder(cache_redis)
+        transactions = consumer.state.transactions
+        with engine.connect() as conn:
+            started = time.monotonic()
+            n = 0
+            while time.monotonic() - started < 3.0:  # five leases long
+                conn.execute(text("INSERT INTO unrelated VALUES (:n)"), {"n": n})
+                n += 1
+                assert holder(cache_redis) == token
+                assert stream_status(cache_redis) is not None
+        assert consumer.state.role == "active"
+        # Transactions that left records alone are not counted as changes.
+        assert consumer.state.transactions == transactions
+        plant(cache_redis, scope, "a", 1)
+        with engine.connect() as conn:
+            changes_support.upsert(conn, scope, "a", 2)
+        wait_for(lambda: cached(cache_redis, scope, "a") == 0)
+    engine.dispose()
+
+
+def test_the_guard_holds_while_the_lag_is_unknown_or_over_the_bound(
+    cache_redis: redis.Redis,
+) -> None:
+    now = [0.0]
+    guard = FreshnessGuard(cache_redis, 5.0, 0, clock=lambda: now[0])
+
+    def allows(lag_s: str) -> bool:
+        cache_redis.hset(CHANGES_STATUS_KEY, "lag_s", lag_s)
+        now[0] += 1
+        return guard.allows_cache()
+
+    assert allows("0.000")
+    assert allows("5.000")
+    assert not allows("5.001")
+    # A consumer back after an absence cannot yet tell how far behind it is.
+    assert not allows("-1.000")
+    assert allows("0.300")
+    cache_redis.delete(CHANGES_STATUS_KEY)
+    now[0] += 1
+    assert not guard.allows_cache()

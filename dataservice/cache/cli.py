@@ -23,7 +23,7 @@ from redis.retry import Retry
 from dataservice.cache.controls import RolloutControls
 from dataservice.cache.guard import stream_status
 from dataservice.cache.rollout import AuditEntry, Change, Rollout, parse_format, parse_formats
-from dataservice.changes.behind import describe_events
+from dataservice.changes.behind import describe_events, describe_lag
 from dataservice.errors import DataServiceError, InvalidControl
 from dataservice.keys import ROLLOUT_KEY
 
@@ -74,13 +74,16 @@ def _guard(stream: dict[str, str] | None) -> str:
     lag = float(stream.get("lag_s", "0"))
     where = f"{stream.get('log_file', '?')}:{stream.get('log_pos', '?')}"
     behind = _behind(stream)
-    if lag > config.changes.max_lag_s:
+    if not 0 <= lag <= config.changes.max_lag_s:
         return (
-            f"ENGAGED: the change stream lags {lag:.1f} s ({behind}) at {where}; "
+            f"ENGAGED: the change stream lags {describe_lag(lag)} ({behind}) at {where}; "
             "reads go to the database"
         )
     token = stream.get("token")
-    return f"off: the change stream is {lag:.1f} s ({behind}) behind at {where} (token {token})"
+    return (
+        f"off: the change stream is {describe_lag(lag)} ({behind}) behind at {where} "
+        f"(token {token})"
+    )
 
 
 def _behind(stream: dict[str, str]) -> str:

@@ -53,7 +53,8 @@ class FreshnessGuard:
             lag = self._redis.hget(CHANGES_STATUS_KEY, "lag_s")
         except redis.RedisError:
             return
-        engaged = lag is None or float(lag) > self._max_lag_s
+        # A negative lag is one the consumer cannot tell yet (docs/changes.md).
+        engaged = lag is None or not 0 <= float(lag) <= self._max_lag_s
         if engaged != self.engaged:
             self.engaged = engaged
             self._on_change(engaged)

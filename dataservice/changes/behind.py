@@ -72,6 +72,16 @@ def _count(conn: Connection, start: Position, limit: int) -> int:
     return len(conn.execute(_EVENTS, params).all())
 
 
+# The seconds of a consumer that has read nothing yet from behind the server's
+# end: it cannot tell the age of what it has still to read.
+UNKNOWN_LAG_S = -1.0
+
+
+def describe_lag(lag_s: float) -> str:
+    """``lag_s`` as a person reads it: unknown, or seconds."""
+    return "? s" if lag_s < 0 else f"{lag_s:.1f} s"
+
+
 def describe_events(events: int, cap: int = EVENTS_CAP) -> str:
     """``events`` as a person reads it: unknown, at least the cap, or the count."""
     if events < 0:

@@ -25,7 +25,7 @@ from redis.retry import Retry
 from sqlalchemy import Engine, create_engine, text
 
 from dataservice.cache.controls import RolloutControls
-from dataservice.changes.behind import UNKNOWN, Behind, LagProbe
+from dataservice.changes.behind import UNKNOWN, UNKNOWN_LAG_S, Behind, LagProbe
 from dataservice.changes.checkpoint import Checkpoints
 from dataservice.changes.invalidator import Invalidator
 from dataservice.changes.lease import Lease
@@ -124,10 +124,13 @@ class ChangeConsumer:
 
     def _active(self, token: int) -> None:
         start = self._start(token)
-        self.state = ConsumerState("active", token, start)
+        # Until it has read something (or found nothing to read), the age of
+        # what lies ahead is unknown, and the freshness guard holds.
+        self.state = ConsumerState("active", token, start, UNKNOWN_LAG_S)
         CHANGES_ACTIVE.set(1)
         log.info("change consumer active (token %d) from %s", token, start)
-        heartbeat_s = self._config.lease_ms / 3000
+        # Often enough to renew the lease, and to report a few times in the status's life.
+        heartbeat_s = min(self._config.lease_ms / 3000, self._config.max_lag_s / 4)
         stream = BinlogChanges(self._url, self._config.server_id, start, heartbeat_s)
         self._report(start)
         renewed = saved = reported = time.monotonic()
@@ -142,12 +145,12 @@ class ChangeConsumer:
                 if isinstance(item, Committed):
                     self._apply(token, item)
                     unsaved = item.position
-                else:
+                elif item.caught_up:
                     self.state = replace(self.state, position=item.position, lag_s=0.0)
                 if unsaved is not None and now - saved >= _SAVE_EVERY_S:
                     self._checkpoints.save(unsaved, token)
                     unsaved, saved = None, now
-                if now - reported >= _STATUS_EVERY_S:
+                if now - reported >= min(_STATUS_EVERY_S, heartbeat_s):
                     self._report(stream.position)
                     reported = now
                 if self._stop.is_set():
@@ -160,22 +163,23 @@ class ChangeConsumer:
                 self._checkpoints.save(unsaved, token)
 
     def _apply(self, token: int, item: Committed) -> None:
-        rollout = self._controls.current()
+        touched = item.wholesale or bool(item.changes)
         if item.wholesale:
             log.error("records changed wholesale (truncate, drop or rename): rotating the cache")
             self._controls.rotate(WHO)
         elif item.changes:
             # Replicas may be a rotation behind the generation this consumer holds, or ahead of it.
-            generations = {rollout.generation + step for step in (-1, 0, 1)} - {0}
+            generation = self._controls.current().generation
+            generations = {generation + step for step in (-1, 0, 1)} - {0}
             deleted = self._invalidator.apply(token, item.changes, generations)
             self.state = replace(self.state, invalidated=self.state.invalidated + deleted)
             CHANGES_INVALIDATED.inc(deleted)
-        CHANGES_TRANSACTIONS.inc()
+        CHANGES_TRANSACTIONS.inc(touched)
         self.state = replace(
             self.state,
             position=item.position,
             lag_s=max(0.0, time.time() - item.timestamp),
-            transactions=self.state.transactions + 1,
+            transactions=self.state.transactions + touched,
         )
 
     def _start(self, token: int) -> Position:

@@ -1,13 +1,16 @@
 """The binlog, read as committed changes to records.
 
 :class:`BinlogChanges` tails the server's binlog (ROW format) with
-``mysql-replication`` and yields, per committed transaction that touched the
-records table, every record it changed with the lowest revision a cache fill
-may still bring for it (:class:`Committed`), and the position after its
-commit. Between transactions it yields :class:`Idle` at least every
-``heartbeat_s``, so the consumer can renew its lease and report its lag while
-the database is quiet. File and position, not GTIDs: ``is_mariadb=False``
-resumes from them on MariaDB too (``docs/changes.md``).
+``mysql-replication`` and yields, per committed transaction, every record it
+changed with the lowest revision a cache fill may still bring for it
+(:class:`Committed`; none for a transaction that left records alone), and the
+position after its commit. Every transaction is yielded, so that a consumer
+reading a busy binlog of other tables still renews its lease and reports its
+lag; the consumer's own position saves come as :class:`Idle`, so that saving
+a position never calls for saving another. Between transactions it yields
+:class:`Idle` at least every ``heartbeat_s`` while the database is quiet.
+File and position, not GTIDs: ``is_mariadb=False`` resumes from them on
+MariaDB too (``docs/changes.md``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.event import HeartbeatLogEvent, QueryEvent, RotateEvent, XidEvent
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 from sqlalchemy.engine import make_url
+
+from dataservice.changes.grants import POSITIONS_TABLE
 
 RECORDS_TABLE = "records"
 # Statements that change rows without row events: the cache cannot be told
@@ -56,6 +61,9 @@ class Committed:
 @dataclass(frozen=True, slots=True)
 class Idle:
     position: Position
+    # A heartbeat: the server had nothing more to send. A rotation is Idle too,
+    # but says nothing of how far behind the reader is.
+    caught_up: bool = True
 
 
 def connection_settings(url: str) -> tuple[dict[str, Any], str]:
@@ -128,8 +136,11 @@ class BinlogChanges:
 
     def __iter__(self) -> Iterator[Committed | Idle]:
         pending: list[RecordChange] = []
+        # Tables the transaction wrote: is it only the consumer's own position save?
+        tables: set[str] = set()
         for event in self._reader:
             if isinstance(event, (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)):
+                tables.add(event.table)
                 if event.table == RECORDS_TABLE:
                     pending.extend(_changes(event))
             elif isinstance(event, QueryEvent):
@@ -137,11 +148,15 @@ class BinlogChanges:
                     # DDL commits on its own, with no Xid to end it.
                     yield Committed((), self.position, event.timestamp, wholesale=True)
             elif isinstance(event, XidEvent):
-                if pending:
+                if tables == {POSITIONS_TABLE}:
+                    yield Idle(self.position, caught_up=False)
+                else:
                     yield Committed(tuple(pending), self.position, event.timestamp)
-                pending = []
-            else:
+                pending, tables = [], set()
+            elif isinstance(event, HeartbeatLogEvent):
                 yield Idle(self.position)
+            else:
+                yield Idle(self.position, caught_up=False)
 
     def close(self) -> None:
         self._reader.close()

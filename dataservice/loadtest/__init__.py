@@ -5,7 +5,9 @@ own database and its own MariaDB user), offers a fixed request rate per lane
 from a schedule, and samples the database itself (``information_schema``) to
 see how many connections and active statements the service really holds.
 
-Modules: :mod:`.scenarios` (what each scenario offers and does),
+Modules: :mod:`.scenarios` (what each scenario offers and does), :mod:`.changes` and
+:mod:`.streamwatch` (the change consumer, direct writes, lag and cache hits of a
+scenario that reads through the cache),
 :mod:`.environment` (database, Redis, replica processes), :mod:`.sampler`
 (the database's view), :mod:`.openloop` (the open-loop generator and the
 outcome of each request), :mod:`.service` and :mod:`.naive` (the two systems

@@ -8,12 +8,10 @@ the cache served and how far the change stream lagged.
 - :class:`DirectWriter`: updates of the seeded records by direct SQL at a
   fixed rate, as the server's admin (never counted in the service's database
   share): changes the service never sees, which only the binlog reports.
-- :class:`LagWatch`: the consumer's status (lag in seconds, and events behind
-  where it reports them) sampled from Redis, as the workers' freshness guard
-  reads it.
-- :func:`cache_reads`: the replicas' cache lookups by outcome, scraped from
-  their metrics endpoints. A hit ratio near zero would mean the run never read
-  the cache at all, whatever its freshness figures say.
+- what the run watches meanwhile (:mod:`.streamwatch`): the consumer's lag
+  and the replicas' cache hits.
+
+:class:`StreamSide` puts them together for one run.
 """
 
 from __future__ import annotations
@@ -22,25 +20,25 @@ import os
 import random
 import threading
 import time
-import urllib.request
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import redis
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
-from dataservice.cache.guard import stream_status
 from dataservice.changes.server import check_server
 from dataservice.changes.user import changes_url, create_changes_user, new_password
 from dataservice.config import Config
 from dataservice.errors import BinlogSetupError, ServiceSetupError
 from dataservice.keys import CHANGES_STATUS_KEY
+from dataservice.loadtest.scenarios import Scenario
+from dataservice.loadtest.streamwatch import LagWatch, cache_reads, hit_ratio
+from dataservice.localservices import free_port
 from dataservice.processes import WorkerProcess, dataservice_argv, worker_environ
 from dataservice.settings import Settings
 
@@ -49,7 +47,6 @@ _UPDATE = text(
     "UPDATE records SET revision = revision + 1, payload = :payload,"
     " updated_at = UTC_TIMESTAMP(6) WHERE scope = :scope AND object_id = :object_id"
 )
-_CACHE_READS = "dataservice_cache_reads"
 
 
 def consumer_settings(settings: Settings, root_url: str, database: str, config: Config) -> Settings:
@@ -152,75 +149,77 @@ class DirectWriter:
         return {"per_s": round(self._rate, 1), "ok": self.ok, "errors": dict(self.errors)}
 
 
-class LagWatch:
-    """The consumer's status hash every ``every_s`` from ``t0``: a missing hash
-    is a missing consumer, as the freshness guard sees it."""
+class StreamSide:
+    """What a run adds when its scenario reads through the cache (the
+    consumer, the replicas' metrics endpoints, the lag watch) or writes around
+    the service (the direct writer); :attr:`report` once :meth:`finish` ran."""
 
-    def __init__(self, redis_url: str, max_lag_s: float, t0: float, every_s: float = 0.25) -> None:
-        self._client = redis.Redis.from_url(redis_url, socket_timeout=2)
-        self._max_lag_s, self._t0, self._every_s = max_lag_s, t0, every_s
-        self.samples: list[tuple[float, dict[str, float] | None]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="lag-watch", daemon=True)
+    def __init__(self, reads_cache: bool, direct_writes: float, log_dir: Path) -> None:
+        self.reads_cache, self._direct_writes, self._log_dir = reads_cache, direct_writes, log_dir
+        self.consumer: WorkerProcess | None = None
+        self.ports: list[int] = []
+        self.report: dict[str, Any] | None = None
+        self._writer: DirectWriter | None = None
+        self._watch: LagWatch | None = None
+        self._reads_before: Counter[str] = Counter()
 
-    def start(self) -> None:
-        self._thread.start()
+    @classmethod
+    def of(cls, system: str, scenario: Scenario, log_dir: Path) -> StreamSide:
+        """What ``scenario`` needs when run against ``system`` (the naive one reads no cache)."""
+        return cls(system == "service" and scenario.changes, scenario.direct_writes, log_dir)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._every_s):
-            try:
-                raw = stream_status(self._client) or {}
-            except redis.RedisError:
-                continue
-            status = {k: float(v) for k, v in raw.items() if k.startswith("lag_")}
-            self.samples.append((time.monotonic() - self._t0, status or None))
+    def replica_args(self) -> tuple[str, ...]:
+        """A replica's extra arguments: a metrics port to scrape, when the cache is read."""
+        if not self.reads_cache:
+            return ()
+        port = free_port()
+        self.ports.append(port)
+        return ("--metrics-port", str(port))
+
+    def start_consumer(
+        self, settings: Settings, config: Config, root_url: str, database: str
+    ) -> None:
+        if self.reads_cache:
+            own = consumer_settings(settings, root_url, database, config)
+            self.consumer = start_consumer(own, self._log_dir / "changes.log")
+
+    def begin(
+        self,
+        config: Config,
+        redis_url: str,
+        direct_url: str,
+        scope: str,
+        ids: Sequence[str],
+        interactive_capacity: float,
+        duration_s: float,
+        t0: float,
+    ) -> None:
+        if self._direct_writes:
+            rate = self._direct_writes * interactive_capacity
+            self._writer = DirectWriter(direct_url, scope, ids, rate, duration_s, t0)
+            self._writer.start()
+        if self.reads_cache:
+            self._reads_before = cache_reads(self.ports)
+            self._watch = LagWatch(redis_url, config.changes.max_lag_s, t0)
+            self._watch.start()
+
+    def finish(self) -> None:
+        """Wait for the direct writer's schedule to end, stop watching, sum up."""
+        if self._writer is None and self._watch is None:
+            return
+        if self._writer is not None:
+            self._writer.join()
+        reads = cache_reads(self.ports)
+        if self._watch is not None:
+            self._watch.stop()
+        self.report = {
+            "direct_writes": self._writer.summary() if self._writer else None,
+            "cache_reads": dict(reads - self._reads_before),
+            "hit_ratio": hit_ratio(self._reads_before, reads),
+            "consumer": self._watch.summary() if self._watch else None,
+        }
+        self._writer = self._watch = None
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._client.close()
-
-    def summary(self) -> dict[str, Any]:
-        seen = [s for _, s in self.samples if s is not None]
-        engaged = sum(1 for s in (s for _, s in self.samples) if _engaged(s, self._max_lag_s))
-        figures: dict[str, Any] = {
-            "samples": len(self.samples),
-            "missing": len(self.samples) - len(seen),
-        }
-        for name in sorted({k for s in seen for k in s}):
-            values = [s[name] for s in seen if name in s]
-            figures[f"{name}_max"] = max(values)
-        figures["guard_engaged_share"] = (
-            round(engaged / len(self.samples), 4) if self.samples else None
-        )
-        return figures
-
-
-def _engaged(status: dict[str, float] | None, max_lag_s: float) -> bool:
-    return status is None or status.get("lag_s", 0.0) > max_lag_s
-
-
-def cache_reads(ports: Iterable[int]) -> Counter[str]:
-    """Cache lookups by outcome (``hit``, ``miss``) summed over the replicas
-    listening on ``ports``; one that does not answer adds ``unreachable``."""
-    totals: Counter[str] = Counter()
-    for port in ports:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as page:
-                body = page.read().decode()
-        except OSError:
-            totals["unreachable"] += 1
-            continue
-        for family in text_string_to_metric_families(body):
-            if family.name != _CACHE_READS:
-                continue
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    totals[sample.labels["outcome"]] += int(sample.value)
-    return totals
-
-
-def hit_ratio(before: Counter[str], after: Counter[str]) -> float | None:
-    hits = after["hit"] - before["hit"]
-    lookups = hits + after["miss"] - before["miss"]
-    return round(hits / lookups, 4) if lookups else None
+        if self.consumer is not None:
+            self.consumer.stop()

@@ -29,7 +29,6 @@ from dataservice.loadtest.openloop import Adapter, OpenLoop, closed_loop_capacit
 from dataservice.loadtest.sampler import Sample, Sampler, kill_connections
 from dataservice.loadtest.scenarios import Scenario
 from dataservice.loadtest.service import CALLER, ServiceAdapter
-from dataservice.localservices import free_port
 from dataservice.processes import WorkerProcess
 
 BATCH_TIMEOUT_S = 5.0
@@ -61,15 +60,33 @@ def capacities_from_rate(rate: float, config: Config) -> dict[LaneName, float]:
     return {LaneName.INTERACTIVE: rate, LaneName.BATCH: rate * ratio}
 
 
+def find_capacity(
+    o: RunOptions,
+    config: Config,
+    adapter: Adapter,
+    timeouts: dict[LaneName, float],
+    ids: list[str],
+) -> tuple[dict[LaneName, float], str]:
+    """Each lane's capacity (requests/s) and where it comes from: given, --rate
+    or a closed-loop probe with every permit of every replica kept busy."""
+    if o.capacity is not None:
+        return o.capacity, "given (the service run's probe)"
+    if o.rate is not None:
+        return capacities_from_rate(o.rate, config), "--rate"
+    callers = {lane: 2 * o.replicas * config.lanes[lane].permits for lane in LaneName}
+    payload = bytes(range(256)) * (env.PAYLOAD_BYTES // 256)
+    capacity = closed_loop_capacity(adapter, callers, timeouts, ids, payload, 1.0, o.calibrate_s)
+    return capacity, "closed-loop probe"
+
+
 class Run:
     def __init__(self, options: RunOptions, console: Console) -> None:
         self.o = options
         self.console = console
         self.target = options.target or env.TARGETS[options.system]
         options.out.mkdir(parents=True, exist_ok=True)
-        delay = options.db_delay_ms + options.scenario.extra_delay_ms
+        self.delay_ms = delay = options.db_delay_ms + options.scenario.extra_delay_ms
         self.config_path, self.config = env.scenario_config(options.base_config, options.out, delay)
-        self.delay_ms = delay
         self.settings = env.service_settings(
             self.target,
             self.config_path,
@@ -87,10 +104,7 @@ class Run:
         self.ready_s = 0.0
         # Set when the measured load starts (others may watch the run from then on).
         self.measuring = threading.Event()
-        # What a scenario reading through the cache adds (see .changes).
-        self.consumer: WorkerProcess | None = None
-        self.metrics_ports: list[int] = []
-        self.changes: dict[str, Any] | None = None
+        self.stream = ch.StreamSide.of(options.system, options.scenario, options.out / "logs")
         spawn: env.Spawn
         if options.system == "service":
             spawn = self._service_replica
@@ -105,24 +119,17 @@ class Run:
         """Callers the schedule keeps busy if every request waits up to a second."""
         o = self.o
         capacity = capacity or o.capacity or capacities_from_rate(o.rate or 100.0, self.config)
-        peak = {
-            lane: max((f for _, _, f in o.scenario.segments.get(lane, ())), default=0.0)
-            for lane in LaneName
-        }
-        busy = sum(peak[lane] * capacity[lane] * min(self.timeouts[lane], 1.0) for lane in LaneName)
+        peak = o.scenario.peak
+        busy = sum(peak(lane) * capacity[lane] * min(self.timeouts[lane], 1.0) for lane in LaneName)
         return min(o.max_callers, int(busy) + 16)
 
     def _service_replica(self, lane: LaneName, log: Path) -> WorkerProcess:
-        extra: tuple[str, ...] = ()
-        if self.o.scenario.changes:
-            port = free_port()
-            self.metrics_ports.append(port)
-            extra = ("--metrics-port", str(port))
-        return WorkerProcess.for_lane(self.settings, lane, log, *extra)
+        return WorkerProcess.for_lane(self.settings, lane, log, *self.stream.replica_args())
 
     @property
-    def reads_cache(self) -> bool:
-        return self.o.system == "service" and self.o.scenario.changes
+    def changes(self) -> dict[str, Any] | None:
+        """The direct writes, cache reads and consumer lag, when the scenario has them."""
+        return self.stream.report
 
     def adapter(self) -> Adapter:
         if self.o.system == "service":
@@ -139,32 +146,17 @@ class Run:
         payload = bytes(range(256)) * (env.PAYLOAD_BYTES // 256)
         adapter = self.adapter()
         try:
-            if self.reads_cache:
-                consumer = ch.consumer_settings(
-                    self.settings, o.root_url, self.target.database, self.config
-                )
-                self.consumer = ch.start_consumer(consumer, o.out / "logs" / "changes.log")
+            self.stream.start_consumer(self.settings, self.config, o.root_url, self.target.database)
             self.fleet.start(o.replicas, generation=0)
             with self.console.status(f"{o.system}: starting {2 * o.replicas} replicas"):
                 self.ready_s = self.fleet.wait_ready(self.control)
-            capacity, source = o.capacity, "given (the service run's probe)"
-            if capacity is None and o.rate is not None:
-                capacity, source = capacities_from_rate(o.rate, self.config), "--rate"
-            if capacity is None:
-                source = "closed-loop probe"
-                callers = {
-                    lane: 2 * o.replicas * self.config.lanes[lane].permits for lane in LaneName
-                }
-                with self.console.status(f"{o.system}: probing capacity"):
-                    capacity = closed_loop_capacity(
-                        adapter, callers, self.timeouts, ids, payload, 1.0, o.calibrate_s
-                    )
+            with self.console.status(f"{o.system}: finding the capacity"):
+                capacity, source = find_capacity(o, self.config, adapter, self.timeouts, ids)
             self.capacity, self.capacity_source = capacity, source
             return self._measure(adapter, ids, payload, capacity)
         finally:
             self.fleet.stop()
-            if self.consumer is not None:
-                self.consumer.stop()
+            self.stream.stop()
             adapter.close()
             self.control.close()
 
@@ -185,31 +177,20 @@ class Run:
             t0,
             o.max_callers,
         )
-        pending = {
-            name: at * o.duration_s
-            for name, at in (
-                ("deploy: new replicas", scenario.overlap_start),
-                ("deploy: old replicas SIGTERM", scenario.overlap_stop),
-                ("kill all connections", scenario.kill_at),
-            )
-            if at is not None
-        }
-        writer = ch.DirectWriter(
-            env.direct_url(o.root_url, self.target.database),
-            env.SCOPE,
-            ids,
-            scenario.direct_writes * capacity[LaneName.INTERACTIVE],
-            o.duration_s,
-            t0,
-        )
-        watch = ch.LagWatch(self.target.redis_url, self.config.changes.max_lag_s, t0)
-        reads_before = ch.cache_reads(self.metrics_ports)
+        pending = scenario.events(o.duration_s)
         cpu_before = time.process_time()
         sampler.start()
         loop.start(self.expected_callers(capacity))
-        writer.start()
-        if self.reads_cache:
-            watch.start()
+        self.stream.begin(
+            self.config,
+            self.target.redis_url,
+            env.direct_url(o.root_url, self.target.database),
+            env.SCOPE,
+            ids,
+            capacity[LaneName.INTERACTIVE],
+            o.duration_s,
+            t0,
+        )
         self.measuring.set()
         live = Live(self._table(loop, sampler), console=self.console, auto_refresh=False)
         if o.live:
@@ -229,20 +210,10 @@ class Run:
                     live.update(self._table(loop, sampler), refresh=True)
                 time.sleep(0.1)
             loop.join()
-            writer.join()
         finally:
             live.stop()
             sampler.stop()
-            if self.reads_cache:
-                watch.stop()
-        if self.reads_cache or scenario.direct_writes:
-            reads = ch.cache_reads(self.metrics_ports)
-            self.changes = {
-                "direct_writes": writer.summary(),
-                "cache_reads": dict(reads - reads_before),
-                "hit_ratio": ch.hit_ratio(reads_before, reads),
-                "consumer": watch.summary() if self.reads_cache else None,
-            }
+            self.stream.finish()
         # The generator shares the machine with the service: its CPU goes in the report.
         self.harness_cpu_s = time.process_time() - cpu_before
         return build_report(self, loop, sampler, capacity)

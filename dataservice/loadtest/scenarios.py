@@ -44,6 +44,22 @@ class Scenario:
         """Whether the run needs the change consumer (and a binlog)."""
         return self.read_mode is ReadMode.ALLOW_CACHED
 
+    def events(self, duration_s: float) -> dict[str, float]:
+        """What the runner does mid-run, and when (seconds from the start)."""
+        return {
+            name: at * duration_s
+            for name, at in (
+                ("deploy: new replicas", self.overlap_start),
+                ("deploy: old replicas SIGTERM", self.overlap_stop),
+                ("kill all connections", self.kill_at),
+            )
+            if at is not None
+        }
+
+    def peak(self, lane: LaneName) -> float:
+        """The highest multiple of capacity ``lane`` is offered."""
+        return max((factor for _, _, factor in self.segments.get(lane, ())), default=0.0)
+
     def factor(self, lane: LaneName, fraction: float) -> float:
         for start, end, factor in self.segments.get(lane, ()):
             if start <= fraction < end:
