@@ -8,27 +8,33 @@ Then it runs ``dataservice loadtest --scenario cached`` (the same run the
 command makes: replicas of both lanes at 60 % of their measured capacity,
 reads ``ALLOW_CACHED``, writes through the service, direct SQL updates of the
 same records at 5 % of the interactive capacity, the change consumer beside
-them) and, while the load runs, a checker:
+them) three times, with a checker beside each:
 
 - a **probe** reads a random record's revision straight from the database
   (its own connection, as root) at instant A: that revision was committed by A;
 - the record is then read through the service with ``ALLOW_CACHED`` at A plus
-  each of ``--offsets`` and at A + (``changes.max_lag_s`` + 1 s);
-- a read at A + (bound + 1 s) or later that returns a lower revision is a
-  **violation**: it saw a revision older than one committed more than the
-  bound plus a second earlier. There must be none.
+  each of ``--offsets``, and at A + the bound: ``changes.max_lag_s`` plus
+  ``cache.controls_max_age_ms`` (how often a worker looks at the freshness
+  guard), 5 s + 1 s with the shipped values;
+- a read at A + the bound that returns a lower revision is a **violation**:
+  it saw a revision older than one committed more than the bound earlier.
 
-The reads at the earlier offsets show how often the cache is behind the
-database right after a commit (the window the change stream closes). The
-loadtest's own report (hit ratio, the consumer's lag, the guard) goes beside
-them: a run in which the guard sent every read to the database would prove
-nothing.
+The three runs, at the same offered load:
 
-**Baseline, the control**: the same scenario at the same offered load, with
-the consumer stopped as the load starts and ``changes.guard`` off, so that
-only the service's own writes reach the cache. The same checker must find
-stale reads there (a checker that cannot fail proves nothing); the report
-gives the stale share at the bound in both runs and their ratio.
+1. **stream**: the consumer healthy. No violation; the earlier offsets show
+   how often the cache is behind right after a commit.
+2. **paused**: the consumer is stopped with SIGSTOP from a third of the run to
+   two thirds (it holds its lease and its last report, and then wakes), the
+   guard on. No violation: the guard must close the cache within the bound.
+3. **control**, the baseline: the consumer stopped as the load starts and
+   ``changes.guard`` off, so only the service's own writes reach the cache.
+   The same checker must find stale reads here: a checker that cannot fail
+   proves nothing. The report gives the stale share at the bound in each run.
+
+The run fails (exit 1) on any violation, and also when it could not have
+found one: too few reads at the bound (``--min-checks``), a checker thread
+that died, a cache hit ratio under 0.5 with the stream, or a control with no
+stale read. Each offset's ``latest_start_s`` says how late its reads started.
 """
 
 from __future__ import annotations
@@ -37,11 +43,14 @@ import argparse
 import heapq
 import io
 import json
+import os
 import random
+import signal
 import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,14 +105,25 @@ class Checker:
         self._stop = threading.Event()
         self.probes = 0
         self.reads: dict[float, Counter[str]] = {o: Counter() for o in offsets}
+        # How long after its due time each offset's reads started, at worst.
+        self.late_s: dict[float, float] = dict.fromkeys(offsets, 0.0)
         self.violations: list[dict[str, Any]] = []
-        self._threads = [threading.Thread(target=self._probe, daemon=True)] + [
-            threading.Thread(target=self._reader, daemon=True) for _ in range(8)
+        self.failures: list[str] = []
+        self._threads = [threading.Thread(target=self._guarded, args=(self._probe,))] + [
+            threading.Thread(target=self._guarded, args=(self._reader,)) for _ in range(8)
         ]
 
     def start(self) -> None:
         for thread in self._threads:
             thread.start()
+
+    def _guarded(self, work: Callable[[], None]) -> None:
+        # A thread that died would leave checks unmade: the run must say so.
+        try:
+            work()
+        except Exception as exc:
+            self.failures.append(f"{work.__name__}: {type(exc).__name__}: {exc}")
+            self._stop.set()
 
     def stop(self) -> None:
         """Stop probing; the reads already due are still made."""
@@ -143,6 +163,7 @@ class Checker:
     def _reader(self) -> None:
         while (read := self._next()) is not None:
             started = time.monotonic()
+            self.late_s[read.offset] = max(self.late_s[read.offset], started - read.due)
             try:
                 record = self._client.read(
                     env.SCOPE, read.object_id, mode=ReadMode.ALLOW_CACHED, timeout=self._timeout_s
@@ -167,16 +188,17 @@ def phase(
     args: argparse.Namespace,
     root_url: str,
     target: env.Target,
-    *,
-    stream: bool,
+    kind: str,
     capacity: dict[LaneName, float] | None = None,
 ) -> tuple[Run, dict[str, Any], Checker]:
-    """One loadtest run with the checker beside it. Without ``stream`` (the
-    control), the consumer is stopped as the load starts and the guard is off."""
+    """One loadtest run with the checker beside it. ``kind``: ``stream`` (the
+    consumer healthy), ``paused`` (SIGSTOP to the consumer from a third of the
+    run to two thirds, the guard on) or ``control`` (the consumer stopped as
+    the load starts and the guard off)."""
     base = _env.REPO / "queues.yml"
-    out = args.out / ("stream" if stream else "control")
+    out = args.out / kind
     out.mkdir(parents=True, exist_ok=True)
-    if not stream:
+    if kind == "control":
         data = yaml.safe_load(base.read_text(encoding="utf-8"))
         data["changes"]["guard"] = False
         base = out / "base.yml"
@@ -195,7 +217,7 @@ def phase(
         capacity=capacity,
     )
     loadtest = Run(options, Console(file=io.StringIO()))
-    bound = loadtest.config.changes.max_lag_s + 1.0
+    bound = loadtest.config.changes.max_lag_s + loadtest.config.cache.controls_max_age_ms / 1000
     outcome: dict[str, Any] = {}
 
     def execute() -> None:
@@ -205,21 +227,34 @@ def phase(
             outcome["error"] = exc
             loadtest.measuring.set()
 
-    runner = threading.Thread(target=execute, name="loadtest")
+    runner = threading.Thread(target=execute, name="loadtest", daemon=True)
     runner.start()
     loadtest.measuring.wait()
-    if "error" in outcome:
-        raise outcome["error"]
-    if not stream:
-        loadtest.stream.stop()
-    ids = [f"obj-{n:06d}" for n in range(args.records)]
-    url = env.direct_url(root_url, target.database)
-    checker = Checker(loadtest, url, ids, sorted({*args.offsets, bound}), args.probes, bound)
-    checker.start()
-    # Probing stops when its last read would fall after the load.
-    time.sleep(max(0.0, args.duration - bound))
-    checker.stop()
-    runner.join()
+    checker: Checker | None = None
+    try:
+        if "error" in outcome:
+            raise outcome["error"]
+        consumer = loadtest.stream.consumer
+        assert consumer is not None
+        if kind == "control":
+            loadtest.stream.stop()
+        ids = [f"obj-{n:06d}" for n in range(args.records)]
+        url = env.direct_url(root_url, target.database)
+        checker = Checker(loadtest, url, ids, sorted({*args.offsets, bound}), args.probes, bound)
+        checker.start()
+        if kind == "paused":
+            time.sleep(args.duration / 3)
+            os.kill(consumer.pid, signal.SIGSTOP)
+            time.sleep(args.duration / 3)
+            os.kill(consumer.pid, signal.SIGCONT)
+            time.sleep(max(0.0, args.duration / 3 - bound))
+        else:
+            # Probing stops when its last read would fall after the load.
+            time.sleep(max(0.0, args.duration - bound))
+    finally:
+        if checker is not None:
+            checker.stop()
+        runner.join()
     if "error" in outcome:
         raise outcome["error"]
     return loadtest, outcome["report"], checker
@@ -231,7 +266,11 @@ def summary(report: dict[str, Any], checker: Checker) -> dict[str, Any]:
         for lane, stats in report["lanes"].items()
     }
     by_offset = {
-        f"{offset:g}": {**dict(counts), "stale_share": _stale_share(counts)}
+        f"{offset:g}": {
+            **dict(counts),
+            "stale_share": _stale_share(counts),
+            "latest_start_s": round(checker.late_s[offset], 3),
+        }
         for offset, counts in checker.reads.items()
     }
     return {
@@ -241,6 +280,7 @@ def summary(report: dict[str, Any], checker: Checker) -> dict[str, Any]:
         "probes": checker.probes,
         "by_offset_s": by_offset,
         "violations": checker.violations,
+        "failures": checker.failures,
     }
 
 
@@ -248,28 +288,54 @@ def _stale_share(counts: Counter[str]) -> float:
     return round(counts["stale"] / max(1, counts["fresh"] + counts["stale"]), 4)
 
 
+def verdict(result: dict[str, Any], min_checks: int) -> list[str]:
+    """What makes the run fail: a violation, or a run that could not have found one."""
+    problems = []
+    at_bound = result["stale_at_bound"]
+    for kind in ("with_change_stream", "stream_paused"):
+        phase = result[kind]
+        checked = phase["by_offset_s"][result["setup"]["bound_key"]]
+        if phase["violations"]:
+            problems.append(f"{kind}: {len(phase['violations'])} violation(s)")
+        if checked.get("fresh", 0) + checked.get("stale", 0) < min_checks:
+            problems.append(f"{kind}: fewer than {min_checks} reads at the bound")
+        if phase["failures"]:
+            problems.append(f"{kind}: checker failed: {phase['failures']}")
+    if (result["with_change_stream"]["changes"]["hit_ratio"] or 0) < 0.5:
+        problems.append("with the stream, under half the reads were cache hits")
+    if not at_bound["control"]:
+        problems.append("the control found no stale read: the checker proved nothing")
+    return problems
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.redis_db == 0:
         raise ValueError("--redis-db must not be 0")
-    server = TemporaryBinlogMariaDB().start()
+    if args.duration / 3 <= 7:
+        raise ValueError(
+            "--duration must exceed 21 s (three phases of the pause, each past the bound)"
+        )
     target = env.Target("service", "ds_fresh", "ds-fresh-pw", "dataservice_fresh", args.redis_db)
-    args.out = args.out or Path(server.datadir).parent / "loadtest"
+    args.out = args.out or Path(".state/bench/freshness") / time.strftime("%Y%m%dT%H%M%S")
+    server = TemporaryBinlogMariaDB()
+    phases: dict[str, dict[str, Any]] = {}
     try:
+        server.start()
         root_url = server.url("")
         machine = _env.machine_info(target.redis_url, server.url("mysql"))
-        first, report, checker = phase(args, root_url, target, stream=True)
-        bound = first.config.changes.max_lag_s + 1.0
-        with_stream = summary(report, checker)
-        # The same offered load without the stream: the checker must see what it exists to catch.
-        _, report, checker = phase(args, root_url, target, stream=False, capacity=first.capacity)
-        control = summary(report, checker)
+        first, report, checker = phase(args, root_url, target, "stream")
+        phases["stream"] = summary(report, checker)
+        bound = first.config.changes.max_lag_s + first.config.cache.controls_max_age_ms / 1000
+        # The same offered load, then without the stream's help.
+        for kind in ("paused", "control"):
+            _, report, checker = phase(args, root_url, target, kind, capacity=first.capacity)
+            phases[kind] = summary(report, checker)
     finally:
         server.stop()
         env.flush_redis(target.redis_url)
-    at_bound = f"{bound:g}"
-    stale = with_stream["by_offset_s"][at_bound]["stale_share"]
-    stale_control = control["by_offset_s"][at_bound]["stale_share"]
-    return {
+    key = f"{bound:g}"
+    stale = {kind: phases[kind]["by_offset_s"][key]["stale_share"] for kind in phases}
+    result = {
         "command": " ".join(["python", "bench/freshness.py", *sys.argv[1:]]),
         "machine": machine,
         "setup": {
@@ -278,16 +344,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "records": args.records,
             "probes_per_s": args.probes,
             "bound_s": bound,
+            "bound_key": key,
+            "out": str(args.out),
         },
-        "with_change_stream": with_stream,
-        "control_without_stream": control,
+        "with_change_stream": phases["stream"],
+        "stream_paused": phases["paused"],
+        "control_without_stream": phases["control"],
         "stale_at_bound": {
-            "with_stream": stale,
-            "control": stale_control,
-            "ratio": round(stale / stale_control, 4) if stale_control else None,
+            "with_stream": stale["stream"],
+            "paused": stale["paused"],
+            "control": stale["control"],
+            "ratio": round(stale["stream"] / stale["control"], 4) if stale["control"] else None,
         },
-        "violations": len(with_stream["violations"]),
     }
+    result["problems"] = verdict(result, args.min_checks)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -313,7 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     print(yaml.safe_dump({k: v for k, v in result.items() if k != "machine"}, sort_keys=False))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
-    return 1 if result["violations"] else 0
+    for problem in result["problems"]:
+        print(f"FAILED: {problem}", file=sys.stderr)
+    return 1 if result["problems"] else 0
 
 
 if __name__ == "__main__":

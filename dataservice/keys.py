@@ -39,6 +39,9 @@ key                                    what it holds
 ``ds:changes:status``                  a hash: the active consumer's position, lag
                                        (seconds, events and bytes behind) and when it
                                        last said so (``docs/changes.md``)
+``ds:changes:fresh``                   the consumer's word that the cache is fresh within
+                                       ``changes.max_lag_s``: it expires when that may
+                                       no longer hold (the freshness guard reads it)
 =====================================  ===========================================
 
 Who may touch what is decided by key pattern (:mod:`dataservice.acl`): a
@@ -73,6 +76,7 @@ CHANGES_PREFIX = "ds:changes:"
 CHANGES_LEASE_KEY = CHANGES_PREFIX + "lease"
 CHANGES_FENCE_KEY = CHANGES_PREFIX + "fence"
 CHANGES_STATUS_KEY = CHANGES_PREFIX + "status"
+CHANGES_FRESH_KEY = CHANGES_PREFIX + "fresh"
 # Between a cached record's key and its namespace generation: neither a scope
 # nor an object id may hold it (dataservice.identifiers).
 GENERATION_SEP = "#"

@@ -17,13 +17,18 @@ from sqlalchemy import create_engine, text
 from dataservice.broker import celery_app
 from dataservice.cache.controls import RolloutControls
 from dataservice.cache.guard import FreshnessGuard, stream_status
-from dataservice.changes.consumer import CHANGES_COMMAND, ChangeConsumer
+from dataservice.changes.consumer import (
+    CHANGES_COMMAND,
+    ChangeConsumer,
+    ConsumerState,
+    publish_status,
+)
 from dataservice.changes.invalidator import Invalidator
 from dataservice.changes.lease import Lease
 from dataservice.changes.stream import RecordChange
 from dataservice.config import Config
 from dataservice.errors import StaleToken
-from dataservice.keys import CHANGES_LEASE_KEY, CHANGES_STATUS_KEY, tombstone_key
+from dataservice.keys import CHANGES_FRESH_KEY, CHANGES_LEASE_KEY, tombstone_key
 from dataservice.settings import Settings
 from tests import changes_support
 from tests.changes_support import (
@@ -258,17 +263,22 @@ def test_the_guard_holds_while_the_lag_is_unknown_or_over_the_bound(
     now = [0.0]
     guard = FreshnessGuard(cache_redis, 5.0, 0, clock=lambda: now[0])
 
-    def allows(lag_s: str) -> bool:
-        cache_redis.hset(CHANGES_STATUS_KEY, "lag_s", lag_s)
+    def allows(lag_s: float) -> bool:
+        publish_status(cache_redis, ConsumerState("active", 7, lag_s=lag_s), 5.0)
         now[0] += 1
         return guard.allows_cache()
 
-    assert allows("0.000")
-    assert allows("5.000")
-    assert not allows("5.001")
+    assert allows(0.0)
+    assert allows(4.9)
+    assert not allows(5.0)
     # A consumer back after an absence cannot yet tell how far behind it is.
-    assert not allows("-1.000")
-    assert allows("0.300")
-    cache_redis.delete(CHANGES_STATUS_KEY)
+    assert not allows(-1.0)
+    assert allows(0.3)
+    # The word lasts only as long as the bound allows after this report: a
+    # consumer that stalls now closes the cache within bound - lag, not bound.
+    assert 4_600 < cache_redis.pttl(CHANGES_FRESH_KEY) <= 4_700
+    assert allows(3.0)
+    assert 1_900 < cache_redis.pttl(CHANGES_FRESH_KEY) <= 2_000
+    cache_redis.delete(CHANGES_FRESH_KEY)
     now[0] += 1
     assert not guard.allows_cache()

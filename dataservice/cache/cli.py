@@ -25,7 +25,7 @@ from dataservice.cache.guard import stream_status
 from dataservice.cache.rollout import AuditEntry, Change, Rollout, parse_format, parse_formats
 from dataservice.changes.behind import describe_events, describe_lag
 from dataservice.errors import DataServiceError, InvalidControl
-from dataservice.keys import ROLLOUT_KEY
+from dataservice.keys import CHANGES_FRESH_KEY, ROLLOUT_KEY
 
 app = typer.Typer(no_args_is_help=True, help="The read cache's rollout controls (docs/cache.md).")
 
@@ -62,7 +62,7 @@ def _controls() -> Iterator[RolloutControls]:
         client.close()
 
 
-def _guard(stream: dict[str, str] | None) -> str:
+def _guard(stream: dict[str, str] | None, fresh: bool) -> str:
     """The freshness guard as the workers see it (docs/changes.md)."""
     from dataservice.cli import _load
 
@@ -74,7 +74,7 @@ def _guard(stream: dict[str, str] | None) -> str:
     lag = float(stream.get("lag_s", "0"))
     where = f"{stream.get('log_file', '?')}:{stream.get('log_pos', '?')}"
     behind = _behind(stream)
-    if not 0 <= lag <= config.changes.max_lag_s:
+    if not fresh:
         return (
             f"ENGAGED: the change stream lags {describe_lag(lag)} ({behind}) at {where}; "
             "reads go to the database"
@@ -158,7 +158,8 @@ def status(
         rollout = controls.fetch()
         entries = controls.history(HISTORY)
         stream = stream_status(controls.client)
-    guard = _guard(stream)
+        fresh = bool(controls.client.exists(CHANGES_FRESH_KEY))
+    guard = _guard(stream, fresh)
     warnings = _warnings(rollout)
     if as_json:
         document = {

@@ -1,10 +1,12 @@
 """The freshness guard: the cache is read only while the change stream keeps up.
 
-The active change consumer reports in ``ds:changes:status`` every second,
-with an expiry of ``changes.max_lag_s``: the hash is gone when no consumer
-has reported for that long. A replica looks at it at most every
-``cache.controls_max_age_ms``; while the hash is missing or its lag is over
-the bound, ``ALLOW_CACHED`` reads go to the database under the normal budget
+With each report the active change consumer sets ``ds:changes:fresh`` to
+expire when the cache may no longer be within ``changes.max_lag_s`` of the
+database: ``max_lag_s`` minus its lag later, or at once when its lag is over
+the bound or unknown. So the word lapses on its own when the consumer stalls,
+dies or falls behind, however recent its last report. A replica looks at it
+at most every ``cache.controls_max_age_ms``; while it is missing,
+``ALLOW_CACHED`` reads go to the database under the normal budget
 (``docs/changes.md``). A Redis that does not answer leaves the guard as it
 was: the breaker decides about the cache itself.
 """
@@ -17,7 +19,7 @@ from collections.abc import Callable
 
 import redis
 
-from dataservice.keys import CHANGES_STATUS_KEY
+from dataservice.keys import CHANGES_FRESH_KEY, CHANGES_STATUS_KEY
 
 
 class FreshnessGuard:
@@ -50,11 +52,9 @@ class FreshnessGuard:
 
     def _check(self) -> None:
         try:
-            lag = self._redis.hget(CHANGES_STATUS_KEY, "lag_s")
+            engaged = not self._redis.exists(CHANGES_FRESH_KEY)
         except redis.RedisError:
             return
-        # A negative lag is one the consumer cannot tell yet (docs/changes.md).
-        engaged = lag is None or not 0 <= float(lag) <= self._max_lag_s
         if engaged != self.engaged:
             self.engaged = engaged
             self._on_change(engaged)

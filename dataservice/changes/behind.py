@@ -28,9 +28,10 @@ from dataservice.changes.stream import Position
 
 log = logging.getLogger(__name__)
 
-# Counting reads events off the server's disk and sends them all over: at most
-# this many a report (tens of milliseconds of the server's time on a small machine).
-EVENTS_CAP = 10_000
+# Counting reads events off the server's disk and sends them all over, and
+# MariaDB holds the binlog's lock while it reads the active file, so commits
+# wait meanwhile: at most this many a report (well under a millisecond).
+EVENTS_CAP = 1_000
 # The probe shares the consumer's thread: a server slow to answer must hold up
 # the lease renewals behind it (every third of the lease) for well under a lease.
 _TIMEOUT_S = 1

@@ -35,6 +35,10 @@ class Checkpoints:
         self._engine = engine
         self._stream = stream
 
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
     def load(self) -> Position | None:
         query = select(change_positions.c.log_file, change_positions.c.log_pos).where(
             change_positions.c.stream == self._stream

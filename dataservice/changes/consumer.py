@@ -22,18 +22,18 @@ from dataclasses import dataclass, replace
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, create_engine
 
 from dataservice.cache.controls import RolloutControls
 from dataservice.changes.behind import UNKNOWN, UNKNOWN_LAG_S, Behind, LagProbe
 from dataservice.changes.checkpoint import Checkpoints
 from dataservice.changes.invalidator import Invalidator
 from dataservice.changes.lease import Lease
-from dataservice.changes.server import check_server
+from dataservice.changes.start import WHO, start_position
 from dataservice.changes.stream import BinlogChanges, Committed, Position
 from dataservice.config import Config
 from dataservice.errors import LeaseLost
-from dataservice.keys import CHANGES_STATUS_KEY
+from dataservice.keys import CHANGES_FRESH_KEY, CHANGES_STATUS_KEY
 from dataservice.metrics import (
     CHANGES_ACTIVE,
     CHANGES_INVALIDATED,
@@ -46,7 +46,6 @@ from dataservice.settings import Settings
 
 log = logging.getLogger(__name__)
 
-WHO = "change-consumer"
 # The control command a consumer's worker node answers with its state.
 CHANGES_COMMAND = "dataservice_changes"
 # Positions are saved at most this often: a replay after a crash is cheap
@@ -123,7 +122,9 @@ class ChangeConsumer:
         self._redis.close()
 
     def _active(self, token: int) -> None:
-        start = self._start(token)
+        start = start_position(
+            token, self._url, self._config.server_id, self._lease, self._checkpoints, self._controls
+        )
         # Until it has read something (or found nothing to read), the age of
         # what lies ahead is unknown, and the freshness guard holds.
         self.state = ConsumerState("active", token, start, UNKNOWN_LAG_S)
@@ -157,6 +158,7 @@ class ChangeConsumer:
                     break
         finally:
             CHANGES_ACTIVE.set(0)
+            CHANGES_LAG.set(UNKNOWN_LAG_S)
             set_behind(UNKNOWN)
             stream.close()
             if unsaved is not None and self._lease.renew(token):
@@ -182,33 +184,6 @@ class ChangeConsumer:
             transactions=self.state.transactions + touched,
         )
 
-    def _start(self, token: int) -> Position:
-        """Where to read from: the saved position, if the server still has it;
-        otherwise the server's current one, after rotating the cache."""
-        saved = self._checkpoints.load()
-        self._lease.outrank(token, self._checkpoints.highest_token())
-        # The server's own check also says where its binlog is now, in whichever
-        # spelling the server takes (MySQL 8.4 has no SHOW MASTER STATUS).
-        head = check_server(self._url, replica_server_id=self._config.server_id)
-        with self._engine.connect() as conn:
-            logs = {row[0] for row in conn.execute(text("SHOW BINARY LOGS"))}
-        if saved is not None and saved.log_file in logs:
-            return saved
-        if saved is None:
-            log.error(
-                "no saved binlog position: changes before now are unknown; rotating the cache"
-            )
-        else:
-            log.error(
-                "the saved binlog position (%s) is no longer on the server (purged): "
-                "changes since are unknown; rotating the cache",
-                saved,
-            )
-        self._controls.rotate(WHO)
-        position = Position(head.log_file, head.log_pos)
-        self._checkpoints.save(position, token)
-        return position
-
     def _report(self, position: Position) -> None:
         """``position`` is the reader's own, past whatever it skipped since the last change."""
         found = self._probe.measure(position)
@@ -221,8 +196,10 @@ class ChangeConsumer:
 
 
 def publish_status(client: redis.Redis, state: ConsumerState, max_lag_s: float) -> None:
-    """The status the workers' freshness guard reads; it lives only
-    ``changes.max_lag_s``, so a consumer that stops reporting is gone."""
+    """The status, which lives ``changes.max_lag_s`` (a consumer that stops
+    reporting is gone), and the word the freshness guard reads: everything
+    committed ``lag_s`` ago is invalidated, so the cache is within the bound
+    for ``max_lag_s - lag_s`` more, even if this is the last report."""
     CHANGES_LAG.set(state.lag_s)
     set_behind(Behind(state.lag_events, state.lag_bytes))
     position = state.position
@@ -240,6 +217,11 @@ def publish_status(client: redis.Redis, state: ConsumerState, max_lag_s: float) 
             },
         )
         pipe.pexpire(CHANGES_STATUS_KEY, int(max_lag_s * 1000))
+        fresh_ms = int((max_lag_s - state.lag_s) * 1000)
+        if state.lag_s >= 0 and fresh_ms > 0:
+            pipe.set(CHANGES_FRESH_KEY, state.token, px=fresh_ms)
+        else:
+            pipe.delete(CHANGES_FRESH_KEY)
         pipe.execute()
 
 

@@ -15,6 +15,7 @@ MariaDB too (``docs/changes.md``).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -106,6 +107,9 @@ class BinlogChanges:
         self, url: str, server_id: int, start: Position | None, heartbeat_s: float
     ) -> None:
         settings, self.schema = connection_settings(url)
+        # The server sends at least a heartbeat every heartbeat_s: a longer
+        # silence is a connection gone half-open, which the library reconnects.
+        settings["read_timeout"] = max(2, math.ceil(3 * heartbeat_s))
         self._reader = BinLogStreamReader(
             connection_settings=settings,
             server_id=server_id,
@@ -135,6 +139,8 @@ class BinlogChanges:
         return Position(str(self._reader.log_file), int(self._reader.log_pos))
 
     def __iter__(self) -> Iterator[Committed | Idle]:
+        """Every event the reader passes yields: the consumer renews its lease
+        between items, so a long transaction must not starve it."""
         pending: list[RecordChange] = []
         # Tables the transaction wrote: is it only the consumer's own position save?
         tables: set[str] = set()
@@ -143,10 +149,13 @@ class BinlogChanges:
                 tables.add(event.table)
                 if event.table == RECORDS_TABLE:
                     pending.extend(_changes(event))
+                yield Idle(self.position, caught_up=False)
             elif isinstance(event, QueryEvent):
                 if RECORDS_TABLE in event.query and _WHOLESALE.match(event.query):
                     # DDL commits on its own, with no Xid to end it.
                     yield Committed((), self.position, event.timestamp, wholesale=True)
+                else:
+                    yield Idle(self.position, caught_up=False)
             elif isinstance(event, XidEvent):
                 if tables == {POSITIONS_TABLE}:
                     yield Idle(self.position, caught_up=False)

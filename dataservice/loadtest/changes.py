@@ -30,9 +30,15 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.pool import NullPool
 
 from dataservice.changes.server import check_server
-from dataservice.changes.user import changes_url, create_changes_user, new_password
+from dataservice.changes.user import (
+    DEFAULT_HOSTS,
+    changes_url,
+    create_changes_user,
+    new_password,
+)
 from dataservice.config import Config
 from dataservice.errors import BinlogSetupError, ServiceSetupError
 from dataservice.keys import CHANGES_STATUS_KEY
@@ -49,17 +55,37 @@ _UPDATE = text(
 )
 
 
-def consumer_settings(settings: Settings, root_url: str, database: str, config: Config) -> Settings:
+def consumer_settings(
+    settings: Settings, root_url: str, database: str, config: Config
+) -> tuple[Settings, str]:
     """``settings`` with the consumer's own user on ``database`` (created, or
-    given a fresh password) once the server is known to feed a change stream."""
+    given a fresh password) once the server is known to feed a change stream;
+    and the user's name, for :func:`drop_consumer_user`."""
     admin = make_url(root_url).set(database=database).render_as_string(hide_password=False)
     # The server's settings first: no user is created on a server that has no binlog.
     _check(admin, config)
     user, password = f"{make_url(settings.database_url).username}_changes", new_password()
-    create_changes_user(admin, user, password, database)
+    create_changes_user(admin, user, password, database, hosts=_hosts(root_url))
     url = changes_url(admin, user, password)
     _check(url, config)
-    return replace(settings, changes_database_url=url)
+    return replace(settings, changes_database_url=url), user
+
+
+def _hosts(root_url: str) -> tuple[str, ...]:
+    # The consumer runs here: a remote server sees it from an address of this machine's.
+    local = make_url(root_url).host in (None, "localhost", "127.0.0.1", "::1")
+    return DEFAULT_HOSTS if local else ("%",)
+
+
+def drop_consumer_user(root_url: str, user: str) -> None:
+    """Its grants reach every schema's binlog: the account goes with the run."""
+    engine = create_engine(root_url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            for host in _hosts(root_url):
+                conn.execute(text("DROP USER IF EXISTS :user@:host"), {"user": user, "host": host})
+    finally:
+        engine.dispose()
 
 
 def _check(url: str, config: Config) -> None:
@@ -68,8 +94,9 @@ def _check(url: str, config: Config) -> None:
     except BinlogSetupError as exc:
         raise BinlogSetupError(
             f"{exc}\nA scenario that reads through the cache needs the change stream: "
-            "run it on a server with a binlog (`make services` starts one and writes its "
-            "URL to .state/services.env).",
+            "run it on a server with a binlog: `make services` starts one and writes its "
+            "URL to .state/services.env (`set -a; . .state/services.env` before the loadtest), "
+            "or name one with --server.",
             exc.problems,
         ) from None
 
@@ -85,12 +112,14 @@ def start_consumer(settings: Settings, log_path: Path) -> WorkerProcess:
         while not client.exists(CHANGES_STATUS_KEY):
             consumer.check_alive()
             if time.monotonic() > deadline:
-                consumer.stop()
                 raise ServiceSetupError(
                     f"the change consumer did not become active within "
                     f"{CONSUMER_READY_TIMEOUT_S:.0f} s; {log_path} ends:\n{consumer.log_tail()}"
                 )
             time.sleep(0.05)
+    except BaseException:
+        consumer.stop()
+        raise
     finally:
         client.close()
     return consumer
@@ -162,6 +191,7 @@ class StreamSide:
         self._writer: DirectWriter | None = None
         self._watch: LagWatch | None = None
         self._reads_before: Counter[str] = Counter()
+        self._user: tuple[str, str] | None = None  # (server, consumer's user) to drop
 
     @classmethod
     def of(cls, system: str, scenario: Scenario, log_dir: Path) -> StreamSide:
@@ -180,7 +210,8 @@ class StreamSide:
         self, settings: Settings, config: Config, root_url: str, database: str
     ) -> None:
         if self.reads_cache:
-            own = consumer_settings(settings, root_url, database, config)
+            own, user = consumer_settings(settings, root_url, database, config)
+            self._user = (root_url, user)
             self.consumer = start_consumer(own, self._log_dir / "changes.log")
 
     def begin(
@@ -223,3 +254,6 @@ class StreamSide:
     def stop(self) -> None:
         if self.consumer is not None:
             self.consumer.stop()
+        if self._user is not None:
+            drop_consumer_user(*self._user)
+            self._user = None

@@ -88,6 +88,8 @@ def server_url(database_url: str) -> str:
 def _changes_line(report: dict[str, Any]) -> str:
     changes = report["changes"]
     consumer = changes.get("consumer") or {}
+    if changes["hit_ratio"] is None:
+        return f"no cache; direct SQL writes {changes['direct_writes']['ok']}"
     parts = [
         f"hit ratio {changes['hit_ratio']}",
         f"direct SQL writes {changes['direct_writes']['ok']}",

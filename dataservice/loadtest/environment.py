@@ -10,6 +10,7 @@ are dropped.
 from __future__ import annotations
 
 import os
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -140,6 +141,9 @@ def scenario_config(base: Path, out_dir: Path, injected_delay_ms: int) -> tuple[
     """A copy of ``base`` with the scenario's database delay, validated."""
     data = yaml.safe_load(base.read_text(encoding="utf-8"))
     data["database"]["injected_delay_ms"] = injected_delay_ms
+    # A change consumer of its own: a replica id another consumer on the
+    # same server (`make run`'s) holds would make the server drop one of them.
+    data.setdefault("changes", {})["server_id"] = random.randrange(1 << 20, 1 << 30)
     path = out_dir / "queues.yml"
     path.write_text(
         "# Written by dataservice loadtest for one run.\n" + yaml.safe_dump(data, sort_keys=False),

@@ -179,23 +179,23 @@ class Run:
         )
         pending = scenario.events(o.duration_s)
         cpu_before = time.process_time()
-        sampler.start()
-        loop.start(self.expected_callers(capacity))
-        self.stream.begin(
-            self.config,
-            self.target.redis_url,
-            env.direct_url(o.root_url, self.target.database),
-            env.SCOPE,
-            ids,
-            capacity[LaneName.INTERACTIVE],
-            o.duration_s,
-            t0,
-        )
-        self.measuring.set()
         live = Live(self._table(loop, sampler), console=self.console, auto_refresh=False)
-        if o.live:
-            live.start()
         try:
+            sampler.start()
+            loop.start(self.expected_callers(capacity))
+            self.stream.begin(
+                self.config,
+                self.target.redis_url,
+                env.direct_url(o.root_url, self.target.database),
+                env.SCOPE,
+                ids,
+                capacity[LaneName.INTERACTIVE],
+                o.duration_s,
+                t0,
+            )
+            self.measuring.set()
+            if o.live:
+                live.start()
             ticks = 0
             while time.monotonic() - t0 < o.duration_s:
                 elapsed = time.monotonic() - t0
