@@ -374,8 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     p.add_argument("--redis-db", type=int, default=5, help="flushed before and after; not 0")
     p.add_argument(
-        "--out", type=Path, help="the loadtests' report directories (default: temporary)"
+        "--out", type=Path, help="the runs' reports (default: .state/bench/freshness/<time>)"
     )
+    p.add_argument("--min-checks", type=int, default=100, help="reads at the bound, per phase")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     if args.redis_db == 0:
