@@ -71,6 +71,9 @@ from dataservice.loadtest.runner import Run, RunOptions
 from dataservice.loadtest.scenarios import SCENARIOS
 from dataservice.localservices import TemporaryBinlogMariaDB
 
+# Enough that reads start when due even when the guard sends them all to the
+# database: each may take tens of milliseconds, and five are due per probe.
+READERS = 32
 _LANE_FIGURES = ("attempts", "offered_per_s", "goodput_per_s", "p99_ms")
 _REVISION = text("SELECT revision FROM records WHERE scope = :scope AND object_id = :object_id")
 
@@ -110,7 +113,7 @@ class Checker:
         self.violations: list[dict[str, Any]] = []
         self.failures: list[str] = []
         self._threads = [threading.Thread(target=self._guarded, args=(self._probe,))] + [
-            threading.Thread(target=self._guarded, args=(self._reader,)) for _ in range(8)
+            threading.Thread(target=self._guarded, args=(self._reader,)) for _ in range(READERS)
         ]
 
     def start(self) -> None:

@@ -235,3 +235,28 @@ def test_the_probe_answers_unknown_for_a_position_the_server_no_longer_has(
         assert probe.measure(Position("binlog.999999", 4)) == UNKNOWN
     finally:
         probe.close()
+
+
+def test_the_probe_counts_events_whose_statements_hold_payload_bytes(
+    binlog_database: BinlogDatabase, admin: Engine
+) -> None:
+    # MariaDB annotates row events with their statement, payload literal
+    # included: the probe counts such events without decoding them.
+    start = _head(admin)
+    scope = f"t-{uuid.uuid4().hex[:10]}"
+    with admin.connect() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO records (scope, object_id, revision, payload, created_at, updated_at)"
+                " VALUES (:s, 'bin', 1, :p, NOW(6), NOW(6))"
+            ),
+            {"s": scope, "p": bytes(range(128, 256))},
+        )
+    probe = LagProbe(binlog_database.changes_url)
+    try:
+        found = probe.measure(start)
+    finally:
+        probe.close()
+    # Known (not -1): one write's events, however its payload reads.
+    assert MIN_EVENTS_PER_WRITE <= found.events < EVENTS_CAP
+    assert found.bytes > 0

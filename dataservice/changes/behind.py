@@ -52,7 +52,7 @@ UNKNOWN = Behind(-1, -1)
 def behind(conn: Connection, position: Position, cap: int = EVENTS_CAP) -> Behind:
     """How far ``position`` is from the end of the server's binlog. Raises
     ``LookupError`` when the server no longer has the position's file."""
-    logs = [(str(row[0]), int(row[1])) for row in conn.execute(text("SHOW BINARY LOGS"))]
+    logs = [(_text(row[0]), int(row[1])) for row in conn.execute(text("SHOW BINARY LOGS"))]
     names = [name for name, _ in logs]
     if position.log_file not in names:
         raise LookupError(f"the server has no binlog {position.log_file}")
@@ -66,6 +66,10 @@ def behind(conn: Connection, position: Position, cap: int = EVENTS_CAP) -> Behin
         # A file's first event is at 4, after its magic number.
         events += _count(conn, Position(name, 4), cap - events)
     return Behind(min(events, cap), rest)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _count(conn: Connection, start: Position, limit: int) -> int:
@@ -102,7 +106,14 @@ class LagProbe:
             max_overflow=0,
             pool_recycle=300,
             isolation_level="AUTOCOMMIT",
-            connect_args={"connect_timeout": _TIMEOUT_S, "read_timeout": _TIMEOUT_S},
+            connect_args={
+                "connect_timeout": _TIMEOUT_S,
+                "read_timeout": _TIMEOUT_S,
+                # An event's Info is whatever its statement held, payload bytes
+                # included (MariaDB annotates row events with the statement):
+                # never decoded, only counted.
+                "use_unicode": False,
+            },
         )
         self._failing = False
 
