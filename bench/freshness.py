@@ -40,6 +40,7 @@ stale read. Each offset's ``latest_start_s`` says how late its reads started.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import heapq
 import io
 import json
@@ -255,6 +256,10 @@ def phase(
             # Probing stops when its last read would fall after the load.
             time.sleep(max(0.0, args.duration - bound))
     finally:
+        if kind == "paused" and loadtest.stream.consumer is not None:
+            # Whatever went wrong, a stopped consumer must not outlive the run frozen.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(loadtest.stream.consumer.pid, signal.SIGCONT)
         if checker is not None:
             checker.stop()
         runner.join()
