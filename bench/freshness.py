@@ -199,14 +199,9 @@ def phase(
     consumer healthy), ``paused`` (SIGSTOP to the consumer from a third of the
     run to two thirds, the guard on) or ``control`` (the consumer stopped as
     the load starts and the guard off)."""
-    base = _env.REPO / "queues.yml"
     out = args.out / kind
     out.mkdir(parents=True, exist_ok=True)
-    if kind == "control":
-        data = yaml.safe_load(base.read_text(encoding="utf-8"))
-        data["changes"]["guard"] = False
-        base = out / "base.yml"
-        base.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    base = _base_config(kind, out)
     options = RunOptions(
         scenario=SCENARIOS["cached"],
         duration_s=args.duration,
@@ -266,6 +261,18 @@ def phase(
     if "error" in outcome:
         raise outcome["error"]
     return loadtest, outcome["report"], checker
+
+
+def _base_config(kind: str, out: Path) -> Path:
+    """The shipped queues.yml; for the control, a copy with the guard off."""
+    base = _env.REPO / "queues.yml"
+    if kind != "control":
+        return base
+    data = yaml.safe_load(base.read_text(encoding="utf-8"))
+    data["changes"]["guard"] = False
+    path = out / "base.yml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
 
 
 def summary(report: dict[str, Any], checker: Checker) -> dict[str, Any]:
