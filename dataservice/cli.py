@@ -18,6 +18,7 @@ from dataservice.changes.user_cli import changes_user
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.errors import DataServiceError
+from dataservice.health_cli import health as health_command
 from dataservice.settings import Settings
 
 DEMO_CALLER = "demo"
@@ -31,6 +32,7 @@ app.add_typer(acl, name="acl")
 app.add_typer(cache_app, name="cache")
 app.add_typer(keys_app, name="keys")
 app.command("changes")(changes_command)
+app.command("health")(health_command)
 
 
 def _fail(exc: DataServiceError, code: int) -> typer.Exit:
@@ -129,6 +131,9 @@ def worker(
     metrics_port: int = typer.Option(
         0, min=0, max=65535, help="Serve Prometheus counters on 127.0.0.1:PORT/metrics (0: off)."
     ),
+    alive_file: Path | None = typer.Option(
+        None, help="Touch this file every second from the consumer loop (dataservice health)."
+    ),
 ) -> None:
     """Run one worker pool consuming only LANE's queue."""
     from dataservice.budget import require_within_budget
@@ -149,7 +154,14 @@ def worker(
         from dataservice.metrics import serve
 
         serve(metrics_port)
-    run_worker(settings, config, lane, concurrency=threads, loglevel=loglevel.upper())
+    run_worker(
+        settings,
+        config,
+        lane,
+        concurrency=threads,
+        loglevel=loglevel.upper(),
+        alive_file=alive_file,
+    )
 
 
 @app.command()

@@ -383,12 +383,24 @@ def test_redis_and_mariadb_health_checks_ping_the_server_itself() -> None:
     assert "mariadb-admin ping" in _health_test(SERVICES["mariadb"])
 
 
-@pytest.mark.parametrize("name", PROJECT_SERVICES)
-def test_project_services_have_no_health_check(name: str) -> None:
-    # A worker health check that tested the database once took a whole fleet
-    # down: every replica failed it at the same moment.
-    check = SERVICES[name].get("healthcheck")
+def test_the_migration_job_has_no_health_check() -> None:
+    check = SERVICES["migrate"].get("healthcheck")
     assert check is None or check.get("disable") is True
+
+
+@pytest.mark.parametrize("name", list(WORKER_LANES))
+def test_worker_health_checks_ask_liveness_only_of_the_file_the_worker_touches(name: str) -> None:
+    # A worker health check that tested the database once took a whole fleet
+    # down: every replica failed it at the same moment. Liveness never asks it.
+    service = SERVICES[name]
+    test = _argv(service["healthcheck"]["test"])
+    assert test[0] == "CMD", "the check runs the command itself, not through a shell"
+    path, params = _parse(test[1:])
+    assert path == "dataservice health"
+    assert not params["deep"], "--deep touches the database"
+    _, worker = _parse(_command(service))
+    assert worker["alive_file"] is not None, "the worker touches no alive file"
+    assert params["alive_file"] == [worker["alive_file"]]
 
 
 @pytest.mark.parametrize("name", PROJECT_SERVICES)

@@ -443,3 +443,14 @@ def test_the_scenario_table_lists_exactly_the_loadtest_scenarios() -> None:
 
     documented = [_unquote(row["scenario"]) for row in table(OPERATIONS, "scenario").rows]
     assert documented == list(SCENARIOS), "docs/operations.md, Load testing: scenarios"
+
+
+# 7. Health exit codes -----------------------------------------------------------
+
+
+def test_the_health_exit_table_is_health_exit() -> None:
+    from dataservice.health import HealthExit
+
+    rows = table(OPERATIONS, "exit", "name").rows
+    documented = {int(row["exit"]): _unquote(row["name"]) for row in rows}
+    assert documented == {code.value: code.name for code in HealthExit}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from pathlib import Path
 from typing import Any
 from weakref import WeakKeyDictionary
 
@@ -27,6 +28,7 @@ from dataservice.changes.consumer import CHANGES_COMMAND, ChangeConsumer
 from dataservice.config import Config
 from dataservice.keys import CHANGES_QUEUE
 from dataservice.settings import Settings
+from workers.alive import add_alive_file
 
 _CONSUMERS: WeakKeyDictionary[Celery, ChangeConsumer] = WeakKeyDictionary()
 
@@ -55,9 +57,13 @@ def node_name() -> str:
     return f"changes-{os.getpid()}@{socket.gethostname()}"
 
 
-def run_changes_node(settings: Settings, config: Config, loglevel: str = "INFO") -> None:
+def run_changes_node(
+    settings: Settings, config: Config, loglevel: str = "INFO", alive_file: Path | None = None
+) -> None:
     """Run the consumer and its worker node until stopped (blocks)."""
     app = celery_app("dataservice-changes", settings, config)
+    if alive_file is not None:
+        add_alive_file(app, alive_file)
     # Declared like the lanes' queues (the service creates no queue implicitly).
     own = Queue(CHANGES_QUEUE, Exchange(CHANGES_QUEUE, type="direct"), routing_key=CHANGES_QUEUE)
     app.conf.task_queues = [*app.conf.task_queues, own]

@@ -14,10 +14,12 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from pathlib import Path
 
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.settings import Settings
+from workers.alive import add_alive_file
 from workers.app import create_app
 
 # Celery logs every task received and succeeded at INFO: a line per request
@@ -36,11 +38,14 @@ def run_worker(
     *,
     concurrency: int | None = None,
     loglevel: str = "INFO",
+    alive_file: Path | None = None,
 ) -> None:
     """Consume ``lane``'s queue until stopped (blocks). Callers check the budget first."""
     lane_config = config.lanes[lane]
     threads = lane_config.concurrency if concurrency is None else concurrency
     app, runtime = create_app(settings, config, lane, threads)
+    if alive_file is not None:
+        add_alive_file(app, alive_file)
     for name in _CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
     worker = app.Worker(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import typer
 
@@ -11,6 +12,9 @@ def changes(
     loglevel: str = typer.Option("INFO", help="Log level."),
     metrics_port: int = typer.Option(
         0, min=0, max=65535, help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off)."
+    ),
+    alive_file: Path | None = typer.Option(
+        None, help="Touch this file every second from the node's loop (dataservice health)."
     ),
 ) -> None:
     """Tail the database's binlog and invalidate both cache formats for every
@@ -36,4 +40,4 @@ def changes(
         from dataservice.metrics import serve
 
         serve(metrics_port)
-    run_changes_node(settings, config, loglevel.upper())
+    run_changes_node(settings, config, loglevel.upper(), alive_file)
