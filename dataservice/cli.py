@@ -19,6 +19,7 @@ from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.errors import DataServiceError
 from dataservice.health_cli import health as health_command
+from dataservice.inspect_cli import app as inspect_app
 from dataservice.settings import Settings
 
 DEMO_CALLER = "demo"
@@ -31,6 +32,7 @@ acl = typer.Typer(no_args_is_help=True, help="Redis users (ACL) for callers and 
 app.add_typer(acl, name="acl")
 app.add_typer(cache_app, name="cache")
 app.add_typer(keys_app, name="keys")
+app.add_typer(inspect_app, name="inspect")
 app.command("changes")(changes_command)
 app.command("health")(health_command)
 
