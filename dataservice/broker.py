@@ -177,12 +177,14 @@ class RedisTransport(kombu_redis.Transport):
     Channel = _Channel
 
 
+def direct_queue(name: str) -> Queue:
+    """A queue bound to a direct exchange of its own name (the lanes', the consumers')."""
+    return Queue(name, Exchange(name, type="direct"), routing_key=name)
+
+
 def celery_settings(settings: Settings, config: Config) -> dict[str, Any]:
     """Celery configuration shared by publishers and workers."""
-    queues = [
-        Queue(lane.queue, Exchange(lane.queue, type="direct"), routing_key=lane.queue)
-        for lane in (config.lanes.interactive, config.lanes.batch)
-    ]
+    queues = [direct_queue(lane.queue) for lane in (config.lanes.interactive, config.lanes.batch)]
     # A message not acknowledged within the visibility timeout is delivered
     # again; past the longest deadline a redelivery could only be dropped as
     # late, so by default the timeout sits just beyond it.

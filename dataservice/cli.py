@@ -18,6 +18,7 @@ from dataservice.changes.user_cli import changes_user
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.errors import DataServiceError
+from dataservice.flower_cli import flower as flower_command
 from dataservice.health_cli import health as health_command
 from dataservice.inspect_cli import app as inspect_app
 from dataservice.settings import Settings
@@ -35,6 +36,7 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(inspect_app, name="inspect")
 app.command("changes")(changes_command)
 app.command("health")(health_command)
+app.command("flower")(flower_command)
 
 
 def _fail(exc: DataServiceError, code: int) -> typer.Exit:

@@ -6,6 +6,7 @@ passwords) and the callers file come from the environment.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ _ENV_FIELDS = {
     "DATASERVICE_DATABASE_URL": "database_url",
     "DATASERVICE_CALLERS_FILE": "callers_file",
     "DATASERVICE_CHANGES_DATABASE_URL": "changes_database_url",
+    "DATASERVICE_FLOWER_AUTH": "flower_auth",
 }
 
 
@@ -50,6 +52,9 @@ class Settings:
     # The change-stream consumer's own, least-privilege user (docs/changes.md).
     # None: it connects as the service does.
     changes_database_url: str | None = None
+    # Flower's basic authentication, "user:password" (several: comma-separated).
+    # None: `dataservice flower` refuses to start unless told --no-auth on loopback.
+    flower_auth: str | None = dataclasses.field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

@@ -35,3 +35,10 @@ def test_a_changes_url_that_is_not_mysql_is_refused_naming_the_variable(value: s
 def test_the_readme_lists_every_variable_the_settings_read() -> None:
     documented = set(re.findall(r"^\| `(DATASERVICE_\w+)` \|", README.read_text(), re.MULTILINE))
     assert documented == set(settings_module._ENV_FIELDS)
+
+
+def test_flower_credentials_come_from_the_environment_and_stay_out_of_reprs() -> None:
+    settings = Settings.from_env({"DATASERVICE_FLOWER_AUTH": "ops:hunter2"})
+    assert settings.flower_auth == "ops:hunter2"
+    assert "hunter2" not in repr(settings)
+    assert settings.to_env()["DATASERVICE_FLOWER_AUTH"] == "ops:hunter2"

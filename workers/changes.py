@@ -21,9 +21,8 @@ from weakref import WeakKeyDictionary
 
 from celery import Celery
 from celery.worker.control import inspect_command
-from kombu.entity import Exchange, Queue
 
-from dataservice.broker import celery_app
+from dataservice.broker import celery_app, direct_queue
 from dataservice.changes.consumer import CHANGES_COMMAND, ChangeConsumer
 from dataservice.config import Config
 from dataservice.keys import CHANGES_QUEUE
@@ -65,8 +64,7 @@ def run_changes_node(
     if alive_file is not None:
         add_alive_file(app, alive_file)
     # Declared like the lanes' queues (the service creates no queue implicitly).
-    own = Queue(CHANGES_QUEUE, Exchange(CHANGES_QUEUE, type="direct"), routing_key=CHANGES_QUEUE)
-    app.conf.task_queues = [*app.conf.task_queues, own]
+    app.conf.task_queues = [*app.conf.task_queues, direct_queue(CHANGES_QUEUE)]
     consumer = ChangeConsumer(settings, config)
     _CONSUMERS[app] = consumer
     thread = threading.Thread(target=consumer.run, name="change-consumer", daemon=True)
