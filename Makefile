@@ -10,7 +10,9 @@ export DATASERVICE_CALLERS_FILE ?= $(CURDIR)/.state/callers.yml
 # command (not by make) so that a fresh clone's first `make run` sees it; the
 # tests never read it.
 SERVICES_ENV := .state/services.env
-WITH_SERVICES_ENV := set -a; if [ -f $(SERVICES_ENV) ]; then . ./$(SERVICES_ENV); fi; set +a;
+# Flower's credentials, also from `make services` (.state/flower.env).
+FLOWER_ENV := .state/flower.env
+WITH_SERVICES_ENV := set -a; for f in $(SERVICES_ENV) $(FLOWER_ENV); do if [ -f $$f ]; then . ./$$f; fi; done; set +a;
 
 .PHONY: run demo test lint services stop-services proto clean
 

@@ -174,6 +174,12 @@ def run(
         0, min=0, help="Run the demo: write and read back this many records per lane, then exit."
     ),
     log_dir: Path = typer.Option(Path(".state/logs"), help="Where the worker pools log."),
+    flower_port: int = typer.Option(
+        5555,
+        min=0,
+        max=65535,
+        help="Flower on 127.0.0.1:PORT (0: none; needs DATASERVICE_FLOWER_AUTH).",
+    ),
 ) -> None:
     """Run both worker pools and the change consumer in the foreground with a
     live summary (Ctrl-C stops)."""
@@ -184,7 +190,12 @@ def run(
 
     settings, config = _load()
     console = Console()
-    supervisor = Supervisor(settings, config, log_dir, changes=True)
+    if flower_port and settings.flower_auth is None:
+        console.print("Flower: off (DATASERVICE_FLOWER_AUTH is not set; `make services` sets it)")
+        flower_port = 0
+    supervisor = Supervisor(
+        settings, config, log_dir, changes=True, flower_port=flower_port or None
+    )
     supervisor.start()
     try:
         supervisor.wait_ready()

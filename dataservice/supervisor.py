@@ -2,7 +2,8 @@
 foreground, with a live summary.
 
 The supervisor starts one worker process per lane and, with ``changes``, a
-change consumer (``dataservice changes``), restarts any that dies (with a
+change consumer (``dataservice changes``), and with ``flower_port`` Flower
+(``dataservice flower``), restarts any that dies (with a
 back-off, so a crash loop cannot spin), and shows each lane's queue depth,
 live workers, database permits in use (and refused), and completed requests,
 and the consumer's role, position and lag (seconds, and events behind the
@@ -41,8 +42,10 @@ READY_TIMEOUT_S = 30.0
 
 @dataclass
 class Pool:
-    lane: LaneName | None  # None: the change consumer
+    lane: LaneName | None  # None: not a lane's pool, but ``command``
     log: Path
+    command: str = ""  # "changes" or "flower" when ``lane`` is None
+    args: tuple[str, ...] = ()
     worker: WorkerProcess | None = None
     restarts: int = 0
     next_start: float = 0.0
@@ -76,21 +79,29 @@ class Supervisor:
         lanes: tuple[LaneName, ...] = tuple(LaneName),
         *,
         changes: bool = False,
+        flower_port: int | None = None,
     ) -> None:
         self.settings = settings
         self.config = config
         log_dir.mkdir(parents=True, exist_ok=True)
         self.pools = [Pool(lane, log_dir / f"worker-{lane.value}.log") for lane in lanes]
         if changes:
-            self.pools.append(Pool(None, log_dir / "changes.log"))
+            self.pools.append(Pool(None, log_dir / "changes.log", "changes"))
+        self.flower_port = flower_port
+        if flower_port is not None:
+            args = ("--port", str(flower_port))
+            self.pools.append(Pool(None, log_dir / "flower.log", "flower", args))
         self._control = celery_app("dataservice-supervisor", settings, config)
         self._broker = redis.Redis.from_url(settings.broker_url, socket_timeout=2)
         self._last: Snapshot | None = None
 
     def _spawn(self, pool: Pool) -> None:
         if pool.lane is None:
-            argv, environ = dataservice_argv("changes"), worker_environ(self.settings)
-            pool.worker = WorkerProcess(argv, environ, pool.log, "changes").start()
+            argv, environ = (
+                dataservice_argv(pool.command, *pool.args),
+                worker_environ(self.settings),
+            )
+            pool.worker = WorkerProcess(argv, environ, pool.log, pool.command).start()
         else:
             pool.worker = WorkerProcess.for_lane(self.settings, pool.lane, pool.log).start()
 
@@ -126,10 +137,11 @@ class Supervisor:
     def snapshot(self) -> Snapshot:
         snap = Snapshot(at=time.monotonic())
         # `limit`: stop waiting as soon as every pool has answered.
-        inspect = self._control.control.inspect(timeout=0.5, limit=len(self.pools))
+        nodes = [pool for pool in self.pools if pool.command != "flower"]
+        inspect = self._control.control.inspect(timeout=0.5, limit=len(nodes))
         stats = inspect.stats() or {}
         gauges = inspect._request(PERMITS_COMMAND) or {}
-        if any(pool.lane is None for pool in self.pools):
+        if any(pool.command == "changes" for pool in self.pools):
             snap.changes = [s for s in (inspect._request(CHANGES_COMMAND) or {}).values() if s]
         for lane in (pool.lane for pool in self.pools if pool.lane is not None):
             lane_stats = LaneStats(depth=int(self._broker.llen(self.config.lanes[lane].queue)))
@@ -151,7 +163,8 @@ class Supervisor:
         return snap
 
     def table(self, snap: Snapshot) -> Table:
-        table = Table(title="dataservice", caption=_consumer_line(self.pools, snap))
+        caption = _consumer_line(self.pools, snap) + _flower_line(self.pools, self.flower_port)
+        table = Table(title="dataservice", caption=caption + "Ctrl-C stops the service")
         columns = ("lane", "queued", "workers", "permits", "refused", "done", "per s", "restarts")
         for column in columns:
             table.add_column(column, justify="right" if column != "lane" else "left")
@@ -179,11 +192,20 @@ class Supervisor:
         self._broker.close()
 
 
+def _flower_line(pools: list[Pool], port: int | None) -> str:
+    flower = next((pool for pool in pools if pool.command == "flower"), None)
+    if flower is None or port is None:
+        return ""
+    if flower.worker is None or not flower.worker.running:
+        return f"Flower: [red]down[/red] (restarts: {flower.restarts}; see {flower.log})\n"
+    return f"Flower: http://127.0.0.1:{port} (basic auth: DATASERVICE_FLOWER_AUTH)\n"
+
+
 def _consumer_line(pools: list[Pool], snap: Snapshot) -> str:
-    """The change consumer, under the lanes; then how to stop."""
-    consumer = next((pool for pool in pools if pool.lane is None), None)
+    """The change consumer, under the lanes."""
+    consumer = next((pool for pool in pools if pool.command == "changes"), None)
     if consumer is None:
-        return "Ctrl-C stops the service"
+        return ""
     if consumer.worker is None or not consumer.worker.running:
         state = f"[red]down[/red] (restarts: {consumer.restarts}; see {consumer.log})"
     else:
@@ -200,4 +222,4 @@ def _consumer_line(pools: list[Pool], snap: Snapshot) -> str:
             )
         else:
             state = "standby (another consumer holds the lease)" if snap.changes else "starting"
-    return f"change consumer: {state}\nCtrl-C stops the service"
+    return f"change consumer: {state}\n"

@@ -17,12 +17,15 @@ from typing import Any
 
 import pytest
 import redis
+from rich.console import Console
 
 from dataservice.client import Client
 from dataservice.config import Config
 from dataservice.localservices import free_port, redis_reachable
+from dataservice.localservices.flower_env import ensure_flower_env
 from dataservice.processes import WorkerProcess, dataservice_argv, worker_environ
 from dataservice.settings import Settings
+from dataservice.supervisor import Supervisor
 from dataservice.types import ReadOp
 from tests.conftest import require
 from tests.support import on_redis
@@ -120,3 +123,43 @@ def test_flower_shows_every_queue_with_its_length_to_an_operator_only(
     finally:
         flower.stop()
     assert PASSWORD not in (tmp_path / "flower.log").read_text(errors="replace")
+
+
+@pytest.mark.timeout(60)
+def test_run_starts_flower_beside_the_pools_and_shows_its_address(
+    own: Settings, config: Config, tmp_path: Path
+) -> None:
+    port = free_port()
+    supervisor = Supervisor(own, config, tmp_path, lanes=(), flower_port=port)
+    supervisor.start()
+    try:
+        deadline = time.monotonic() + 30
+        while _get(f"http://127.0.0.1:{port}/healthcheck")[0] != 200:
+            supervisor.check_pools()
+            assert time.monotonic() < deadline, (tmp_path / "flower.log").read_text()
+            time.sleep(0.2)
+        console = Console(width=200, record=True)
+        console.print(supervisor.table(supervisor.snapshot()))
+        assert f"Flower: http://127.0.0.1:{port}" in console.export_text()
+    finally:
+        supervisor.stop()
+
+
+def test_make_services_writes_flowers_credentials_once_and_privately(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DATASERVICE_FLOWER_AUTH", raising=False)
+    path = ensure_flower_env(tmp_path / "state")
+    assert path is not None
+    assert path.stat().st_mode & 0o777 == 0o600
+    first = path.read_text()
+    auth = Settings.from_env(
+        {"DATASERVICE_FLOWER_AUTH": first.split("DATASERVICE_FLOWER_AUTH=")[1].strip()}
+    ).flower_auth
+    assert auth is not None
+    assert auth.startswith("ops:")
+    assert len(auth) > 20
+    assert ensure_flower_env(tmp_path / "state") == path
+    assert path.read_text() == first
+    monkeypatch.setenv("DATASERVICE_FLOWER_AUTH", "ops:given")
+    assert ensure_flower_env(tmp_path / "other") is None

@@ -9,6 +9,7 @@ from pathlib import Path
 from dataservice.callers import ensure_callers_file
 from dataservice.errors import DataServiceError
 from dataservice.localservices.binlog import BINLOG_PORT, ensure_binlog
+from dataservice.localservices.flower_env import USER, ensure_flower_env
 from dataservice.localservices.lifecycle import DEFAULT_STATE_DIR, down, up
 from dataservice.settings import Settings
 
@@ -33,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
                     "the configured mariadb has no binlog: run and demo use the one on port "
                     f"{binlog.port}{started}, as {binlog.env_file} says"
                 )
+            flower = ensure_flower_env(args.state_dir)
+            if flower is not None:
+                print(f"Flower's credentials (user {USER}): {flower}")
             added = ensure_callers_file(settings, config)
             if added:
                 print(f"{settings.callers_file}: new keys for {', '.join(added)}")
