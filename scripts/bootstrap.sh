@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what dataservice needs on a fresh Debian machine: the system packages
-# that are missing (Redis, MariaDB, the MariaDB client headers), a virtualenv
+# that are missing (Redis, MariaDB, the MariaDB client headers, and Chromium for
+# the Flower browser test, driven by Playwright from the dev group), a virtualenv
 # in .venv, and the project with its loadtest extra and its dev and bench
 # dependency groups.
 set -euo pipefail
@@ -13,6 +14,7 @@ command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 pkg-config --exists mariadb 2>/dev/null || pkg-config --exists mysqlclient 2>/dev/null || missing+=(libmariadb-dev)
 command -v gcc >/dev/null 2>&1 || missing+=(gcc)
 python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
 
 if ((${#missing[@]})); then
   echo "installing system packages: ${missing[*]}"
