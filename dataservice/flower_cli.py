@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from typing import Any
 
 import typer
 
@@ -26,6 +27,22 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return False
+
+
+def name_every_queue() -> None:
+    """Flower lists only the queues the answering workers consume (all the
+    app's only when none answers): a lane whose workers are all down would
+    vanish from its broker page just when its backlog matters. Every queue the
+    app declares is listed too."""
+    from flower.views import BaseHandler
+
+    reported = BaseHandler.get_active_queue_names
+
+    def names(self: Any) -> list[str]:
+        declared = {queue.name for queue in self.capp.conf.task_queues or [] if queue.name}
+        return sorted(set(reported(self)) | declared)
+
+    BaseHandler.get_active_queue_names = names
 
 
 def check_auth(auth: str) -> str | None:
@@ -82,4 +99,5 @@ def flower(
     # URL's scheme, which the service's transport hides; Flower publishes
     # nothing a caller would, so kombu's own Redis transport serves it.
     app.conf.broker_transport = None
+    name_every_queue()
     app.start(["flower", f"--address={address}", f"--port={port}"])
