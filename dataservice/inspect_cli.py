@@ -6,6 +6,8 @@ file, the same people who could sign such a request themselves."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
@@ -15,6 +17,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from dataservice.enums import LaneName
+from dataservice.errors import DataServiceError
 
 app = typer.Typer(no_args_is_help=True, help="Look inside the queues and the cache, read-only.")
 
@@ -22,10 +25,22 @@ app = typer.Typer(no_args_is_help=True, help="Look inside the queues and the cac
 PAYLOAD_SHOWN = 64
 
 
-def _client(url: str) -> redis.Redis:
-    return redis.Redis.from_url(
+@contextmanager
+def _redis(url: str, what: str) -> Iterator[redis.Redis]:
+    """A client for ``url``; a Redis error exits 1 naming ``what`` failed, no traceback."""
+    client = redis.Redis.from_url(
         url, socket_timeout=5, socket_connect_timeout=2, retry=Retry(NoBackoff(), 0)
     )
+    try:
+        yield client
+    except redis.RedisError as exc:
+        typer.echo(f"error: {what}: {type(exc).__name__}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    except DataServiceError as exc:  # the rollout controls say which Redis failed
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        client.close()
 
 
 def _may_show_payload() -> None:
@@ -68,15 +83,9 @@ def queue(
         _may_show_payload()
     settings, config = _load()
     queue_name = config.lanes[lane].queue
-    client = _client(settings.broker_url)
-    try:
+    with _redis(settings.broker_url, "the broker") as client:
         total = int(client.llen(queue_name))
         found = waiting(client, queue_name, limit, payload=show_payload)
-    except redis.RedisError as exc:
-        typer.echo(f"error: the broker: {type(exc).__name__}: {exc}", err=True)
-        raise typer.Exit(1) from None
-    finally:
-        client.close()
     if as_json:
         rows = [_as_json(item) for item in found]
         typer.echo(json.dumps({"queue": queue_name, "waiting": total, "shown": rows}, indent=2))
@@ -122,15 +131,9 @@ def cache(
         if not pattern.fullmatch(value):
             typer.echo(f"error: {value!r} is not a valid {name} ({pattern.pattern})", err=True)
             raise typer.Exit(2)
-    client = _client(settings.redis_url)
-    try:
+    with _redis(settings.redis_url, "the cache's Redis") as client:
         generation = RolloutControls(client, config.cache).fetch().generation
         entries = cached(client, scope, object_id, generation)
-    except redis.RedisError as exc:
-        typer.echo(f"error: the cache's Redis: {type(exc).__name__}: {exc}", err=True)
-        raise typer.Exit(1) from None
-    finally:
-        client.close()
     if as_json:
         rows = [asdict(entry) for entry in entries]
         typer.echo(json.dumps({"generation": generation, "entries": rows}, indent=2))

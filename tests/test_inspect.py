@@ -130,3 +130,15 @@ def test_a_records_cache_entries_are_shown_without_their_bodies(unserved: Settin
     bad = _inspect(unserved, "cache", "demo", "no spaces allowed")
     assert bad.returncode == 2
     client.close()
+
+
+def test_an_unreachable_redis_is_one_clear_line_and_exit_1(settings: Settings) -> None:
+    nowhere = "redis://127.0.0.1:1/0"
+    gone = dataclasses.replace(
+        settings, broker_url=nowhere, result_backend_url=nowhere, redis_url=nowhere
+    )
+    for args in (("queue", "batch"), ("cache", "demo", "r1")):
+        shown = _inspect(gone, *args)
+        assert shown.returncode == 1, shown
+        assert shown.stderr.startswith("error: "), shown.stderr
+        assert "Traceback" not in shown.stderr
