@@ -5,7 +5,7 @@
 Sets everything up itself: a private MariaDB with a binlog (a temporary
 directory and a free port), migrated; Redis db ``--redis-db`` (flushed before
 and after; never db 0); one ``dataservice changes`` subprocess, waited for
-until it holds the lease. Then ``--writes`` random changes by direct SQL, one
+until it reports as the active consumer. Then ``--writes`` random changes by direct SQL, one
 at a time (inserts, updates and deletes of ``--ids`` records in one scope),
 each made after the record's cache entries were planted in both formats:
 
@@ -47,9 +47,10 @@ from dataservice.cache.formats import CODECS, frame
 from dataservice.changes.stream import connection_settings
 from dataservice.config import load_config
 from dataservice.enums import CacheFormat
-from dataservice.keys import CHANGES_LEASE_KEY, record_key
+from dataservice.keys import record_key
+from dataservice.loadtest.changes import start_consumer
 from dataservice.localservices import TemporaryBinlogMariaDB
-from dataservice.processes import WorkerProcess, dataservice_argv, worker_environ
+from dataservice.processes import WorkerProcess
 from dataservice.proto import pb
 from dataservice.settings import Settings
 from dataservice.store.migrate import upgrade
@@ -185,18 +186,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             database_url=url,
             redis_url=redis_url,
         )
-        consumer = WorkerProcess(
-            dataservice_argv("changes"),
-            worker_environ(settings),
-            workdir / "changes.log",
-            "changes",
-        ).start()
-        deadline = time.monotonic() + 30
-        while not client.exists(CHANGES_LEASE_KEY):
-            consumer.check_alive()
-            if time.monotonic() > deadline:
-                raise RuntimeError("the consumer did not take the lease")
-            time.sleep(0.05)
+        consumer = start_consumer(settings, workdir / "changes.log")
         # Its first act is a rotation (no saved position): wait for it to settle.
         time.sleep(1.0)
         generation = RolloutControls(client, shipped.cache).fetch().generation

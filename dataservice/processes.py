@@ -92,6 +92,14 @@ class WorkerProcess:
         """``dataservice worker --lane LANE extra...`` with ``settings``' environment."""
         return cls(worker_argv(lane, *extra), worker_environ(settings), log_path, lane.value)
 
+    @classmethod
+    def for_command(
+        cls, settings: Settings, log_path: Path, command: str, *args: str
+    ) -> WorkerProcess:
+        """``dataservice COMMAND args...`` (``changes``, ``flower``) with ``settings``."""
+        argv = dataservice_argv(command, *args)
+        return cls(argv, worker_environ(settings), log_path, command)
+
     def start(self) -> WorkerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         # Appended: a restarted worker's log follows the one before it.

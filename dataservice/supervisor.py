@@ -29,10 +29,8 @@ from dataservice.enums import LaneName
 from dataservice.limits.permits import PERMITS_COMMAND
 from dataservice.processes import (
     WorkerProcess,
-    dataservice_argv,
     stop_all,
     wait_answering,
-    worker_environ,
 )
 from dataservice.settings import Settings
 
@@ -97,11 +95,8 @@ class Supervisor:
 
     def _spawn(self, pool: Pool) -> None:
         if pool.lane is None:
-            argv, environ = (
-                dataservice_argv(pool.command, *pool.args),
-                worker_environ(self.settings),
-            )
-            pool.worker = WorkerProcess(argv, environ, pool.log, pool.command).start()
+            worker = WorkerProcess.for_command(self.settings, pool.log, pool.command, *pool.args)
+            pool.worker = worker.start()
         else:
             pool.worker = WorkerProcess.for_lane(self.settings, pool.lane, pool.log).start()
 

@@ -25,11 +25,9 @@ from dataservice.cache.formats import CODECS, frame, unframe
 from dataservice.cache.store import CacheStore
 from dataservice.config import Config
 from dataservice.enums import CacheFormat
-from dataservice.errors import ServiceSetupError
 from dataservice.keys import record_key
 from dataservice.localservices import (
     PrivateMariaDB,
-    TemporaryBinlogMariaDB,
     free_port,
     redis_reachable,
     start_redis,
@@ -38,7 +36,7 @@ from dataservice.processes import WorkerProcess, stop_all
 from dataservice.proto import pb
 from dataservice.store.migrate import upgrade
 from tests.changes_support import consumer_process, holder, wait_for
-from tests.conftest import require
+from tests.conftest import require, started_binlog_mariadb
 
 WRITERS, IDS, WRITES = 4, 200, 2_000
 # Paces the writers so that the writes outlast the kills: a killed active
@@ -188,12 +186,7 @@ class Consumers:
 def restartable_mariadb(config: Config) -> Iterator[PrivateMariaDB]:
     """A private binlog MariaDB; ``PrivateMariaDB.stop`` stops it keeping its
     data (its own ``stop`` deletes it, at the end)."""
-    server = TemporaryBinlogMariaDB()
-    try:
-        server.start()
-    except ServiceSetupError as exc:
-        server.stop()
-        require(False, f"a private MariaDB with a binlog ({exc})")
+    server = started_binlog_mariadb()
     try:
         upgrade(server.url("dataservice"), config.database)
         yield server

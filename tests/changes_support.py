@@ -18,14 +18,12 @@ from dataservice.cache.formats import CODECS, frame
 from dataservice.changes.consumer import ChangeConsumer
 from dataservice.config import Config
 from dataservice.enums import CacheFormat
-from dataservice.errors import ServiceSetupError
 from dataservice.keys import CHANGES_LEASE_KEY, record_key, tombstone_key
-from dataservice.localservices import TemporaryBinlogMariaDB
-from dataservice.processes import WorkerProcess, dataservice_argv, worker_environ
+from dataservice.processes import WorkerProcess
 from dataservice.proto import pb
 from dataservice.settings import Settings
 from dataservice.store.migrate import upgrade
-from tests.conftest import SHIPPED_CONFIG, require
+from tests.conftest import SHIPPED_CONFIG, started_binlog_mariadb
 
 CHANGES_REDIS_URL = "redis://127.0.0.1:6379/2"
 
@@ -37,12 +35,7 @@ UPSERT = text(
 
 @pytest.fixture(scope="module")
 def binlog_url(config: Config) -> Iterator[str]:
-    server = TemporaryBinlogMariaDB()
-    try:
-        server.start()
-    except ServiceSetupError as exc:
-        server.stop()
-        require(False, f"a private MariaDB with a binlog ({exc})")
+    server = started_binlog_mariadb()
     url = server.url("dataservice")
     upgrade(url, config.database)
     yield url
@@ -139,4 +132,4 @@ def consumer_process(
         database_url=binlog_url,
         redis_url=CHANGES_REDIS_URL,
     )
-    return WorkerProcess(dataservice_argv("changes"), worker_environ(settings), log_path, "changes")
+    return WorkerProcess.for_command(settings, log_path, "changes")

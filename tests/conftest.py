@@ -69,6 +69,18 @@ def require(available: bool, what: str) -> None:
     pytest.skip(message)
 
 
+def started_binlog_mariadb() -> TemporaryBinlogMariaDB:
+    """A private MariaDB with a ROW binlog, started (or the test fails under
+    CI, and is skipped otherwise)."""
+    server = TemporaryBinlogMariaDB()
+    try:
+        server.start()
+    except ServiceSetupError as exc:
+        server.stop()
+        require(False, f"a private MariaDB with a binlog ({exc})")
+    return server
+
+
 @pytest.fixture(scope="session")
 def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     """The shipped configuration with the test callers, and fresh keys for them."""
@@ -256,12 +268,7 @@ def binlog_database(config: Config) -> Iterator[BinlogDatabase]:
     """A private MariaDB with a ROW binlog, started once, migrated as ``dataservice
     db upgrade`` does, with the consumer's user as ``dataservice db changes-user``
     creates it. A test that stops it starts it again."""
-    server = TemporaryBinlogMariaDB()
-    try:
-        server.start()
-    except ServiceSetupError as exc:
-        server.stop()
-        require(False, f"a private MariaDB with a binlog ({exc})")
+    server = started_binlog_mariadb()
     try:
         admin_url = server.url(TEST_DATABASE)
         upgrade(admin_url, config.database)

@@ -98,11 +98,8 @@ def test_flower_shows_every_queue_with_its_length_to_an_operator_only(
     finally:
         caller.close()
     port = free_port()
-    flower = WorkerProcess(
-        dataservice_argv("flower", "--port", str(port)),
-        worker_environ(own),
-        tmp_path / "flower.log",
-        "flower",
+    flower = WorkerProcess.for_command(
+        own, tmp_path / "flower.log", "flower", "--port", str(port)
     ).start()
     base = f"http://127.0.0.1:{port}"
     try:

@@ -19,7 +19,7 @@ from dataservice.client import Client
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.localservices import free_port, redis_reachable
-from dataservice.processes import WorkerProcess, dataservice_argv, wait_answering, worker_environ
+from dataservice.processes import WorkerProcess, wait_answering
 from dataservice.settings import Settings
 from dataservice.types import ReadOp
 from tests.conftest import require
@@ -62,11 +62,8 @@ def test_flower_shows_both_lanes_with_their_lengths_and_the_workers(
     # An interactive pool answers; no batch pool runs, so the batch backlog stays.
     worker = WorkerProcess.for_lane(own, LaneName.INTERACTIVE, tmp_path / "worker.log").start()
     port = free_port()
-    flower = WorkerProcess(
-        dataservice_argv("flower", "--port", str(port)),
-        worker_environ(own),
-        tmp_path / "flower.log",
-        "flower",
+    flower = WorkerProcess.for_command(
+        own, tmp_path / "flower.log", "flower", "--port", str(port)
     ).start()
     control = celery_app("browser-test", own, config)
     caller = Client("demo", own, config)

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from sqlalchemy import Connection, create_engine
+from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
@@ -81,14 +81,20 @@ def check_server(url: str, *, replica_server_id: int | None = None) -> ServerInf
         raise ServiceSetupError(f"database at {describe(target)}: {reason(exc)}") from None
 
 
-def _check_at(connect_to: URL, target: URL, replica_server_id: int | None) -> ServerInfo:
-    engine = create_engine(
-        connect_to,
+def admin_engine(url: str | URL) -> Engine:
+    """An engine for a few statements of administration: a connection per use,
+    autocommit, and no statement parameters (a password, say) in its errors."""
+    return create_engine(
+        url,
         poolclass=NullPool,
         isolation_level="AUTOCOMMIT",
         hide_parameters=True,
         connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
     )
+
+
+def _check_at(connect_to: URL, target: URL, replica_server_id: int | None) -> ServerInfo:
+    engine = admin_engine(connect_to)
     try:
         with engine.connect() as conn:
             return _check(conn, target, replica_server_id)

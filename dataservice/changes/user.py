@@ -13,10 +13,9 @@ import re
 import secrets
 from collections.abc import Sequence
 
-from sqlalchemy import Connection, create_engine, text
+from sqlalchemy import Connection, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.pool import NullPool
 
 from dataservice.changes.grants import (
     REPLICATION,
@@ -25,7 +24,7 @@ from dataservice.changes.grants import (
     monitor_privilege,
     quote_name,
 )
-from dataservice.changes.server import CONNECT_TIMEOUT_S, describe, errno, reason, version_tuple
+from dataservice.changes.server import admin_engine, describe, errno, reason, version_tuple
 from dataservice.errors import ConfigError, ServiceSetupError
 
 DEFAULT_USER = "ds_changes"
@@ -74,14 +73,7 @@ def create_changes_user(
     if not _DATABASE.fullmatch(database):
         raise ConfigError(f"{database!r} is not a database name this command grants on")
     target = make_url(admin_url)
-    # hide_parameters: a failed statement's error would otherwise carry the password.
-    engine = create_engine(
-        target,
-        poolclass=NullPool,
-        isolation_level="AUTOCOMMIT",
-        hide_parameters=True,
-        connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
-    )
+    engine = admin_engine(target)
     try:
         with engine.connect() as conn:
             version = str(conn.exec_driver_sql("SELECT VERSION()").scalar_one())

@@ -30,9 +30,8 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.pool import NullPool
 
-from dataservice.changes.server import check_server
+from dataservice.changes.server import admin_engine, check_server
 from dataservice.changes.user import (
     DEFAULT_HOSTS,
     changes_url,
@@ -45,7 +44,7 @@ from dataservice.keys import CHANGES_STATUS_KEY
 from dataservice.loadtest.scenarios import Scenario
 from dataservice.loadtest.streamwatch import LagWatch, cache_reads, hit_ratio
 from dataservice.localservices import free_port
-from dataservice.processes import WorkerProcess, dataservice_argv, worker_environ
+from dataservice.processes import WorkerProcess
 from dataservice.settings import Settings
 
 CONSUMER_READY_TIMEOUT_S = 30.0
@@ -79,7 +78,7 @@ def _hosts(root_url: str) -> tuple[str, ...]:
 
 def drop_consumer_user(root_url: str, user: str) -> None:
     """Its grants reach every schema's binlog: the account goes with the run."""
-    engine = create_engine(root_url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+    engine = admin_engine(root_url)
     try:
         with engine.connect() as conn:
             for host in _hosts(root_url):
@@ -103,9 +102,7 @@ def _check(url: str, config: Config) -> None:
 
 def start_consumer(settings: Settings, log_path: Path) -> WorkerProcess:
     """``dataservice changes`` with ``settings``, once it reports as the active consumer."""
-    consumer = WorkerProcess(
-        dataservice_argv("changes"), worker_environ(settings), log_path, "changes"
-    ).start()
+    consumer = WorkerProcess.for_command(settings, log_path, "changes").start()
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=2)
     try:
         deadline = time.monotonic() + CONSUMER_READY_TIMEOUT_S
