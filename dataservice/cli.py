@@ -15,12 +15,14 @@ from dataservice.callers import KeyRing, load_keyring
 from dataservice.callers_cli import app as keys_app
 from dataservice.changes.cli import changes as changes_command
 from dataservice.changes.user_cli import changes_user
+from dataservice.cli_options import METRICS_ADDRESS, METRICS_PORT
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.errors import DataServiceError
 from dataservice.flower_cli import flower as flower_command
 from dataservice.health_cli import health as health_command
 from dataservice.inspect_cli import app as inspect_app
+from dataservice.loadtest.scenarios import SCENARIOS
 from dataservice.settings import Settings
 
 DEMO_CALLER = "demo"
@@ -132,9 +134,8 @@ def worker(
         None, min=1, help="Worker threads (default: the lane's concurrency in queues.yml)."
     ),
     loglevel: str = typer.Option("INFO", help="Log level."),
-    metrics_port: int = typer.Option(
-        0, min=0, max=65535, help="Serve Prometheus counters on 127.0.0.1:PORT/metrics (0: off)."
-    ),
+    metrics_port: int = METRICS_PORT,
+    metrics_address: str = METRICS_ADDRESS,
     alive_file: Path | None = typer.Option(
         None, help="Touch this file every second from the consumer loop (dataservice health)."
     ),
@@ -157,7 +158,7 @@ def worker(
     if metrics_port:
         from dataservice.metrics import serve
 
-        serve(metrics_port)
+        serve(metrics_port, metrics_address)
     run_worker(
         settings,
         config,
@@ -230,10 +231,7 @@ def _run_demo(console: Any, settings: Settings, supervisor: Any, records: int) -
 
 @app.command()
 def loadtest(
-    scenario: str = typer.Option(
-        ...,
-        help="steady, overload, overlap, reconnect-burst, slow-db, batch-flood or cached.",
-    ),
+    scenario: str = typer.Option(..., help=f"One of: {', '.join(SCENARIOS)}."),
     system: str = typer.Option(
         "service",
         help="service, naive (a plain Celery baseline) or both (same offered load, one after "

@@ -31,6 +31,7 @@ from dataservice.worker.failures import REASON_CODES
 ROOT = Path(__file__).resolve().parents[1]
 PROTOCOL = ROOT / "docs" / "protocol.md"
 OPERATIONS = ROOT / "docs" / "operations.md"
+LOADTEST = ROOT / "docs" / "loadtest.md"
 CHANGES = ROOT / "docs" / "changes.md"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "compose" / "README.md"]
 
@@ -441,8 +442,8 @@ def test_every_repository_path_the_docs_name_exists() -> None:
 def test_the_scenario_table_lists_exactly_the_loadtest_scenarios() -> None:
     from dataservice.loadtest.scenarios import SCENARIOS
 
-    documented = [_unquote(row["scenario"]) for row in table(OPERATIONS, "scenario").rows]
-    assert documented == list(SCENARIOS), "docs/operations.md, Load testing: scenarios"
+    documented = [_unquote(row["scenario"]) for row in table(LOADTEST, "scenario").rows]
+    assert documented == list(SCENARIOS), "docs/loadtest.md: scenarios"
 
 
 # 7. Health exit codes -----------------------------------------------------------

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import typer
 
+from dataservice.cli_options import METRICS_ADDRESS, METRICS_PORT
+
 
 def changes(
     loglevel: str = typer.Option("INFO", help="Log level."),
-    metrics_port: int = typer.Option(
-        0, min=0, max=65535, help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off)."
-    ),
+    metrics_port: int = METRICS_PORT,
+    metrics_address: str = METRICS_ADDRESS,
     alive_file: Path | None = typer.Option(
         None, help="Touch this file every second from the node's loop (dataservice health)."
     ),
@@ -39,5 +40,5 @@ def changes(
     if metrics_port:
         from dataservice.metrics import serve
 
-        serve(metrics_port)
+        serve(metrics_port, metrics_address)
     run_changes_node(settings, config, loglevel.upper(), alive_file)
