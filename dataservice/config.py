@@ -63,6 +63,8 @@ class LaneConfig(FrozenModel):
     admission: AdmissionConfig
     default_deadline_ms: PositiveInt
     max_deadline_ms: PositiveInt
+    # Celery task events (Flower's tasks page): a Redis PUBLISH or more per request.
+    task_events: bool = False
 
     @model_validator(mode="after")
     def _default_within_max(self) -> LaneConfig:
@@ -122,6 +124,12 @@ class DatabaseConfig(FrozenModel):
     connect_rate_per_s: Annotated[float, Field(gt=0, le=10_000)]
     connect_burst: Annotated[int, Field(gt=0, le=10_000)]
     injected_delay_ms: Annotated[int, Field(ge=0, le=60_000)]
+    # Load tests only: a one-row table (column ``delay_ms``) in the service's
+    # database that the injected sleep reads in the same statement, so that a
+    # run can change the database's speed under running workers.
+    injected_delay_table: (
+        Annotated[str, Field(pattern=identifiers.anchored(identifiers.TABLE))] | None
+    ) = None
 
 
 OperationName = Literal["read", "write", "delete", "list"]
@@ -186,6 +194,13 @@ class BrokerConfig(FrozenModel):
     restore_every_s: Annotated[int, Field(gt=0, le=3_600)]
 
 
+class LoggingConfig(FrozenModel):
+    # json: one object per line (for log pipelines); text: for reading in a terminal.
+    format: Literal["json", "text"] = "json"
+    # A line per request answered or dropped: all, failures (anything but OK), none.
+    requests: Literal["all", "failures", "none"] = "all"
+
+
 class ChangesConfig(FrozenModel):
     # The consumer's replication id: unique among the database server's replicas.
     server_id: Annotated[int, Field(gt=0, lt=1 << 32)]
@@ -212,6 +227,7 @@ class Config(FrozenModel):
     broker: BrokerConfig
     cache: CacheConfig
     changes: ChangesConfig
+    logging: LoggingConfig = LoggingConfig()
     callers: dict[CallerName, CallerPolicy]
 
     @model_validator(mode="after")

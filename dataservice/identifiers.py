@@ -20,6 +20,8 @@ OBJECT_ID = r"[A-Za-z0-9._~:@/+=-]{1,128}"
 IDEMPOTENCY_KEY = r"[\x21-\x7e]{1,128}"
 KEY_ID = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 QUEUE = r"[a-z][a-z0-9_.-]{0,63}"
+# A table of the service's own database, named in configuration (never quoted by hand).
+TABLE = r"[a-z_][a-z0-9_]{0,63}"
 
 CALLER_RE = re.compile(CALLER)
 SCOPE_RE = re.compile(SCOPE)

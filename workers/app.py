@@ -60,6 +60,7 @@ class LaneRuntime:
             self.engine,
             max_statement_ms=config.database.max_statement_ms,
             injected_delay_ms=config.database.injected_delay_ms,
+            injected_delay_table=config.database.injected_delay_table,
             idempotency_retention_s=config.idempotency.retention_s,
         )
         self._purger = (

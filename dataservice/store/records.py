@@ -83,12 +83,13 @@ class RecordStore:
         *,
         max_statement_ms: int,
         injected_delay_ms: int = 0,
+        injected_delay_table: str | None = None,
         idempotency_retention_s: int = 86_400,
     ) -> None:
         if idempotency_retention_s < 0:
             raise ValueError("idempotency_retention_s must not be negative")
         self.engine = engine
-        self._sessions = Sessions(engine, max_statement_ms, injected_delay_ms)
+        self._sessions = Sessions(engine, max_statement_ms, injected_delay_ms, injected_delay_table)
         self._retention_s = idempotency_retention_s
 
     def read(self, scope: str, object_id: str, bounds: Bounds = UNBOUNDED) -> Record | None:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, TextClause, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from dataservice.limits.permits import Permit
@@ -42,13 +42,30 @@ def _timed_out(exc: BaseException) -> bool:
 _SLEEP = text("SELECT SLEEP(:seconds)")
 
 
+def _injected_sleep(delay_ms: int, table: str | None) -> tuple[TextClause, dict[str, float]] | None:
+    """The statement that makes each operation take longer in the database:
+    a fixed sleep, or one whose length a load test changes in ``table``."""
+    if table is not None:
+        # The name matches identifiers.TABLE (checked on load): nothing to quote.
+        return text(f"SELECT SLEEP(delay_ms / 1000) FROM {table} LIMIT 1"), {}
+    if delay_ms:
+        return _SLEEP, {"seconds": delay_ms / 1000}
+    return None
+
+
 class Sessions:
     """The engine's connections, handed out one operation at a time."""
 
-    def __init__(self, engine: Engine, max_statement_ms: int, injected_delay_ms: int = 0) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        max_statement_ms: int,
+        injected_delay_ms: int = 0,
+        injected_delay_table: str | None = None,
+    ) -> None:
         self._engine = engine
         self._max_statement_ms = max_statement_ms
-        self._delay_s = injected_delay_ms / 1000
+        self._sleep = _injected_sleep(injected_delay_ms, injected_delay_table)
 
     @contextmanager
     def connection(self, bounds: Bounds) -> Iterator[Connection]:
@@ -64,8 +81,8 @@ class Sessions:
             if bounds.deadline_ms is not None:
                 conn.execution_options(**{DEADLINE_OPTION: bounds.deadline_ms})
             try:
-                if self._delay_s:
-                    conn.execute(_SLEEP, {"seconds": self._delay_s})
+                if self._sleep is not None:
+                    conn.execute(*self._sleep)
                 yield conn
             except BaseException as exc:
                 conn.invalidate()
