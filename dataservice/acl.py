@@ -16,7 +16,8 @@ caller's own ``ds:pace:<caller>`` (RW)
 ``ds:pace:<caller>`` (its own)             GET SET             ``admit.lua``'s pacing
 lane queues (write only)                   LPUSH LLEN          ``admit.lua``, declaration
 kombu's priority sub-queues (write only)   LLEN                declaration
-admission hashes                           HMGET HSET PEXPIRE  ``admit.lua``
+admission hashes                           HMGET HSET HINCRBY  ``admit.lua``
+                                           PEXPIRE
 kombu's binding tables (write only)        SADD                declaration
 ``ds:result:<caller>:*``                   BLPOP LPOP EXISTS   the result store
 =========================================  ==================  =========================
@@ -95,7 +96,9 @@ def caller_rules(queues: Sequence[str], caller: str) -> list[str]:
         _selector([f"%RW~{pace_key(caller)}"], ["+get", "+set"]),
         _selector([f"%W~{q}" for q in queues], ["+lpush", "+llen"]),
         _selector([f"%W~{priority_queue_pattern(q)}" for q in queues], ["+llen"]),
-        _selector([f"%RW~{admission_key(q)}" for q in queues], ["+hmget", "+hset", "+pexpire"]),
+        _selector(
+            [f"%RW~{admission_key(q)}" for q in queues], ["+hmget", "+hset", "+hincrby", "+pexpire"]
+        ),
         _selector(
             [f"%W~{k}" for q in queues for k in (binding_key(q), permanent_binding_key(q))],
             ["+sadd"],

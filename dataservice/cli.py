@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from dataservice.flower_cli import flower as flower_command
 from dataservice.health_cli import health as health_command
 from dataservice.inspect_cli import app as inspect_app
 from dataservice.loadtest.scenarios import SCENARIOS
+from dataservice.observe.logs import configure_logging
 from dataservice.settings import Settings
 
 DEMO_CALLER = "demo"
@@ -150,11 +149,7 @@ def worker(
         require_within_budget(config, lane, threads)
     except DataServiceError as exc:
         raise _fail(exc, 2) from None
-    logging.basicConfig(
-        level=loglevel.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(config.logging, loglevel)
     if metrics_port:
         from dataservice.metrics import serve
 
@@ -181,6 +176,13 @@ def run(
         max=65535,
         help="Flower on 127.0.0.1:PORT (0: none; needs DATASERVICE_FLOWER_AUTH).",
     ),
+    metrics_port: int = typer.Option(
+        9101,
+        min=0,
+        max=65535,
+        help="Metrics of the interactive pool on 127.0.0.1:PORT, the batch pool PORT+1 and "
+        "the change consumer PORT+2 (0: none).",
+    ),
 ) -> None:
     """Run both worker pools and the change consumer in the foreground with a
     live summary (Ctrl-C stops)."""
@@ -195,7 +197,12 @@ def run(
         console.print("Flower: off (DATASERVICE_FLOWER_AUTH is not set; `make services` sets it)")
         flower_port = 0
     supervisor = Supervisor(
-        settings, config, log_dir, changes=True, flower_port=flower_port or None
+        settings,
+        config,
+        log_dir,
+        changes=True,
+        flower_port=flower_port or None,
+        metrics_port=metrics_port or None,
     )
     supervisor.start()
     try:

@@ -67,6 +67,7 @@ def flower(
     from dataservice.broker import celery_app, direct_queue
     from dataservice.cli import _load
     from dataservice.keys import CHANGES_QUEUE
+    from dataservice.observe.logs import configure_logging
 
     settings, config = _load()
     auth = settings.flower_auth
@@ -92,6 +93,8 @@ def flower(
         os.environ.pop("FLOWER_BASIC_AUTH", None)
     # Never an unauthenticated API, whatever the environment says.
     os.environ.pop("FLOWER_UNAUTHENTICATED_API", None)
+    # Before Flower parses its options: tornado adds no handler of its own then.
+    configure_logging(config.logging)
     app = celery_app("dataservice-flower", settings, config)
     # Flower counts the queues the app names: the lanes', and the consumers' own.
     app.conf.task_queues = [*app.conf.task_queues, direct_queue(CHANGES_QUEUE)]

@@ -8,8 +8,8 @@ key                                    what it holds
 ``_kombu.binding.<lane queue>``        kombu's routing table for the lane's exchange (and
 ``_kombu.binding_permanent.<queue>``   its permanent twin)
 ``ds:admission:<lane queue>``          a hash: envelope bytes queued or in flight,
-                                       completions and the measured drain rate
-                                       (``dataservice/limits/admit.lua``)
+                                       completions, the measured drain rate and
+                                       refusals by reason (``dataservice/limits/admit.lua``)
 ``ds:result:<caller>:<request id>``    a list holding one encoded ``ResponseEnvelope``;
                                        expires at the request deadline plus a grace
 ``ds:replay:<caller>:<request id>``    a request id already seen; expires with the

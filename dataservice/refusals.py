@@ -46,6 +46,14 @@ class Reason(StrEnum):
     QUEUE_TOO_LONG = "queue_too_long"
 
 
+# What admission at publish may answer (``dataservice/limits/admit.lua``).
+ADMISSION_REASONS = (
+    Reason.QUEUE_FULL,
+    Reason.QUEUE_BYTES,
+    Reason.QUEUE_TOO_LONG,
+    Reason.RATE_LIMITED,
+)
+
 # What a caller reads when a limit refuses it, wherever the limit is applied
 # (the workers' gate, admission at publish, the client's own pacing).
 LIMIT_MESSAGES = {

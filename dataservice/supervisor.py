@@ -48,6 +48,10 @@ class Pool:
     restarts: int = 0
     next_start: float = 0.0
 
+    @property
+    def name(self) -> str:
+        return self.lane.value if self.lane is not None else self.command
+
 
 @dataclass
 class LaneStats:
@@ -78,6 +82,7 @@ class Supervisor:
         *,
         changes: bool = False,
         flower_port: int | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         self.settings = settings
         self.config = config
@@ -85,6 +90,12 @@ class Supervisor:
         self.pools = [Pool(lane, log_dir / f"worker-{lane.value}.log") for lane in lanes]
         if changes:
             self.pools.append(Pool(None, log_dir / "changes.log", "changes"))
+        # One scrape target per process: consecutive ports from metrics_port.
+        self.metrics: dict[str, int] = {}
+        if metrics_port is not None:
+            for n, pool in enumerate(self.pools):
+                pool.args = ("--metrics-port", str(metrics_port + n))
+                self.metrics[pool.name] = metrics_port + n
         self.flower_port = flower_port
         if flower_port is not None:
             args = ("--port", str(flower_port))
@@ -98,7 +109,8 @@ class Supervisor:
             worker = WorkerProcess.for_command(self.settings, pool.log, pool.command, *pool.args)
             pool.worker = worker.start()
         else:
-            pool.worker = WorkerProcess.for_lane(self.settings, pool.lane, pool.log).start()
+            worker = WorkerProcess.for_lane(self.settings, pool.lane, pool.log, *pool.args)
+            pool.worker = worker.start()
 
     def start(self) -> None:
         for pool in self.pools:
@@ -158,7 +170,11 @@ class Supervisor:
         return snap
 
     def table(self, snap: Snapshot) -> Table:
-        caption = _consumer_line(self.pools, snap) + _flower_line(self.pools, self.flower_port)
+        caption = (
+            _consumer_line(self.pools, snap)
+            + _flower_line(self.pools, self.flower_port)
+            + _metrics_line(self.metrics)
+        )
         table = Table(title="dataservice", caption=caption + "Ctrl-C stops the service")
         columns = ("lane", "queued", "workers", "permits", "refused", "done", "per s", "restarts")
         for column in columns:
@@ -185,6 +201,13 @@ class Supervisor:
         stop_all((pool.worker for pool in self.pools if pool.worker is not None), timeout)
         self._control.close()
         self._broker.close()
+
+
+def _metrics_line(ports: dict[str, int]) -> str:
+    if not ports:
+        return ""
+    targets = ", ".join(f"{name} :{port}" for name, port in ports.items())
+    return f"metrics: http://127.0.0.1:PORT/metrics for {targets}\n"
 
 
 def _flower_line(pools: list[Pool], port: int | None) -> str:

@@ -22,9 +22,9 @@ from dataservice.codec.requests import MAX_CURSOR_CHARS
 from dataservice.enums import StatusCode
 from dataservice.limits.local import RETRY_LOCAL_FULL_MS
 from dataservice.limits.slots import RETRY_AT_CAP_MS
-from dataservice.metrics import REGISTRY, Dependency, Stage
+from dataservice.metrics import REGISTRY, Dependency, Stage, TimeoutStage
 from dataservice.proto import pb
-from dataservice.refusals import Reason
+from dataservice.refusals import ADMISSION_REASONS, Reason
 from dataservice.worker import failures
 from dataservice.worker.failures import REASON_CODES
 
@@ -139,7 +139,7 @@ def _unquote(cell: str) -> str:
 
 def _reasons(cell: str) -> list[str]:
     """The reasons a cell names in backticks, leaving out what it says in parentheses."""
-    return re.findall(r"`([a-z_]+)`", re.sub(r"\([^)]*\)", "", cell))
+    return re.findall(r"`([a-z][a-z0-9_]*)`", re.sub(r"\([^)]*\)", "", cell))
 
 
 def _codes(cell: str) -> set[str]:
@@ -243,8 +243,10 @@ def test_metrics_table_labels_are_the_closed_sets_the_workers_count() -> None:
     counters = {_unquote(row["counter"]): row for row in table(OPERATIONS, "counter").rows}
     for counter, labels in (
         ("dataservice_rejections_total", counted),
-        ("dataservice_timeouts_total", {stage.value for stage in Stage}),
+        ("dataservice_timeouts_total", {stage.value for stage in TimeoutStage}),
         ("dataservice_dependency_failures_total", {dep.value for dep in Dependency}),
+        ("dataservice_stage_seconds", {stage.value for stage in Stage}),
+        ("dataservice_admission_refusals_total", {reason.value for reason in ADMISSION_REASONS}),
     ):
         row = counters[counter]
         documented = set(_reasons(row["counts"]))

@@ -83,6 +83,8 @@ class Answers:
             DEPENDENCY_FAILURES.labels(self._lane.value, Dependency.RESULTS.value).inc()
             log.warning("could not deliver the answer to %s: %s", task_id, type(exc).__name__)
             return False
+        finally:
+            self._handler.finished(reply)
         return True
 
     def in_gate(

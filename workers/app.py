@@ -28,6 +28,7 @@ from dataservice.store import RecordStore, create_store_engine
 from dataservice.worker import Database, build_handler
 from workers.answers import Answers, int_header
 from workers.fastpath import redelivered, serve_inline
+from workers.gauges import LaneGauges
 from workers.inline import InlineReads
 from workers.purger import OutcomePurger
 
@@ -100,6 +101,9 @@ class LaneRuntime:
             slots_with_answers=settings.redis_url == settings.result_backend_url,
         )
         self._deliver = self._answers.deliver
+        self._gauges = LaneGauges(
+            lane, config, self.permits, self.engine, self.cache.controls, settings.broker_url
+        )
         self.inline = InlineReads(
             self.handler,
             self.cache.source,
@@ -139,6 +143,7 @@ class LaneRuntime:
             self._deliver(task_id, reply, body, admitted_size)
 
     def close(self) -> None:
+        self._gauges.close()
         if self._purger is not None:
             self._purger.stop()
         self.engine.dispose()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataservice.cache.source import CachedSource
 from dataservice.enums import CacheFormat, ReadMode
 from dataservice.limits.gate import Peek
+from dataservice.observe import trace as tracing
 from dataservice.proto import pb
 from dataservice.worker import RequestHandler
 from dataservice.worker.steps import Admitted, Opened, Reply
@@ -71,8 +72,7 @@ class InlineReads:
             # Refused or late: answered (or dropped) here, and counted once.
             return self._answered(message, opened, body)
         if not _cached_read(opened.envelope):
-            self._passed[task_id] = opened
-            return Outcome.DECLINED
+            return self._declined(opened)
         read = opened.envelope.read
         source = self._source
         target = source.peek_key(read.scope, read.object_id, ReadMode(read.mode), task_id)
@@ -88,10 +88,15 @@ class InlineReads:
         if target is not None and admitted.peeked.looked:
             record = source.peeked(target[0], admitted.peeked.value)
         if record is None:
-            self._passed[task_id] = admitted
-            return Outcome.DECLINED
+            return self._declined(admitted)
         result = pb.ResponseEnvelope(read=pb.ReadRecordResponse(record=record))
         return self._answered(message, self._handler.serve(admitted, result), body)
+
+    def _declined(self, step: Opened | Admitted) -> Outcome:
+        """Pass the request on to the pool, as far as it got; its trace goes with it."""
+        self._passed[step.task_id] = step
+        tracing.detach()
+        return Outcome.DECLINED
 
     def _peek(
         self,
@@ -107,7 +112,7 @@ class InlineReads:
             return None
         fmt, key = target
         if fmt is not CacheFormat.V2 or not self._ack_with_answers or not self._one_redis:
-            return Peek(key)
+            return Peek(key, fmt=fmt)
         answer = self._answers.in_gate(
             opened.envelope.caller,
             message.task_id,
@@ -116,10 +121,10 @@ class InlineReads:
             body,
         )
         if answer is None:
-            return Peek(key)
+            return Peek(key, fmt=fmt)
         keys, args = answer
         index, unacked, tag = message.acknowledgement
-        return Peek(key, ([*keys, index, unacked], [*args, tag]))
+        return Peek(key, ([*keys, index, unacked], [*args, tag]), fmt)
 
     def _answered(self, message: InlineMessage, reply: Reply | None, body: object) -> Outcome:
         ack = message.acknowledgement if self._ack_with_answers else None

@@ -22,6 +22,8 @@ from dataservice.settings import Settings
 from workers.alive import add_alive_file
 from workers.app import create_app
 
+log = logging.getLogger(__name__)
+
 # Celery logs every task received and succeeded at INFO: a line per request
 # is noise at this rate, and operators watch counters instead.
 _CHATTY_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
@@ -48,8 +50,9 @@ def run_worker(
         add_alive_file(app, alive_file)
     for name in _CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    node = node_name(lane)
     worker = app.Worker(
-        hostname=node_name(lane),
+        hostname=node,
         queues=[lane_config.queue],
         pool="threads",
         concurrency=threads,
@@ -58,7 +61,18 @@ def run_worker(
         loglevel=loglevel,
         without_gossip=True,
         without_mingle=True,
+        task_events=lane_config.task_events,
+        # The banner is not a log line; the line below says what it would.
+        quiet=True,
     )
+    fields = {
+        "node": node,
+        "lane": lane.value,
+        "queue": lane_config.queue,
+        "threads": threads,
+        "task_events": lane_config.task_events,
+    }
+    log.info("worker %s starting", node, extra={"fields": fields})
     try:
         worker.start()
     finally:

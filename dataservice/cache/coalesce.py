@@ -17,6 +17,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Generic, TypeVar
 
 from dataservice.errors import CacheDetour
+from dataservice.metrics import Stage
+from dataservice.observe import trace as tracing
 
 T = TypeVar("T")
 
@@ -57,7 +59,8 @@ class Coalescer(Generic[T]):
         if not leads:
             self._on_follow()
             try:
-                return future.result(timeout=max(timeout_s, 0.0))
+                with tracing.timed(Stage.COALESCING_WAIT):
+                    return future.result(timeout=max(timeout_s, 0.0))
             except FutureTimeout:
                 raise FollowerTimedOut from None
             except Exception as exc:

@@ -18,7 +18,9 @@ from dataservice.cache.config import CacheConfig
 from dataservice.cache.controls import Rollout, RolloutControls
 from dataservice.cache.store import CacheStore, Follow, Hit, Lead, Word
 from dataservice.enums import CacheFormat
-from dataservice.metrics import CACHE_FILLS, COALESCED, TAKEOVERS
+from dataservice.metrics import CACHE_FILLS, COALESCED, TAKEOVERS, Stage
+from dataservice.metrics.requests import cache_stage
+from dataservice.observe import trace as tracing
 from dataservice.proto import pb
 from dataservice.store.connections import now_ms
 from dataservice.worker.failures import CoalescedWaitExpired
@@ -66,7 +68,7 @@ class ReplicaCoalescing:
                 if isinstance(step, Lead):
                     if followed:
                         TAKEOVERS.labels(self._lane).inc()
-                    return self._lead(step, scope, object_id, rollout, deadline_ms)
+                    return self._lead(step, scope, object_id, fmt, rollout, deadline_ms)
                 if step is None:
                     # An entry that does not decode: read; a fill replaces it.
                     return self._database_read(scope, object_id, deadline_ms)
@@ -84,25 +86,39 @@ class ReplicaCoalescing:
             return self._database_read(scope, object_id, deadline_ms)
         raise CoalescedWaitExpired
 
-    def read_alone(self, scope: str, object_id: str, deadline_ms: int) -> pb.Record | None:
+    def read_alone(
+        self, scope: str, object_id: str, fmt: CacheFormat, deadline_ms: int
+    ) -> pb.Record | None:
         """A miss with coalescing off (``cache.coalesce: false``, the bench's
         baseline): it reads the database itself and fills without the lock. The
         entry's expiry counts from this worker's clock, as no lock gave Redis's."""
         alone = Lead(token=b"", started_ms=self._clock())
-        return self._lead(alone, scope, object_id, self._controls.current(), deadline_ms)
+        return self._lead(alone, scope, object_id, fmt, self._controls.current(), deadline_ms)
 
     def _lookup(
         self, scope: str, object_id: str, fmt: CacheFormat, generation: int, left_ms: int
     ) -> Hit | Lead | Follow | None:
         lease_ms = max(10, min(self._lease_ms, left_ms))
-        return self._guard(lambda: self._cache.lookup(fmt, scope, object_id, generation, lease_ms))
+        with tracing.timed(cache_stage(fmt)):
+            return self._guard(
+                lambda: self._cache.lookup(fmt, scope, object_id, generation, lease_ms)
+            )
 
     def _wait(self, step: Follow, scope: str, object_id: str, left_ms: int) -> Word | None:
         wait_ms = min(step.lease_left_ms + _LEASE_SLACK_MS, left_ms)
-        return self._guard(lambda: self._cache.wait(scope, object_id, step.token, wait_ms / 1000))
+        with tracing.timed(Stage.COALESCING_WAIT):
+            return self._guard(
+                lambda: self._cache.wait(scope, object_id, step.token, wait_ms / 1000)
+            )
 
     def _lead(
-        self, lead: Lead, scope: str, object_id: str, rollout: Rollout, deadline_ms: int
+        self,
+        lead: Lead,
+        scope: str,
+        object_id: str,
+        fmt: CacheFormat,
+        rollout: Rollout,
+        deadline_ms: int,
     ) -> pb.Record | None:
         try:
             record = self._database_read(scope, object_id, deadline_ms)
@@ -114,17 +130,18 @@ class ReplicaCoalescing:
             return None
         # The generation it looked in: a rotation since leaves this fill in
         # the old namespace, where nobody reads it.
-        fill = self._quietly(
-            lambda: self._cache.fill(
-                record,
-                rollout.fill_formats(),
-                scope,
-                rollout.generation,
-                lead.started_ms,
-                self._ttl_ms,
-                lead.token,
+        with tracing.timed(cache_stage(fmt)):
+            fill = self._quietly(
+                lambda: self._cache.fill(
+                    record,
+                    rollout.fill_formats(),
+                    scope,
+                    rollout.generation,
+                    lead.started_ms,
+                    self._ttl_ms,
+                    lead.token,
+                )
             )
-        )
         CACHE_FILLS.labels(self._lane, fill.outcome if fill is not None else "error").inc()
         return record
 

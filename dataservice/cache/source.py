@@ -29,6 +29,8 @@ from dataservice.codec import record_to_pb
 from dataservice.enums import CacheFormat, OperationClass, ReadMode
 from dataservice.keys import record_key
 from dataservice.metrics import BREAKER, CACHE_READS, COALESCED, DEPENDENCY_FAILURES, Dependency
+from dataservice.metrics.requests import cache_stage
+from dataservice.observe import trace as tracing
 from dataservice.proto import pb
 from dataservice.store import RecordStore
 from dataservice.store.connections import now_ms
@@ -143,7 +145,8 @@ class CachedSource:
         self, fmt: CacheFormat, scope: str, object_id: str, generation: int
     ) -> pb.Record | None:
         """The entry, None on a miss; raises :class:`CacheDown`."""
-        record = self._guard(lambda: self._cache.get(fmt, scope, object_id, generation))
+        with tracing.timed(cache_stage(fmt)):
+            record = self._guard(lambda: self._cache.get(fmt, scope, object_id, generation))
         if record is not None:
             CACHE_READS.labels(self._lane, fmt.value, "hit").inc()
         return record
@@ -152,7 +155,7 @@ class CachedSource:
         self, scope: str, object_id: str, fmt: CacheFormat, deadline_ms: int
     ) -> pb.Record | None:
         if not self._coalesce:
-            return self._replicas.read_alone(scope, object_id, deadline_ms)
+            return self._replicas.read_alone(scope, object_id, fmt, deadline_ms)
         return self._replicas.read(scope, object_id, fmt, deadline_ms)
 
     def _coalesced(

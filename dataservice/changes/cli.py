@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import typer
@@ -26,6 +25,7 @@ def changes(
     from dataservice.changes.server import check_server
     from dataservice.cli import _fail, _load
     from dataservice.errors import ServiceSetupError
+    from dataservice.observe.logs import configure_logging
     from workers.changes import run_changes_node
 
     settings, config = _load()
@@ -34,9 +34,7 @@ def changes(
         check_server(settings.changes_url, replica_server_id=config.changes.server_id)
     except ServiceSetupError as exc:
         raise _fail(exc, 2) from None
-    logging.basicConfig(
-        level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(config.logging, loglevel)
     if metrics_port:
         from dataservice.metrics import serve
 

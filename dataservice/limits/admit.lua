@@ -7,6 +7,7 @@
 --            rate     completions per second while the queue was busy
 --            rate_at  when the current measuring window began (server time, ms)
 --            done_at  `done` when the current window began
+--            refused:<reason>  publishes refused for that reason (the workers' metrics read them)
 -- ARGV[1]  the message, as kombu stores it in the list
 -- ARGV[2]  the request envelope's size in bytes
 -- ARGV[3]  the most messages that may wait in the queue
@@ -54,6 +55,11 @@ elseif now - rate_at >= 1000 then
   redis.call('HSET', KEYS[2], 'rate', tostring(rate), 'rate_at', now, 'done_at', done)
 end
 
+local function refuse(reason, retry_after_ms)
+  redis.call('HINCRBY', KEYS[2], 'refused:' .. reason, 1)
+  return {reason, retry_after_ms}
+end
+
 -- How long until the queue drains by `n` messages at the measured rate.
 local function drain_ms(n)
   if rate <= 0 then return 100 end
@@ -61,18 +67,18 @@ local function drain_ms(n)
 end
 
 if remaining <= 0 then
-  return {'queue_too_long', 10}
+  return refuse('queue_too_long', 10)
 end
 if depth + 1 > tonumber(ARGV[3]) then
-  return {'queue_full', drain_ms(depth + 1 - tonumber(ARGV[3]))}
+  return refuse('queue_full', drain_ms(depth + 1 - tonumber(ARGV[3])))
 end
 if bytes + size > tonumber(ARGV[4]) then
-  return {'queue_bytes', drain_ms(1)}
+  return refuse('queue_bytes', drain_ms(1))
 end
 if rate > 0 then
   local wait = depth * 1000 / rate
   if wait > remaining then
-    return {'queue_too_long', math.min(cap, math.max(10, math.ceil(wait - remaining)))}
+    return refuse('queue_too_long', math.min(cap, math.max(10, math.ceil(wait - remaining))))
   end
 end
 
@@ -83,7 +89,7 @@ if KEYS[3] then
   local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local new_tat, retry_ms = gcra_check(KEYS[3], now_us, tonumber(ARGV[8]), tonumber(ARGV[9]))
   if not new_tat then
-    return {'rate_limited', retry_ms}
+    return refuse('rate_limited', retry_ms)
   end
   gcra_commit(KEYS[3], new_tat, now_us)
 end

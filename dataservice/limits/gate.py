@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import redis
 
 from dataservice.config import CallerPolicy, Config
+from dataservice.enums import CacheFormat
 from dataservice.keys import inflight_key, rate_key, replay_key
 from dataservice.limits.local import LocalLimits
 from dataservice.limits.scripts import LuaScript
@@ -39,10 +40,12 @@ _HIT = LuaScript("hit.lua")
 class Peek:
     """A cache entry to read once the request is admitted, in the same round
     trip; with ``answer`` (``hit.lua``'s KEYS[5..8] and ARGV[9..12]), a hit is
-    answered there too (``dataservice/limits/hit.lua``)."""
+    answered there too (``dataservice/limits/hit.lua``). ``fmt``: the entry's
+    format, which the round trip's time is counted under."""
 
     key: str
     answer: tuple[list[str], list[Any]] | None = None
+    fmt: CacheFormat = CacheFormat.V2
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 from dataservice.config import LaneConfig
 from dataservice.enums import OperationClass
+from dataservice.metrics import Stage
+from dataservice.observe import trace as tracing
 from dataservice.refusals import Refusal
 
 # The Celery control command that reports a replica's gauge.
@@ -68,15 +70,17 @@ class LanePermits:
     @contextmanager
     def acquire(self, op_class: OperationClass, wait_s: float) -> Iterator[Permit]:
         """Hold a permit of ``op_class`` for the block, waiting at most ``wait_s``."""
-        deadline = time.monotonic() + max(wait_s, 0.0)
+        started = time.monotonic()
+        deadline = started + max(wait_s, 0.0)
         class_slot = self._classes[op_class]
         # The class cap first: a request that could not run anyway never
         # occupies a lane permit while it waits.
         if not class_slot.acquire(timeout=max(wait_s, 0.0)):
-            self._refuse()
+            self._refuse(started)
         try:
             if not self._lane.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
-                self._refuse()
+                self._refuse(started)
+            tracing.record(Stage.PERMIT_WAIT, time.monotonic() - started)
             try:
                 permit = Permit(op_class)
                 with self._lock:
@@ -93,7 +97,9 @@ class LanePermits:
         finally:
             class_slot.release()
 
-    def _refuse(self) -> None:
+    def _refuse(self, started: float) -> None:
+        # A refused wait is a wait too: it is what saturation looks like.
+        tracing.record(Stage.PERMIT_WAIT, time.monotonic() - started)
         with self._lock:
             self._refused += 1
         raise PermitUnavailable

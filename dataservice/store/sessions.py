@@ -12,6 +12,8 @@ from sqlalchemy import Connection, Engine, TextClause, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from dataservice.limits.permits import Permit
+from dataservice.metrics import Stage
+from dataservice.observe import trace as tracing
 from dataservice.store.connections import (
     CONNECTION_ID,
     DEADLINE_OPTION,
@@ -42,7 +44,7 @@ def _timed_out(exc: BaseException) -> bool:
 _SLEEP = text("SELECT SLEEP(:seconds)")
 
 
-def _injected_sleep(delay_ms: int, table: str | None) -> tuple[TextClause, dict[str, float]] | None:
+def injected_sleep(delay_ms: int, table: str | None) -> tuple[TextClause, dict[str, float]] | None:
     """The statement that makes each operation take longer in the database:
     a fixed sleep, or one whose length a load test changes in ``table``."""
     if table is not None:
@@ -65,7 +67,7 @@ class Sessions:
     ) -> None:
         self._engine = engine
         self._max_statement_ms = max_statement_ms
-        self._sleep = _injected_sleep(injected_delay_ms, injected_delay_table)
+        self._sleep = injected_sleep(injected_delay_ms, injected_delay_table)
 
     @contextmanager
     def connection(self, bounds: Bounds) -> Iterator[Connection]:
@@ -75,15 +77,18 @@ class Sessions:
         statement may have been cut off half way), so the connection is
         invalidated, never returned to the pool.
         """
-        with self._engine.connect() as conn:
+        with tracing.timed(Stage.CONNECTION_ACQUIRE):
+            connection = self._engine.connect()
+        with connection as conn:
             if bounds.permit is not None:
                 bounds.permit.connection_id = conn.info.get(CONNECTION_ID)
             if bounds.deadline_ms is not None:
                 conn.execution_options(**{DEADLINE_OPTION: bounds.deadline_ms})
             try:
-                if self._sleep is not None:
-                    conn.execute(*self._sleep)
-                yield conn
+                with tracing.timed(Stage.SQL):
+                    if self._sleep is not None:
+                        conn.execute(*self._sleep)
+                    yield conn
             except BaseException as exc:
                 conn.invalidate()
                 if _timed_out(exc):

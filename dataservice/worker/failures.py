@@ -26,7 +26,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from dataservice.enums import StatusCode
 from dataservice.limits.admission import AdmissionRefused
 from dataservice.limits.permits import PermitUnavailable
-from dataservice.metrics import Dependency, Stage
+from dataservice.metrics import Dependency, TimeoutStage
 from dataservice.refusals import Reason, Refusal, Rejected
 from dataservice.store import DeleteRaced, IdempotencyConflict, RevisionMismatch
 from dataservice.store.connections import ConnectRateLimited, StatementTimeout
@@ -114,7 +114,7 @@ class Verdict:
     retry_after_ms: int = 0
     reason: Reason | None = None
     # The timeout counter's stage, or the failed dependency's counter.
-    stage: Stage | None = None
+    stage: TimeoutStage | None = None
     dependency: Dependency | None = None
 
 
@@ -192,10 +192,10 @@ REASON_CODES: dict[Reason, StatusCode] = {
     Reason.QUEUE_TOO_LONG: StatusCode.RESOURCE_EXHAUSTED,
 }
 
-_STAGES: dict[type[Refusal], Stage] = {
-    TooLittleTime: Stage.BEFORE_DATABASE,
-    StatementTimeout: Stage.STATEMENT,
-    CoalescedWaitExpired: Stage.COALESCING,
+_STAGES: dict[type[Refusal], TimeoutStage] = {
+    TooLittleTime: TimeoutStage.BEFORE_DATABASE,
+    StatementTimeout: TimeoutStage.STATEMENT,
+    CoalescedWaitExpired: TimeoutStage.COALESCING,
 }
 _DEPENDENCIES = (DatabaseBusy, DatabaseUnavailable, DatabaseFailure)
 

@@ -25,7 +25,17 @@ from dataservice.config import Config, LaneConfig
 from dataservice.enums import LaneName, StatusCode
 from dataservice.limits.gate import Gate, Peek
 from dataservice.limits.slots import Entry
-from dataservice.metrics import DEPENDENCY_FAILURES, REJECTIONS, REQUESTS, TIMEOUTS, Stage
+from dataservice.metrics import (
+    DEPENDENCY_FAILURES,
+    REJECTIONS,
+    REQUESTS,
+    TIMEOUTS,
+    Stage,
+    TimeoutStage,
+)
+from dataservice.metrics.requests import cache_stage
+from dataservice.observe import trace as tracing
+from dataservice.observe.requestlog import DROPPED, RequestLog
 from dataservice.proto import pb
 from dataservice.refusals import Reason, Refusal, Rejected
 from dataservice.store.connections import now_ms
@@ -64,6 +74,7 @@ class RequestHandler:
         self._grace_ms = config.results.grace_ms
         self._clock = clock
         self._capped = lane is LaneName.INTERACTIVE
+        self._log = RequestLog(lane.value, config.logging.requests)
 
     def handle(
         self,
@@ -76,24 +87,35 @@ class RequestHandler:
     ) -> Reply | None:
         """Answer one request (``started``: as far as it got on the consumer
         thread); None when its caller has already given up."""
+        if started is not None:
+            tracing.resume(started.trace)
         step = started or self.open(task_id, body, deadline_ms)
         if isinstance(step, Opened):
             step = self.admit(step, redelivered=redelivered)
         return self.serve(step) if isinstance(step, Admitted) else step
 
     def open(self, task_id: str, body: object, deadline_ms: int | None) -> Opened | Reply | None:
-        """Verify the envelope (no I/O) and drop it if it is late."""
+        """Verify the envelope (no I/O) and drop it if it is late. The
+        request's trace starts here, current on this thread."""
+        trace = tracing.begin(self.lane_name.value, task_id)
         now = self._clock()
         try:
             envelope = self.authenticator.open(task_id, body, now)
         except Rejected as rejected:
+            trace.caller = rejected.caller
             return self._refused(task_id, rejected, rejected.caller, self._fallback(deadline_ms))
+        trace.caller = envelope.caller
+        trace.operation = envelope.WhichOneof("operation") or ""
+        # The caller's clock: a skew (bounded by the signature check) is not a wait.
+        trace.add(Stage.ADMISSION_WAIT, max(now - envelope.issued_at_unix_ms, 0) / 1000)
         late_ms = now - envelope.deadline_unix_ms
         if late_ms >= 0:
-            TIMEOUTS.labels(self.lane_name.value, Stage.QUEUE.value).inc()
+            TIMEOUTS.labels(self.lane_name.value, TimeoutStage.QUEUE.value).inc()
+            trace.dropped = "late"
             log.info("dropped request %s: deadline passed %d ms ago", task_id, late_ms)
             return None
-        return Opened(task_id, envelope, now, envelope.deadline_unix_ms + self._grace_ms)
+        expires_at_ms = envelope.deadline_unix_ms + self._grace_ms
+        return Opened(task_id, envelope, now, expires_at_ms, trace)
 
     def admit(
         self, opened: Opened, *, redelivered: bool = False, peek: Peek | None = None
@@ -113,16 +135,19 @@ class RequestHandler:
                 self._capped,
                 redelivered,
             )
-            slot, peeked = self.gate.enter_peeking(entry, peek)
+            with tracing.timed(Stage.GATE if peek is None else cache_stage(peek.fmt)):
+                slot, peeked = self.gate.enter_peeking(entry, peek)
         except Rejected as rejected:
             if rejected.reason is Reason.REPLAYED:
+                if opened.trace is not None:
+                    opened.trace.dropped = "replayed"
                 # The id belongs to the first delivery, which answers under it; an
                 # answer here could reach its caller first (a redelivery, say).
                 REJECTIONS.labels(self.lane_name.value, rejected.reason.value).inc()
                 log.info("dropped request %s: replayed", task_id)
                 return None
             return self._refused(task_id, rejected, rejected.caller, expires_at_ms)
-        return Admitted(task_id, request, slot, expires_at_ms, peeked)
+        return Admitted(task_id, request, slot, expires_at_ms, peeked, opened.trace)
 
     def serve(self, admitted: Admitted, result: pb.ResponseEnvelope | None = None) -> Reply:
         """Run the admitted request's operation, unless its ``result`` is
@@ -139,6 +164,18 @@ class RequestHandler:
         """A read the gate's script answered (``Peek.answer``), slot and all."""
         REQUESTS.labels(self.lane_name.value, admitted.request.operation, StatusCode.OK.name).inc()
         self.gate.leave(admitted.slot, released_in_redis=True)
+        self.finished(None, StatusCode.OK.name)
+
+    def finished(self, reply: Reply | None, status: str | None = None) -> None:
+        """The request is answered (``reply``, stored or not) or dropped
+        (None): its trace ends, into the request histogram and its log line."""
+        trace = tracing.detach()
+        if trace is None:
+            return
+        if reply is not None:
+            self._log.finish(trace, reply.code.name, reply.reason)
+        else:
+            self._log.finish(trace, status or DROPPED, trace.dropped)
 
     def internal_error(self, caller: str, task_id: str, deadline_ms: int | None) -> Reply:
         # For a request whose handling failed outside the handler.
@@ -166,7 +203,9 @@ class RequestHandler:
             return self._answer(envelope.caller, task_id, INTERNAL, expires_at_ms)
         response.request_id = task_id
         response.status.code = pb.STATUS_CODE_OK
-        return Reply(envelope.caller, response.SerializeToString(), expires_at_ms, StatusCode.OK)
+        with tracing.timed(Stage.ENCODE):
+            body = response.SerializeToString()
+        return Reply(envelope.caller, body, expires_at_ms, StatusCode.OK)
 
     def _refused(self, task_id: str, refusal: Refusal, caller: str, expires_at_ms: int) -> Reply:
         answer = verdict(refusal)
@@ -190,7 +229,9 @@ class RequestHandler:
         return self._answer(caller, task_id, answer, expires_at_ms)
 
     def _answer(self, caller: str, task_id: str, answer: Verdict, expires_at_ms: int) -> Reply:
-        envelope = error_response(
-            task_id, answer.code, answer.message, answer.retry_after_ms, answer.reason or ""
-        )
-        return Reply(caller, envelope.SerializeToString(), expires_at_ms, answer.code)
+        reason = answer.reason.value if answer.reason is not None else ""
+        with tracing.timed(Stage.ENCODE):
+            body = error_response(
+                task_id, answer.code, answer.message, answer.retry_after_ms, reason
+            ).SerializeToString()
+        return Reply(caller, body, expires_at_ms, answer.code, reason=reason)

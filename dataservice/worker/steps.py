@@ -8,6 +8,7 @@ from dataservice.auth import Authorised
 from dataservice.enums import StatusCode
 from dataservice.limits.gate import NOT_LOOKED, Peeked
 from dataservice.limits.slots import Slot
+from dataservice.observe.trace import Trace
 from dataservice.proto import pb
 
 
@@ -20,6 +21,8 @@ class Opened:
     now_ms: int
     # Absolute: time spent serving the request does not extend the answer's life.
     expires_at_ms: int
+    # Its time so far, for the thread that goes on with it.
+    trace: Trace | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +36,7 @@ class Admitted:
     expires_at_ms: int
     # The cache entry the gate read on the way in, if it was asked to.
     peeked: Peeked = NOT_LOOKED
+    trace: Trace | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,3 +51,5 @@ class Reply:
     # The caller's in-flight slot, held until the answer is stored: give it
     # back with the answer (ResultStore) or with RequestHandler.release.
     slot: Slot | None = None
+    # Why it was refused (a Reason's value), for the request's log line.
+    reason: str = ""

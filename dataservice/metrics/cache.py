@@ -1,0 +1,44 @@
+"""The read cache's metrics: lookups, fills, coalescing, the breaker and the guard."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+from dataservice.metrics.registry import REGISTRY
+
+CACHE_READS = Counter(
+    "dataservice_cache_reads",
+    "Cache lookups of ALLOW_CACHED reads, by format and outcome.",
+    ["lane", "format", "outcome"],
+    registry=REGISTRY,
+)
+CACHE_FILLS = Counter(
+    "dataservice_cache_fills",
+    "Fills after a database read, by outcome.",
+    ["lane", "outcome"],
+    registry=REGISTRY,
+)
+COALESCED = Counter(
+    "dataservice_coalesced",
+    "Misses that waited for another read of the same key.",
+    ["lane", "level"],
+    registry=REGISTRY,
+)
+TAKEOVERS = Counter(
+    "dataservice_lock_takeovers",
+    "Coalescing followers that became leaders (their leader failed or its lease lapsed).",
+    ["lane"],
+    registry=REGISTRY,
+)
+BREAKER = Gauge(
+    "dataservice_cache_breaker",
+    "The cache's circuit breaker: 0 closed, 1 open, 2 half-open.",
+    ["lane"],
+    registry=REGISTRY,
+)
+FRESHNESS_GUARD = Gauge(
+    "dataservice_freshness_guard",
+    "1 while ALLOW_CACHED reads bypass the cache because the change stream lags or is gone.",
+    ["lane"],
+    registry=REGISTRY,
+)

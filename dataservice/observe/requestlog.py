@@ -1,0 +1,55 @@
+"""A request's end: its histogram, and its log line.
+
+One line per request answered or dropped (``logging.requests``: ``all``,
+``failures`` for anything but OK, or ``none``), carrying the request id, the
+caller, the lane, the operation, the status (and the refusal's reason), and
+the time per stage and in all. Never a payload, a scope, a record id or a
+key: the fields are built here, from a closed list.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+from prometheus_client import Histogram
+
+from dataservice.metrics.requests import REQUEST_SECONDS
+from dataservice.observe.trace import Trace
+
+log = logging.getLogger("dataservice.requests")
+
+Mode = Literal["all", "failures", "none"]
+# Status of a request dropped without an answer (late at dequeue, or a replay).
+DROPPED = "DROPPED"
+_OPERATIONS = frozenset({"read", "write", "delete", "list"})
+# A caller name is only trusted once verified; an unverified one is cut short.
+_MAX_CALLER = 64
+
+
+class RequestLog:
+    def __init__(self, lane: str, mode: Mode) -> None:
+        self._lane = lane
+        self._mode = mode
+        self._histograms: dict[str, Histogram] = {}
+
+    def finish(self, trace: Trace, status: str, reason: str = "") -> None:
+        elapsed_s = trace.elapsed_s()
+        operation = trace.operation if trace.operation in _OPERATIONS else "unknown"
+        histogram = self._histograms.get(operation)
+        if histogram is None:
+            histogram = self._histograms[operation] = REQUEST_SECONDS.labels(self._lane, operation)
+        histogram.observe(elapsed_s)
+        if self._mode == "none" or (self._mode == "failures" and status == "OK"):
+            return
+        fields = {
+            "request_id": trace.request_id,
+            "caller": trace.caller[:_MAX_CALLER],
+            "lane": self._lane,
+            "operation": operation,
+            "status": status,
+            "reason": reason,
+            "stages_ms": {stage: round(ms, 3) for stage, ms in trace.stages.items()},
+            "total_ms": round(elapsed_s * 1000, 3),
+        }
+        log.info("request", extra={"fields": fields})

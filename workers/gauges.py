@@ -1,0 +1,79 @@
+"""Where a worker's gauges read from when they are scraped
+(:mod:`dataservice.metrics.gauges`): its permits, its pool, its rollout
+controls and the broker's queues."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from sqlalchemy import Engine, event
+from sqlalchemy.pool import QueuePool
+
+from dataservice.cache.controls import RolloutControls
+from dataservice.config import Config
+from dataservice.enums import LaneName
+from dataservice.limits.permits import LanePermits
+from dataservice.metrics import (
+    CACHE_BYPASS,
+    CACHE_GENERATION,
+    CACHE_READ_PERCENT,
+    CONNECTIONS_OPENED,
+    DB_CONNECTIONS,
+    PERMITS_CAPACITY,
+    PERMITS_IN_USE,
+    QUEUES,
+    QueueWatch,
+)
+
+# A scrape must not wait on a broker that stalls: the queues are left out instead.
+_BROKER_TIMEOUT_S = 0.25
+
+
+class LaneGauges:
+    """One lane runtime's gauges, attached while it runs."""
+
+    def __init__(
+        self,
+        lane: LaneName,
+        config: Config,
+        permits: LanePermits,
+        engine: Engine,
+        controls: RolloutControls,
+        broker_url: str,
+    ) -> None:
+        name = lane.value
+        PERMITS_IN_USE.labels(name).set_function(lambda: permits.snapshot().in_use)
+        PERMITS_CAPACITY.labels(name).set(permits.capacity)
+        pool = engine.pool
+        if isinstance(pool, QueuePool):
+            DB_CONNECTIONS.labels(name, "held").set_function(pool.checkedout)
+            DB_CONNECTIONS.labels(name, "idle").set_function(pool.checkedin)
+        opened = CONNECTIONS_OPENED.labels(name)
+
+        def _opened(dbapi_connection: Any, record: Any) -> None:
+            opened.inc()
+
+        event.listen(engine, "connect", _opened)
+        CACHE_READ_PERCENT.labels(name).set_function(lambda: _read_percent(controls))
+        CACHE_GENERATION.labels(name).set_function(lambda: controls.current().generation)
+        CACHE_BYPASS.labels(name).set_function(lambda: int(controls.current().bypass))
+        self._broker = redis.Redis.from_url(
+            broker_url,
+            socket_timeout=_BROKER_TIMEOUT_S,
+            socket_connect_timeout=_BROKER_TIMEOUT_S,
+            max_connections=2,
+        )
+        self._watch = QueueWatch(
+            self._broker, {lane.value: config.lanes[lane].queue for lane in LaneName}
+        )
+        QUEUES.watch(self._watch)
+
+    def close(self) -> None:
+        QUEUES.unwatch(self._watch)
+        self._broker.close()
+
+
+def _read_percent(controls: RolloutControls) -> int:
+    rollout = controls.current()
+    return 0 if rollout.bypass or rollout.read is None else rollout.percent
