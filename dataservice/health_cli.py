@@ -8,6 +8,10 @@ from pathlib import Path
 
 import typer
 
+# How long an alive file may go untouched (--max-age's default): several missed
+# touches (one a second), so a busy moment is not taken for a dead loop.
+DEFAULT_MAX_AGE_S = 10.0
+
 
 def health(
     deep: bool = typer.Option(
@@ -17,7 +21,9 @@ def health(
         [], "--alive-file", help="A worker's alive file (its --alive-file); repeatable."
     ),
     max_age: float = typer.Option(
-        10.0, min=1.0, help="Seconds an alive file may go untouched before it counts as stale."
+        DEFAULT_MAX_AGE_S,
+        min=1.0,
+        help="Seconds an alive file may go untouched before it counts as stale.",
     ),
     timeout: float = typer.Option(2.0, min=0.1, max=30.0, help="Seconds each check may take."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object, for machines."),

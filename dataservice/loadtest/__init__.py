@@ -9,10 +9,14 @@ Modules: :mod:`.scenarios` (what each scenario offers and does), :mod:`.changes`
 :mod:`.streamwatch` (the change consumer, direct writes, lag and cache hits of a
 scenario that reads through the cache),
 :mod:`.environment` (database, Redis, replica processes), :mod:`.sampler`
-(the database's view), :mod:`.openloop` (the open-loop generator and the
-outcome of each request), :mod:`.service` and :mod:`.naive` (the two systems
-under test: how to call them; the baseline's workers too), :mod:`.runner` (one
-run), :mod:`.report` (statistics and JSON), :mod:`.findings` (the report and
-its verdicts), :mod:`.display` (the live and summary tables) and :mod:`.chart`
-(the PNG, drawn with the ``loadtest`` extra's matplotlib).
+(the database's view), :mod:`.liveness` (the replicas' health check over the
+run), :mod:`.openloop` (the open-loop generator and the outcome of each
+request), :mod:`.service` and :mod:`.naive` (the two systems under test: how
+to call them; the baseline's workers too), :mod:`.incidents` and :mod:`.delay`
+(the incident scenarios' timeouts, and the database slowed down under running
+workers), :mod:`.runner` (one run: set-up and capacity), :mod:`.measure` (its
+measured part and events), :mod:`.report` (statistics and JSON),
+:mod:`.recovery` (goodput back after an incident), :mod:`.findings` (the report
+and its verdicts), :mod:`.display` (the live and summary tables) and
+:mod:`.chart` (the PNG, drawn with the ``loadtest`` extra's matplotlib).
 """

@@ -1,4 +1,5 @@
-"""The run's chart: goodput, latency and the database's view over time.
+"""The run's chart: load per lane, refusals, latency, the database's view,
+new connections and liveness over time.
 
 matplotlib comes with the ``loadtest`` extra; it is imported only here, when a
 chart is drawn, so everything else runs without it.
@@ -14,6 +15,7 @@ from typing import Any
 from dataservice.enums import LaneName
 
 INSTALL_HINT = "pip install 'dataservice[loadtest]'"
+COLOURS = {LaneName.INTERACTIVE.value: "tab:blue", LaneName.BATCH.value: "tab:orange"}
 
 
 def missing_dependency() -> str | None:
@@ -23,47 +25,192 @@ def missing_dependency() -> str | None:
     return None
 
 
+def _load(axis: Any, report: dict[str, Any], lane: str) -> None:
+    """Offered, goodput per second and over the recovery window, capacity and target."""
+    series, colour = report["series"], COLOURS[lane]
+    t = series["t"]
+    axis.plot(t, series[lane]["offered"], color="grey", linestyle=":", label="offered")
+    axis.plot(t, series[lane]["goodput"], color=colour, label="goodput (per s)")
+    config, recovery = report["config"], report.get("recovery")
+    before = config["capacity_per_s"][lane]
+    end = report["config"]["duration_s"]
+    if recovery is not None and lane in recovery["lanes"]:
+        at, figures = recovery["at_s"], recovery["lanes"][lane]
+        rolling = recovery["rolling_goodput"]
+        window = f"{recovery['window_s']:g} s"
+        axis.plot(rolling["t"], rolling[lane], color=colour, alpha=0.5, label=f"goodput ({window})")
+        after = figures["capacity_after_per_s"]
+        axis.step(
+            [0, at, end],
+            [before, after, after],
+            where="post",
+            color="black",
+            linestyle="--",
+            linewidth=0.9,
+            label="capacity",
+        )
+        axis.plot(
+            [at, end],
+            [figures["target_per_s"]] * 2,
+            color="tab:green",
+            linewidth=0.9,
+            linestyle="-.",
+            label="recovery target",
+        )
+    else:
+        axis.axhline(before, color="black", linestyle="--", linewidth=0.9, label="capacity")
+    axis.set_ylabel(f"{lane} req/s")
+    axis.legend(fontsize="x-small", ncol=3, loc="upper right")
+
+
+def _refusals(axis: Any, report: dict[str, Any]) -> None:
+    series = report["series"]
+    for lane, colour in COLOURS.items():
+        axis.plot(series["t"], series[lane]["rejected"], color=colour, label=f"{lane} rejected")
+        axis.plot(
+            series["t"],
+            series[lane]["timeout"],
+            color=colour,
+            linestyle="--",
+            label=f"{lane} timeout",
+        )
+        axis.plot(
+            series["t"],
+            series[lane]["unavailable"],
+            color=colour,
+            linestyle=":",
+            label=f"{lane} unavailable",
+        )
+    axis.set_ylabel("refused / timed out per s")
+    axis.legend(fontsize="x-small", ncol=3, loc="upper right")
+
+
+def _latency(axis: Any, report: dict[str, Any]) -> None:
+    series = report["series"]
+    for lane, colour in COLOURS.items():
+        p50 = [math.nan if v is None else v for v in series[lane]["p50_ms"]]
+        p99 = [math.nan if v is None else v for v in series[lane]["p99_ms"]]
+        axis.plot(series["t"], p50, color=colour, linestyle="--", label=f"{lane} p50")
+        axis.plot(series["t"], p99, color=colour, label=f"{lane} p99")
+    axis.set_ylabel("latency ms (ok)")
+    axis.set_yscale("log")
+    axis.legend(fontsize="x-small", ncol=2, loc="upper right")
+
+
+def _database(axis: Any, report: dict[str, Any], db: dict[str, Any]) -> None:
+    t = report["series"]["t"]
+    axis.plot(t, db["max_connections"][: len(t)], color="tab:green", label="connections")
+    axis.plot(t, db["max_active"][: len(t)], color="tab:red", label="active statements")
+    axis.step(
+        t,
+        db["share_connections"][: len(t)],
+        where="post",
+        color="black",
+        label="share (connections)",
+    )
+    axis.step(
+        t,
+        db["share_active"][: len(t)],
+        where="post",
+        color="black",
+        linestyle=":",
+        label="share (active)",
+    )
+    whole = report["budget"]["service_share_active"]
+    axis.axhline(whole, color="grey", linestyle="--", label=f"whole-service share {whole}")
+    axis.set_ylim(0, max(whole, *db["max_connections"], 1) * 1.1)
+    axis.set_ylabel("database (sampled)")
+    axis.legend(fontsize="x-small", ncol=3, loc="upper right")
+
+
+def _new_connections(axis: Any, report: dict[str, Any], db: dict[str, Any]) -> None:
+    fine = db.get("new_connections_per_100ms", [])
+    axis.plot(
+        [n / 10 for n in range(len(fine))],
+        [10 * n for n in fine],
+        color="tab:purple",
+        drawstyle="steps-post",
+        label="new connections/s (per 100 ms)",
+    )
+    axis.plot(
+        report["series"]["t"],
+        db["new_connections"][: len(report["series"]["t"])],
+        color="tab:purple",
+        alpha=0.4,
+        label="new connections (per s)",
+    )
+    ramp = report["verdicts"].get("connection_ramp", {})
+    if ramp.get("checked"):
+        # The ramp's steady rate for all processes (each may add its burst at once).
+        rate = ramp["processes"] * report["budget"]["connect_rate_per_s"]
+        axis.axhline(rate, color="grey", linestyle="--", label=f"connect ramp rate {rate:g}/s")
+    axis.set_ylabel("new connections/s")
+    axis.legend(fontsize="x-small", ncol=3, loc="upper right")
+
+
+def _liveness(axis: Any, report: dict[str, Any]) -> None:
+    liveness = report["liveness"]
+    axis.set_ylabel("liveness")
+    if not liveness["applicable"]:
+        axis.text(
+            0.5,
+            0.5,
+            "liveness: not applicable (no health check in the baseline)",
+            ha="center",
+            va="center",
+            transform=axis.transAxes,
+        )
+        axis.set_yticks([])
+        return
+    series = liveness["series"]
+    ok = [1 if v else 0 for v in series["ok"]]
+    axis.fill_between(
+        series["t"],
+        0,
+        ok,
+        step="post",
+        color="tab:green",
+        alpha=0.3,
+        label="live (health --alive-file)",
+    )
+    red = [1 if not v else 0 for v in series["ok"]]
+    axis.fill_between(
+        series["t"], 0, red, step="post", color="tab:red", alpha=0.6, label="not live"
+    )
+    ages = [math.nan if v is None else v / liveness["max_age_s"] for v in series["oldest_age_s"]]
+    axis.plot(
+        series["t"],
+        ages,
+        color="black",
+        linewidth=0.8,
+        label=f"oldest alive file / max age {liveness['max_age_s']:g} s",
+    )
+    axis.set_ylim(0, 1.15)
+    axis.legend(fontsize="x-small", ncol=3, loc="lower right")
+
+
 def write_chart(path: Path, report: dict[str, Any], title: str) -> None:
-    """Three panels over time: goodput per lane, latency per lane, the database's view."""
+    """Seven panels over time, sharing the run's clock; events as vertical lines."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series = report["series"]
     db = report["database"].get("series", {})
-    t = series["t"]
-    fig, (top, mid, bottom) = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
-    colours = {LaneName.INTERACTIVE.value: "tab:blue", LaneName.BATCH.value: "tab:orange"}
-    for lane, colour in colours.items():
-        top.plot(t, series[lane]["offered"], color=colour, linestyle=":", label=f"{lane} offered")
-        top.plot(t, series[lane]["goodput"], color=colour, label=f"{lane} goodput")
-        p50 = [math.nan if v is None else v for v in series[lane]["p50_ms"]]
-        p99 = [math.nan if v is None else v for v in series[lane]["p99_ms"]]
-        mid.plot(t, p50, color=colour, linestyle="--", label=f"{lane} p50")
-        mid.plot(t, p99, color=colour, label=f"{lane} p99")
-    top.set_ylabel("requests/s")
-    top.legend(fontsize="small", ncol=2)
-    mid.set_ylabel("latency ms (ok)")
-    mid.set_yscale("log")
-    mid.legend(fontsize="small", ncol=2)
+    fig, axes = plt.subplots(7, 1, figsize=(9, 16), sharex=True)
+    _load(axes[0], report, LaneName.INTERACTIVE.value)
+    _load(axes[1], report, LaneName.BATCH.value)
+    _refusals(axes[2], report)
+    _latency(axes[3], report)
     if db:
-        bottom.plot(t, db["max_connections"][: len(t)], color="tab:green", label="connections")
-        bottom.plot(t, db["max_active"][: len(t)], color="tab:red", label="active statements")
-        bottom.step(
-            t, db["share_active"][: len(t)], where="post", color="black", label="share (active)"
-        )
-        bottom.plot(t, db["new_connections"][: len(t)], color="tab:purple", label="new conns/s")
-        whole = report["budget"]["service_share_active"]
-        bottom.axhline(whole, color="grey", linestyle="--", label=f"whole-service share {whole}")
-        bottom.set_ylim(0, max(whole, *db["max_connections"], *db["new_connections"], 1) * 1.1)
-    bottom.set_ylabel("database (sampled)")
-    bottom.set_xlabel("seconds")
-    bottom.legend(fontsize="small", ncol=3)
+        _database(axes[4], report, db)
+        _new_connections(axes[5], report, db)
+    _liveness(axes[6], report)
+    axes[-1].set_xlabel("seconds")
     for event, at in report.get("events", {}).items():
-        for axis in (top, mid, bottom):
+        for axis in axes:
             axis.axvline(at, color="grey", linewidth=0.8)
-        top.annotate(event, (at, 0), fontsize="x-small", rotation=90, va="bottom")
+        axes[0].annotate(event, (at, 0), fontsize="x-small", rotation=90, va="bottom")
     fig.suptitle(title, fontsize="medium")
     fig.tight_layout()
     fig.savefig(path, dpi=80)

@@ -42,7 +42,7 @@ def run_loadtest(
     out = out or Path(".state/loadtest") / time.strftime("%Y%m%dT%H%M%S")
     systems = ("service", "naive") if system == "both" else (system,)
     reports: list[dict[str, Any]] = []
-    capacity = None
+    capacity = capacity_after = None
     for name in systems:
         options = RunOptions(
             scenario=SCENARIOS[scenario],
@@ -55,8 +55,10 @@ def run_loadtest(
             db_delay_ms=db_delay_ms,
             live=live,
             root_url=root_url,
-            # Both systems get the same offered load: the service's capacity.
+            # Both systems get the same offered load: the service's capacity
+            # (and face the same slower database, measured once).
             capacity=capacity,
+            capacity_after=capacity_after,
         )
         try:
             run = Run(options, console)
@@ -64,7 +66,7 @@ def run_loadtest(
         except DataServiceError as exc:
             console.print(f"error: {exc}")
             return 1
-        capacity = run.capacity
+        capacity, capacity_after = run.capacity, run.capacity_after
         json_path = options.out / "report.json"
         png_path = options.out / "chart.png"
         rep.write_json(json_path, report)
@@ -75,14 +77,18 @@ def run_loadtest(
         console.print(table)
     for report in reports:
         console.print(f"{report['system']} verdicts: {_verdict_line(report['verdicts'])}")
+        console.print(f"{report['system']} liveness and recovery: {_incident_line(report)}")
         if "changes" in report:
             console.print(f"{report['system']} cache and change stream: {_changes_line(report)}")
     return 0
 
 
 def server_url(database_url: str) -> str:
-    """The server (and account) of ``database_url``, with no database."""
-    return make_url(database_url).set(database=None).render_as_string(hide_password=False)
+    """The server (and account) of ``database_url``, with no database.
+
+    (``URL.set(database=None)`` leaves the database as it is: the empty name
+    is what removes it.)"""
+    return make_url(database_url).set(database="").render_as_string(hide_password=False)
 
 
 def _changes_line(report: dict[str, Any]) -> str:
@@ -107,4 +113,24 @@ def _verdict_line(verdicts: dict[str, Any]) -> str:
     }
     if "reconnect" in verdicts:
         keep["reconnect_within_bound"] = verdicts["reconnect"].get("within_bound")
+    if keep.get("liveness_green_throughout", False) is None:
+        keep["liveness_green_throughout"] = "n/a"
     return ", ".join(f"{k}={v}" for k, v in keep.items())
+
+
+def _incident_line(report: dict[str, Any]) -> str:
+    """Liveness, and the recovery after the scenario's event per lane."""
+    liveness = report["liveness"]
+    if liveness["applicable"]:
+        parts = [f"liveness red in {liveness['red_samples']} of {liveness['samples']} samples"]
+    else:
+        parts = ["liveness not applicable (no health check)"]
+    recovery = report.get("recovery")
+    if recovery is not None:
+        for lane, figures in recovery["lanes"].items():
+            back = figures["recovery_s"]
+            parts.append(
+                f"{lane} {'not back' if back is None else f'back in {back} s'} "
+                f"(target {figures['target_per_s']}/s over {recovery['window_s']:g} s)"
+            )
+    return ", ".join(parts)

@@ -37,6 +37,9 @@ PAYLOAD_BYTES = 1024
 # A process that exited may still show in PROCESSLIST for a moment while the
 # server notices the closed socket; its share is counted this much longer.
 EXIT_GRACE_S = 0.5
+# A replica started mid-run is not expected live until its alive file first
+# appears or this long has passed (an orchestrator's start period).
+STARTUP_GRACE_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,10 +140,14 @@ def seed_records(url: str, scope: str, count: int, payload_bytes: int) -> list[s
     return ids
 
 
-def scenario_config(base: Path, out_dir: Path, injected_delay_ms: int) -> tuple[Path, Config]:
-    """A copy of ``base`` with the scenario's database delay, validated."""
+def scenario_config(
+    base: Path, out_dir: Path, injected_delay_ms: int, delay_table: str | None = None
+) -> tuple[Path, Config]:
+    """A copy of ``base`` with the scenario's database delay, validated; with
+    ``delay_table`` the delay is read from that table instead (and can change)."""
     data = yaml.safe_load(base.read_text(encoding="utf-8"))
-    data["database"]["injected_delay_ms"] = injected_delay_ms
+    data["database"]["injected_delay_ms"] = 0 if delay_table else injected_delay_ms
+    data["database"]["injected_delay_table"] = delay_table
     # A change consumer of its own: a replica id another consumer on the
     # same server (`make run`'s) holds would make the server drop one of them.
     data.setdefault("changes", {})["server_id"] = random.randrange(1 << 20, 1 << 30)
@@ -179,10 +186,17 @@ class Replica:
     lane: LaneName
     generation: int
     worker: WorkerProcess
+    started_at: float = field(default_factory=time.monotonic)
+    stopping: bool = False  # asked to stop: no longer expected live
     ended_at: float | None = None
 
 
 Spawn = Callable[[LaneName, Path], WorkerProcess]  # (lane, log file) -> a worker to start
+
+
+def alive_path(alive_dir: Path, log: Path) -> Path:
+    """A replica's alive file, named as its log is: ``<alive_dir>/<replica>.alive``."""
+    return alive_dir / f"{log.stem}.alive"
 
 
 @dataclass
@@ -192,6 +206,8 @@ class Fleet:
     spawn: Spawn
     log_dir: Path
     config: Config
+    # Where the replicas' alive files are (None: they have none).
+    alive_dir: Path | None = None
     replicas: list[Replica] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -210,6 +226,7 @@ class Fleet:
     def terminate(self, generation: int) -> None:
         """SIGTERM: Celery's warm shutdown (in-flight requests finish first)."""
         for replica in self._of(generation):
+            replica.stopping = True
             replica.worker.terminate()
 
     def _of(self, generation: int) -> list[Replica]:
@@ -241,6 +258,16 @@ class Fleet:
         active = sum(self.config.lanes[r.lane].permits for r in live)
         conns = sum(self.config.lanes[r.lane].concurrency for r in live)
         return active, conns
+
+    def alive_files(self, now: float) -> list[Path]:
+        """The alive files that ought to be fresh at ``now``: every replica not
+        asked to stop, once its file has appeared or its start period is over."""
+        if self.alive_dir is None:
+            return []
+        with self._lock:
+            replicas = [r for r in self.replicas if not r.stopping]
+        paths = [(r, alive_path(self.alive_dir, r.worker.log_path)) for r in replicas]
+        return [path for r, path in paths if now - r.started_at >= STARTUP_GRACE_S or path.exists()]
 
     def pids(self) -> set[int]:
         return {worker.pid for worker in self._workers()}

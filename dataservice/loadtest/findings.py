@@ -9,6 +9,7 @@ from dataservice.budget import check_budget
 from dataservice.enums import LaneName
 from dataservice.loadtest import report as rep
 from dataservice.loadtest.openloop import OpenLoop
+from dataservice.loadtest.recovery import recovery_report
 from dataservice.loadtest.sampler import Sampler
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ def build_report(
             "timeouts_s": {lane.value: t for lane, t in run.timeouts.items()},
             "capacity_per_s": {lane.value: round(c, 1) for lane, c in capacity.items()},
             "capacity_source": run.capacity_source,
+            **_after(run),
             "offered_factor": {
                 lane.value: [list(s) for s in scenario.segments.get(lane, ())] for lane in LaneName
             },
@@ -53,6 +55,8 @@ def build_report(
             "service_max_connections": config.budget.max_connections,
             "per_replica_pair_permits": per_replica,
             "run_share_active": database.get("peak_share_active"),
+            "connect_burst": config.database.connect_burst,
+            "connect_rate_per_s": config.database.connect_rate_per_s,
             "budget_lines": check_budget(config).lines,
         },
         "generator": {
@@ -76,8 +80,25 @@ def build_report(
     }
     if run.changes is not None:
         report["changes"] = run.changes
+    report["liveness"] = run.liveness
+    recovery = recovery_report(
+        scenario, loop.records, run.events, capacity, run.capacity_after, o.duration_s
+    )
+    if recovery is not None:
+        report["recovery"] = recovery
     report["verdicts"] = _verdicts(run, report, loop, sampler, series, seconds)
     return report
+
+
+def _after(run: Run) -> dict[str, Any]:
+    """The database's speeds and the capacity at the slower one, when the run slows it."""
+    if run.slow_down is None or run.capacity_after is None:
+        return {}
+    return {
+        **run.slow_down.describe(),
+        "capacity_after_per_s": {lane.value: round(c, 1) for lane, c in run.capacity_after.items()},
+        "capacity_after_source": run.capacity_after_source,
+    }
 
 
 def _verdicts(
@@ -92,6 +113,8 @@ def _verdicts(
     db, lanes = report["database"], report["lanes"]
     whole = report["budget"]["service_share_active"]
     verdicts: dict[str, Any] = {
+        "connections_within_share_every_sample": db.get("samples", 0) > 0
+        and db.get("samples_over_connection_share") == 0,
         "within_run_share": db.get("samples_over_connection_share") == 0
         and db.get("samples_over_active_share") == 0,
         "within_service_share": db.get("peak_active", 0) <= whole
@@ -132,6 +155,13 @@ def _verdicts(
         verdicts["recovery_s"] = rep.recovery_s(
             series, LaneName.INTERACTIVE, kill_t, min(seconds, int(o.duration_s))
         )
+    liveness = report["liveness"]
+    verdicts["liveness_green_throughout"] = (
+        liveness["green_throughout"] if liveness["applicable"] else None
+    )
+    if "recovery" in report:
+        verdicts["recovery_after_event_s"] = report["recovery"]["recovery_s"]
+        verdicts["recovered_within_10s"] = report["recovery"]["recovered_within_limit"]
     if scenario.compare_at is not None:
         # The first second (replicas' first connections) is left out of "alone".
         split = scenario.compare_at * o.duration_s

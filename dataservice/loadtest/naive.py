@@ -15,7 +15,9 @@ What a team would write first, with library defaults:
 
 ``--delay-ms`` runs ``SELECT SLEEP`` on the same connection before each
 operation, as the service's slow-db hook does, so both systems face the same
-database.
+database; ``--delay-table`` runs the service's own statement that reads the
+sleep from the run's delay table (``database.injected_delay_table``), so a
+run that changes the database's speed changes it for both.
 
 Worker: ``python -m dataservice.loadtest.naive --url redis://.../7
 --database-url ... --queue interactive --concurrency 7``. The harness starts
@@ -28,6 +30,7 @@ import argparse
 import base64
 import logging
 import os
+import re
 import socket
 import sys
 import threading
@@ -36,25 +39,27 @@ from typing import Any
 
 from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeout
-from sqlalchemy import Engine, create_engine, func, select, text
+from sqlalchemy import Engine, TextClause, create_engine, func, select
 from sqlalchemy.dialects.mysql import insert
 
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.errors import DeadlineExceeded
+from dataservice.identifiers import TABLE
 from dataservice.processes import WorkerProcess, worker_environ
 from dataservice.store.schema import records
+from dataservice.store.sessions import injected_sleep
 
 READ_TASK = "naive.read"
 WRITE_TASK = "naive.write"
 
 
 class _Process:
-    """Per-process state: the engine (made on first use) and the injected delay."""
+    """Per-process state: the engine (made on first use) and the injected sleep."""
 
     engine: Engine | None = None
     lock = threading.Lock()
-    delay_s = 0.0
+    sleep: tuple[TextClause, dict[str, float]] | None = None
 
 
 def engine() -> Engine:
@@ -66,8 +71,8 @@ def engine() -> Engine:
 
 
 def _maybe_sleep(conn: Any) -> None:
-    if _Process.delay_s > 0:
-        conn.execute(text("SELECT SLEEP(:s)"), {"s": _Process.delay_s})
+    if _Process.sleep is not None:
+        conn.execute(*_Process.sleep)
 
 
 def read(scope: str, object_id: str) -> dict[str, Any] | None:
@@ -134,12 +139,15 @@ def worker(
     lane: LaneName,
     log_path: Path,
 ) -> WorkerProcess:
-    """A baseline worker for ``lane``'s queue, with the lane's thread count (not started)."""
+    """A baseline worker for ``lane``'s queue, with the lane's thread count and
+    ``config``'s injected delay, fixed or from its table (not started)."""
     lane_config = config.lanes[lane]
+    table = config.database.injected_delay_table
     argv = [
         sys.executable, "-m", "dataservice.loadtest.naive",
         "--url", redis_url, "--database-url", database_url, "--queue", lane_config.queue,
         "--concurrency", str(lane_config.concurrency), "--delay-ms", str(delay_ms),
+        *(("--delay-table", table) if table else ()),
     ]  # fmt: skip
     return WorkerProcess(argv, worker_environ(), log_path, f"naive-{lane.value}")
 
@@ -178,9 +186,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--queue", required=True)
     parser.add_argument("--concurrency", type=int, required=True)
     parser.add_argument("--delay-ms", type=int, default=0)
+    parser.add_argument("--delay-table", help="read the sleep from this one-row table instead")
     args = parser.parse_args(argv)
+    if args.delay_table is not None and not re.fullmatch(TABLE, args.delay_table):
+        parser.error(f"--delay-table: not a table name: {args.delay_table!r}")
     os.environ["NAIVE_DATABASE_URL"] = args.database_url
-    _Process.delay_s = args.delay_ms / 1000
+    _Process.sleep = injected_sleep(args.delay_ms, args.delay_table)
     logging.basicConfig(level="INFO", stream=sys.stderr)
     # Celery's per-task lines would drown the log at these rates.
     for name in ("celery.worker.strategy", "celery.app.trace"):

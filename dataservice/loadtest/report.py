@@ -66,26 +66,54 @@ def lane_stats(
 
 
 def per_second(records: Sequence[RequestRecord], seconds: int) -> dict[str, Any]:
-    """Per second of completion: ok answers and ok latency p50/p99, per lane."""
+    """Per lane: arrivals per second of schedule; per second of completion, ok
+    answers (goodput), their latency p50/p99, and each other outcome."""
     series: dict[str, Any] = {"t": list(range(seconds))}
+    others = [o for o in Outcome if o is not Outcome.OK]
     for lane in LaneName:
         buckets: list[list[float]] = [[] for _ in range(seconds)]
         offered = [0] * seconds
+        ended = {o: [0] * seconds for o in others}
         for r in records:
             if r.lane is not lane:
                 continue
             if 0 <= int(r.scheduled) < seconds:
                 offered[int(r.scheduled)] += 1
             second = int(r.done)
-            if r.outcome is Outcome.OK and 0 <= second < seconds:
+            if not 0 <= second < seconds:
+                continue
+            if r.outcome is Outcome.OK:
                 buckets[second].append(r.latency_ms)
+            else:
+                ended[r.outcome][second] += 1
         series[lane.value] = {
             "offered": offered,
             "goodput": [len(b) for b in buckets],
+            **{o.value: ended[o] for o in others},
             "p50_ms": [_r(percentile(b, 50)) for b in buckets],
             "p99_ms": [_r(percentile(b, 99)) for b in buckets],
         }
     return series
+
+
+# New connections are also counted per 100 ms: a burst that opens a pool's
+# worth in a few milliseconds shows as the rate it really had, which a
+# per-second count spreads over the whole second.
+FINE_BIN_S = 0.1
+
+
+def new_connections_fine(samples: Sequence[Sample]) -> list[int]:
+    """New connections per ``FINE_BIN_S`` of the run, from the server's totals."""
+    if not samples:
+        return []
+    bins = [0] * (math.floor(samples[-1].t / FINE_BIN_S) + 1)
+    previous = 0
+    for s in samples:
+        index = math.floor(s.t / FINE_BIN_S)
+        if index >= 0:
+            bins[index] += s.opened_total - previous
+        previous = s.opened_total
+    return bins
 
 
 def database_stats(samples: Sequence[Sample], seconds: int) -> dict[str, Any]:
@@ -111,6 +139,7 @@ def database_stats(samples: Sequence[Sample], seconds: int) -> dict[str, Any]:
         share_active[second] = max(share_active[second], s.share_active)
         share_conns[second] = max(share_conns[second], s.share_connections)
     span = samples[-1].t - samples[0].t
+    fine = new_connections_fine(samples)
     return {
         "samples": len(samples),
         "sample_hz": round((len(samples) - 1) / span, 1) if span > 0 else 0.0,
@@ -122,8 +151,10 @@ def database_stats(samples: Sequence[Sample], seconds: int) -> dict[str, Any]:
         "samples_over_active_share": len(over_active),
         "new_connections_total": samples[-1].opened_total,
         "peak_new_connections_per_s": max(opened_at),
+        "peak_new_connections_per_s_over_100ms": round(max(fine, default=0) / FINE_BIN_S),
         "series": {
             "new_connections": opened_at,
+            "new_connections_per_100ms": fine,
             "max_connections": max_conns,
             "max_active": max_active,
             "share_active": share_active,

@@ -7,15 +7,12 @@ and only its own Redis db numbers and databases are reset.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.live import Live
-from rich.table import Table
 
 from dataservice.broker import celery_app
 from dataservice.config import Config
@@ -23,15 +20,14 @@ from dataservice.enums import LaneName
 from dataservice.loadtest import changes as ch
 from dataservice.loadtest import environment as env
 from dataservice.loadtest import naive
-from dataservice.loadtest.display import live_table
-from dataservice.loadtest.findings import build_report
-from dataservice.loadtest.openloop import Adapter, OpenLoop, closed_loop_capacity
-from dataservice.loadtest.sampler import Sample, Sampler, kill_connections
-from dataservice.loadtest.scenarios import Scenario
+from dataservice.loadtest.incidents import Capacity, SlowDown, delay_table_for, lane_timeouts
+from dataservice.loadtest.liveness import not_applicable
+from dataservice.loadtest.measure import measure
+from dataservice.loadtest.openloop import Adapter, closed_loop_capacity
+from dataservice.loadtest.sampler import Sample, kill_connections
+from dataservice.loadtest.scenarios import DEPLOY_NEW, DEPLOY_OLD, KILL, SLOW_DOWN, Scenario
 from dataservice.loadtest.service import CALLER, ServiceAdapter
 from dataservice.processes import WorkerProcess
-
-BATCH_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -50,6 +46,8 @@ class RunOptions:
     calibrate_s: float = 3.0
     live: bool = True
     capacity: dict[LaneName, float] | None = field(default=None)
+    # The capacity after a slow-down, when given (the service run's probe).
+    capacity_after: dict[LaneName, float] | None = None
     # Another user, database and Redis db (tests use their own, so a manual run never clashes).
     target: env.Target | None = None
 
@@ -73,10 +71,20 @@ def find_capacity(
         return o.capacity, "given (the service run's probe)"
     if o.rate is not None:
         return capacities_from_rate(o.rate, config), "--rate"
+    return probe_capacity(o, config, adapter, timeouts, ids), "closed-loop probe"
+
+
+def probe_capacity(
+    o: RunOptions,
+    config: Config,
+    adapter: Adapter,
+    timeouts: dict[LaneName, float],
+    ids: list[str],
+) -> Capacity:
+    """The closed-loop probe: twice each lane's permits in callers, back to back."""
     callers = {lane: 2 * o.replicas * config.lanes[lane].permits for lane in LaneName}
     payload = bytes(range(256)) * (env.PAYLOAD_BYTES // 256)
-    capacity = closed_loop_capacity(adapter, callers, timeouts, ids, payload, 1.0, o.calibrate_s)
-    return capacity, "closed-loop probe"
+    return closed_loop_capacity(adapter, callers, timeouts, ids, payload, 1.0, o.calibrate_s)
 
 
 class Run:
@@ -86,17 +94,22 @@ class Run:
         self.target = options.target or env.TARGETS[options.system]
         options.out.mkdir(parents=True, exist_ok=True)
         self.delay_ms = delay = options.db_delay_ms + options.scenario.extra_delay_ms
-        self.config_path, self.config = env.scenario_config(options.base_config, options.out, delay)
+        self.config_path, self.config = env.scenario_config(
+            options.base_config, options.out, delay, delay_table_for(options.scenario)
+        )
+        self.slow_down = SlowDown.of(
+            options.scenario, delay, options.root_url, self.target.database
+        )
         self.settings = env.service_settings(
             self.target,
             self.config_path,
             options.root_url,
             env.run_callers_file(options.out, CALLER),
         )
-        self.timeouts = {
-            LaneName.INTERACTIVE: self.config.lanes.interactive.default_deadline_ms / 1000,
-            LaneName.BATCH: BATCH_TIMEOUT_S,
-        }
+        self.timeouts = lane_timeouts(self.config, options.scenario)
+        self.capacity_after: Capacity | None = None
+        self.capacity_after_source: str | None = None
+        self.liveness: dict[str, Any] = not_applicable(options.system)
         self.events: dict[str, float] = {}
         self.samples: list[Sample] = []
         self.harness_cpu_s = 0.0
@@ -106,14 +119,16 @@ class Run:
         self.measuring = threading.Event()
         self.stream = ch.StreamSide.of(options.system, options.scenario, options.out / "logs")
         spawn: env.Spawn
+        self.alive_dir: Path | None = None
         if options.system == "service":
             spawn = self._service_replica
+            self.alive_dir = options.out / "alive"
             self.control = celery_app("loadtest-control", self.settings, self.config)
         else:
             url = self.target.database_url(options.root_url)
             spawn = partial(naive.worker, self.config, self.target.redis_url, url, delay)
             self.control = naive.make_app(self.target.redis_url)
-        self.fleet = env.Fleet(spawn, options.out / "logs", self.config)
+        self.fleet = env.Fleet(spawn, options.out / "logs", self.config, self.alive_dir)
 
     def expected_callers(self, capacity: dict[LaneName, float] | None = None) -> int:
         """Callers the schedule keeps busy if every request waits up to a second."""
@@ -124,7 +139,12 @@ class Run:
         return min(o.max_callers, int(busy) + 16)
 
     def _service_replica(self, lane: LaneName, log: Path) -> WorkerProcess:
-        return WorkerProcess.for_lane(self.settings, lane, log, *self.stream.replica_args())
+        assert self.alive_dir is not None
+        alive = env.alive_path(self.alive_dir, log)
+        # A file left by an earlier run in the same directory must not pass for this one's.
+        alive.unlink(missing_ok=True)
+        extra = (*self.stream.replica_args(), "--alive-file", str(alive))
+        return WorkerProcess.for_lane(self.settings, lane, log, *extra)
 
     @property
     def changes(self) -> dict[str, Any] | None:
@@ -143,6 +163,8 @@ class Run:
         env.flush_redis(self.target.redis_url)
         with self.console.status(f"{o.system}: preparing {self.target.database}"):
             ids = env.prepare_database(self.target, self.config, o.records, o.root_url)
+            if self.slow_down is not None:
+                self.slow_down.create()
         payload = bytes(range(256)) * (env.PAYLOAD_BYTES // 256)
         adapter = self.adapter()
         try:
@@ -151,81 +173,39 @@ class Run:
             with self.console.status(f"{o.system}: starting {2 * o.replicas} replicas"):
                 self.ready_s = self.fleet.wait_ready(self.control)
             with self.console.status(f"{o.system}: finding the capacity"):
+                self._capacity_after(adapter, ids)
                 capacity, source = find_capacity(o, self.config, adapter, self.timeouts, ids)
             self.capacity, self.capacity_source = capacity, source
-            return self._measure(adapter, ids, payload, capacity)
+            return measure(self, adapter, ids, payload, capacity)
         finally:
+            if self.slow_down is not None:
+                self.slow_down.close()
             self.fleet.stop()
             self.stream.stop()
             adapter.close()
             self.control.close()
 
-    def _measure(
-        self, adapter: Adapter, ids: list[str], payload: bytes, capacity: dict[LaneName, float]
-    ) -> dict[str, Any]:
-        o, scenario = self.o, self.o.scenario
-        t0 = time.monotonic() + 0.5
-        sampler = Sampler(o.root_url, self.target.user, t0, self.fleet.share)
-        self.samples = sampler.samples
-        loop = OpenLoop(
-            adapter,
-            lambda lane, t: scenario.factor(lane, t / o.duration_s) * capacity[lane],
-            self.timeouts,
-            ids,
-            payload,
-            o.duration_s,
-            t0,
-            o.max_callers,
+    def _capacity_after(self, adapter: Adapter, ids: list[str]) -> None:
+        """The capacity at the slower speed, before the starting speed's (see .incidents)."""
+        if self.slow_down is None:
+            return
+        if self.o.capacity_after is not None:
+            self.capacity_after = self.o.capacity_after
+            self.capacity_after_source = "given (the service run's probe)"
+            return
+        o, config, timeouts = self.o, self.config, self.timeouts
+        self.capacity_after = self.slow_down.probe_slow(
+            lambda: probe_capacity(o, config, adapter, timeouts, ids)
         )
-        pending = scenario.events(o.duration_s)
-        cpu_before = time.process_time()
-        live = Live(self._table(loop, sampler), console=self.console, auto_refresh=False)
-        try:
-            sampler.start()
-            loop.start(self.expected_callers(capacity))
-            self.stream.begin(
-                self.config,
-                self.target.redis_url,
-                env.direct_url(o.root_url, self.target.database),
-                env.SCOPE,
-                ids,
-                capacity[LaneName.INTERACTIVE],
-                o.duration_s,
-                t0,
-            )
-            self.measuring.set()
-            if o.live:
-                live.start()
-            ticks = 0
-            while time.monotonic() - t0 < o.duration_s:
-                elapsed = time.monotonic() - t0
-                for name, at in list(pending.items()):
-                    if elapsed >= at:
-                        self._event(name)
-                        self.events[name] = round(elapsed, 2)
-                        del pending[name]
-                ticks += 1
-                # The display costs the generator's CPU: twice a second is enough.
-                if o.live and ticks % 5 == 0:
-                    live.update(self._table(loop, sampler), refresh=True)
-                time.sleep(0.1)
-            loop.join()
-        finally:
-            live.stop()
-            sampler.stop()
-            self.stream.finish()
-        # The generator shares the machine with the service: its CPU goes in the report.
-        self.harness_cpu_s = time.process_time() - cpu_before
-        return build_report(self, loop, sampler, capacity)
+        self.capacity_after_source = "closed-loop probe at the slower speed"
 
-    def _event(self, name: str) -> None:
-        if name.startswith("deploy: new"):
+    def perform(self, name: str) -> None:
+        """One of the scenario's mid-run events."""
+        if name == DEPLOY_NEW:
             self.fleet.start(self.o.replicas, generation=1)
-        elif name.startswith("deploy: old"):
+        elif name == DEPLOY_OLD:
             self.fleet.terminate(0)
-        else:
+        elif name == KILL:
             self.killed = kill_connections(self.o.root_url, self.target.user)
-
-    def _table(self, loop: OpenLoop, sampler: Sampler) -> Table:
-        title = f"{self.o.system} / {self.o.scenario.name}"
-        return live_table(title, self.o.duration_s, loop, sampler)
+        elif name == SLOW_DOWN and self.slow_down is not None:
+            self.slow_down.slow()

@@ -4,6 +4,11 @@ Offered load is a multiple of each lane's capacity (requests per second the
 lane completes when saturated, measured by a closed-loop probe or given with
 ``--rate``). A scenario is a list of segments per lane (from, to, factor), as
 fractions of the run, plus the events the runner performs.
+
+Two scenarios replay incidents: ``proxy-storm`` (callers whose timeout equals
+the pool's borrow wait, demand about twice what the connections serve, then
+every connection dropped at once) and ``downsized-db`` (the database's
+capacity halves mid-run, unannounced).
 """
 
 from __future__ import annotations
@@ -14,6 +19,12 @@ from dataservice.enums import LaneName, ReadMode
 
 # (start fraction, end fraction, multiple of the lane's capacity)
 Segment = tuple[float, float, float]
+
+# Event names, as the report and the chart show them.
+DEPLOY_NEW = "deploy: new replicas"
+DEPLOY_OLD = "deploy: old replicas SIGTERM"
+KILL = "kill all connections"
+SLOW_DOWN = "database slowed down"
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +40,14 @@ class Scenario:
     kill_at: float | None = None
     # Extra statement time injected in the database (queues.yml database.injected_delay_ms).
     extra_delay_ms: int = 0
+    # At this fraction of the run, every operation's injected time in the
+    # database is multiplied by ``slow_down_factor`` under the running workers
+    # (the delay table, database.injected_delay_table): capacity divided by it.
+    slow_down_at: float | None = None
+    slow_down_factor: float = 1.0
+    # The interactive callers' timeout is the service's own wait for a permit and
+    # a pooled connection (database.pool_timeout_ms), not the lane's deadline.
+    timeout_is_pool_wait: bool = False
     # Compare interactive latency before and after this fraction (batch-flood).
     compare_at: float | None = None
     # How every read asks: ALLOW_CACHED runs the change consumer beside the
@@ -44,14 +63,24 @@ class Scenario:
         """Whether the run needs the change consumer (and a binlog)."""
         return self.read_mode is ReadMode.ALLOW_CACHED
 
+    @property
+    def incident(self) -> tuple[str, float] | None:
+        """The event whose recovery the report measures, and its fraction of the run."""
+        if self.slow_down_at is not None:
+            return SLOW_DOWN, self.slow_down_at
+        if self.kill_at is not None:
+            return KILL, self.kill_at
+        return None
+
     def events(self, duration_s: float) -> dict[str, float]:
         """What the runner does mid-run, and when (seconds from the start)."""
         return {
             name: at * duration_s
             for name, at in (
-                ("deploy: new replicas", self.overlap_start),
-                ("deploy: old replicas SIGTERM", self.overlap_stop),
-                ("kill all connections", self.kill_at),
+                (DEPLOY_NEW, self.overlap_start),
+                (DEPLOY_OLD, self.overlap_stop),
+                (KILL, self.kill_at),
+                (SLOW_DOWN, self.slow_down_at),
             )
             if at is not None
         }
@@ -75,6 +104,13 @@ def _both(interactive: float, batch: float) -> dict[LaneName, tuple[Segment, ...
 
 
 SLOW_DB_EXTRA_MS = 50
+# Incident 000: about 7,600 connections of demand met a proxy that could open
+# about 3,360, so callers are offered that multiple of what the service serves.
+PROXY_DEMAND = 7600 / 3360
+# Incident 003: the downsized database had about half the capacity. Before it,
+# the load is comfortable (80 %); after it, 1.6x what the database serves.
+DOWNSIZED_FACTOR = 2.0
+DOWNSIZED_LOAD = 0.8
 
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
@@ -131,6 +167,28 @@ SCENARIOS: dict[str, Scenario] = {
             read_mode=ReadMode.ALLOW_CACHED,
             direct_writes=0.05,
             notes=("needs a server with a binlog (make services starts one)",),
+        ),
+        Scenario(
+            "proxy-storm",
+            f"both lanes offered {PROXY_DEMAND:.2f}x capacity, interactive callers timing out "
+            "after the service's own pool wait (database.pool_timeout_ms); every service "
+            "connection is dropped at 40%",
+            _both(PROXY_DEMAND, PROXY_DEMAND),
+            kill_at=0.4,
+            timeout_is_pool_wait=True,
+            notes=("incident 000: a proxy's borrow wait equal to the callers' timeout",),
+        ),
+        Scenario(
+            "downsized-db",
+            f"both lanes at {DOWNSIZED_LOAD:.0%} of capacity; at 50% every operation's time in "
+            f"the database is multiplied by {DOWNSIZED_FACTOR:g} under the running workers",
+            _both(DOWNSIZED_LOAD, DOWNSIZED_LOAD),
+            slow_down_at=0.5,
+            slow_down_factor=DOWNSIZED_FACTOR,
+            notes=(
+                "incident 003: a database downsized without a load test",
+                "the capacity at both database speeds is probed before the run",
+            ),
         ),
     )
 }
