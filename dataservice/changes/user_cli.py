@@ -12,6 +12,12 @@ def changes_user(
     host: list[str] = typer.Option(
         list(DEFAULT_HOSTS), help="A host it connects from (repeat for several; '%' for any)."
     ),
+    password_from_env: bool = typer.Option(
+        False,
+        "--password-from-env",
+        help="Take the password from DATASERVICE_CHANGES_DATABASE_URL, which must name USER "
+        "and a password (exit 2 otherwise), and print the URL with the password hidden.",
+    ),
 ) -> None:
     """Create or update the change-stream consumer's database user with exactly
     the grants it needs, then print the DATASERVICE_CHANGES_DATABASE_URL line to use.
@@ -20,7 +26,9 @@ def changes_user(
     users; run it after `db upgrade`. The password is the one in
     DATASERVICE_CHANGES_DATABASE_URL when that names the same user (so running
     it again changes nothing), else a new one. It is stored nowhere: keep the
-    printed line where the consumer's environment comes from."""
+    printed line where the consumer's environment comes from. With
+    --password-from-env the password is never drawn here nor printed: for a
+    deployment that already gives the consumer its URL (compose/)."""
     # Imported here: dataservice.cli imports this module to register the command.
     from sqlalchemy.engine import make_url
 
@@ -36,6 +44,14 @@ def changes_user(
         raise typer.Exit(2)
     current = make_url(settings.changes_database_url) if settings.changes_database_url else None
     kept = current is not None and current.username == user and bool(current.password)
+    if password_from_env and not kept:
+        # A random password here would be one the consumer's environment does not know.
+        typer.echo(
+            f"error: --password-from-env: DATASERVICE_CHANGES_DATABASE_URL must name user "
+            f"{user} and a password",
+            err=True,
+        )
+        raise typer.Exit(2)
     password = str(current.password) if current is not None and kept else new_password()
     try:
         create_changes_user(settings.database_url, user, password, admin.database, hosts=host)
@@ -49,4 +65,6 @@ def changes_user(
         typer.echo(f"warning: {exc}", err=True)
     except DataServiceError as exc:
         typer.echo(f"warning: could not check as {user}: {exc}", err=True)
-    typer.echo(f"DATASERVICE_CHANGES_DATABASE_URL={url}")
+    # Whoever set the password has it; a log that keeps this line need not.
+    shown = make_url(url).render_as_string(hide_password=True) if password_from_env else url
+    typer.echo(f"DATASERVICE_CHANGES_DATABASE_URL={shown}")
