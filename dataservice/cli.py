@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Any
 
 import typer
 
@@ -22,9 +20,8 @@ from dataservice.health_cli import health as health_command
 from dataservice.inspect_cli import app as inspect_app
 from dataservice.loadtest.scenarios import SCENARIOS
 from dataservice.observe.logs import configure_logging
+from dataservice.run_cli import run as run_command
 from dataservice.settings import Settings
-
-DEMO_CALLER = "demo"
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run and operate dataservice.")
 db = typer.Typer(no_args_is_help=True, help="Database schema and the change consumer's user.")
@@ -38,6 +35,7 @@ app.add_typer(inspect_app, name="inspect")
 app.command("changes")(changes_command)
 app.command("health")(health_command)
 app.command("flower")(flower_command)
+app.command("run")(run_command)
 
 
 def _fail(exc: DataServiceError, code: int) -> typer.Exit:
@@ -162,78 +160,6 @@ def worker(
         loglevel=loglevel.upper(),
         alive_file=alive_file,
     )
-
-
-@app.command()
-def run(
-    demo: int = typer.Option(
-        0, min=0, help="Run the demo: write and read back this many records per lane, then exit."
-    ),
-    log_dir: Path = typer.Option(Path(".state/logs"), help="Where the worker pools log."),
-    flower_port: int = typer.Option(
-        5555,
-        min=0,
-        max=65535,
-        help="Flower on 127.0.0.1:PORT (0: none; needs DATASERVICE_FLOWER_AUTH).",
-    ),
-    metrics_port: int = typer.Option(
-        9101,
-        min=0,
-        max=65535,
-        help="Metrics of the interactive pool on 127.0.0.1:PORT, the batch pool PORT+1 and "
-        "the change consumer PORT+2 (0: none).",
-    ),
-) -> None:
-    """Run both worker pools and the change consumer in the foreground with a
-    live summary (Ctrl-C stops)."""
-    from rich.console import Console
-    from rich.live import Live
-
-    from dataservice.supervisor import Supervisor
-
-    settings, config = _load()
-    console = Console()
-    if flower_port and settings.flower_auth is None:
-        console.print("Flower: off (DATASERVICE_FLOWER_AUTH is not set; `make services` sets it)")
-        flower_port = 0
-    supervisor = Supervisor(
-        settings,
-        config,
-        log_dir,
-        changes=True,
-        flower_port=flower_port or None,
-        metrics_port=metrics_port or None,
-    )
-    supervisor.start()
-    try:
-        supervisor.wait_ready()
-        console.print(f"worker pools ready; logs in {log_dir}")
-        if demo:
-            raise typer.Exit(_run_demo(console, settings, supervisor, demo))
-        with Live(supervisor.table(supervisor.snapshot()), console=console) as live:
-            while True:
-                time.sleep(1.0)
-                supervisor.check_pools()
-                live.update(supervisor.table(supervisor.snapshot()))
-    except KeyboardInterrupt:
-        console.print("stopping: in-flight requests finish first")
-    except DataServiceError as exc:
-        raise _fail(exc, 1) from None
-    finally:
-        supervisor.stop()
-
-
-def _run_demo(console: Any, settings: Settings, supervisor: Any, records: int) -> int:
-    from dataservice.client import Client
-    from dataservice.demo import report_table, run_demo
-
-    with Client(DEMO_CALLER, settings, supervisor.config) as client:
-        reports = run_demo(client, records)
-    console.print(supervisor.table(supervisor.snapshot()))
-    console.print(report_table(reports))
-    ok = all(r.ok for r in reports)
-    console.print("demo passed" if ok else "[red]demo failed: see errors above[/red]")
-    return 0 if ok else 1
 
 
 @app.command()

@@ -13,6 +13,7 @@ than from the processes' own logs.
 
 from __future__ import annotations
 
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,8 +149,15 @@ class Supervisor:
         inspect = self._control.control.inspect(timeout=0.5, limit=len(nodes))
         stats = inspect.stats() or {}
         gauges = inspect._request(PERMITS_COMMAND) or {}
-        if any(pool.command == "changes" for pool in self.pools):
-            snap.changes = [s for s in (inspect._request(CHANGES_COMMAND) or {}).values() if s]
+        consumers = [
+            f"changes-{pool.worker.pid}@{socket.gethostname()}"
+            for pool in self.pools
+            if pool.command == "changes" and pool.worker is not None and pool.worker.running
+        ]
+        if consumers:
+            # Only the consumers know the command: a pool asked would log an error.
+            ask = self._control.control.inspect(timeout=0.5, destination=consumers)
+            snap.changes = [s for s in (ask._request(CHANGES_COMMAND) or {}).values() if s]
         for lane in (pool.lane for pool in self.pools if pool.lane is not None):
             lane_stats = LaneStats(depth=int(self._broker.llen(self.config.lanes[lane].queue)))
             for node, info in stats.items():

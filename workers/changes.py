@@ -12,6 +12,7 @@ shutdown (``SIGTERM``) stops it, and its lease goes to a standby at once.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -28,6 +29,8 @@ from dataservice.config import Config
 from dataservice.keys import CHANGES_QUEUE
 from dataservice.settings import Settings
 from workers.alive import add_alive_file
+
+log = logging.getLogger(__name__)
 
 _CONSUMERS: WeakKeyDictionary[Celery, ChangeConsumer] = WeakKeyDictionary()
 
@@ -76,7 +79,10 @@ def run_changes_node(
         loglevel=loglevel,
         without_gossip=True,
         without_mingle=True,
+        # The banner is not a log line.
+        quiet=True,
     )
+    log.info("change consumer node %s starting", worker.hostname)
     thread.start()
     try:
         worker.start()

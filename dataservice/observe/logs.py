@@ -64,4 +64,6 @@ def configure_logging(
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # Warnings (Celery's about running as root, say) as log lines, not bare text.
+    logging.captureWarnings(True)
     signals.setup_logging.connect(_leave_logging_alone, weak=False)

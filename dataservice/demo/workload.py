@@ -1,6 +1,4 @@
-"""The bounded demo workload behind ``make demo``.
-
-For each lane, a fixed number of records is written and read back through the
+"""The demo's records: for each lane, a fixed number of records is written and read back through the
 real client (awaited calls on the interactive lane, submitted handles on the
 batch lane) by a few concurrent callers; every read is checked against what
 was written. The report gives throughput and p50/p99 latency per lane.
@@ -48,6 +46,7 @@ class LaneReport:
     read_ms: list[float] = field(default_factory=list)
     verified: int = 0
     errors: dict[str, int] = field(default_factory=dict)
+    ids: list[str] = field(default_factory=list)
 
     @property
     def operations(self) -> int:
@@ -97,8 +96,8 @@ def _one_record(client: Client, lane: LaneName, object_id: str, report: LaneRepo
 
 
 def run_lane(client: Client, lane: LaneName, records: int, run_id: str) -> LaneReport:
-    report = LaneReport(lane, records)
     ids = [f"{run_id}-{lane.value}-{n:06d}" for n in range(records)]
+    report = LaneReport(lane, records, ids=ids)
     start = time.perf_counter()
     with ThreadPoolExecutor(CALLERS, thread_name_prefix=f"demo-{lane.value}") as pool:
         for future in [pool.submit(_one_record, client, lane, i, report) for i in ids]:
@@ -107,8 +106,7 @@ def run_lane(client: Client, lane: LaneName, records: int, run_id: str) -> LaneR
     return report
 
 
-def run_demo(client: Client, records: int) -> list[LaneReport]:
-    run_id = time.strftime("%Y%m%dT%H%M%S")
+def run_workload(client: Client, records: int, run_id: str) -> list[LaneReport]:
     return [run_lane(client, lane, records, run_id) for lane in LaneName]
 
 
