@@ -18,6 +18,7 @@ from dataservice.enums import LaneName
 from dataservice.keys import admission_key
 from dataservice.limits.admission import AdmissionRefused
 from dataservice.localservices import redis_reachable
+from dataservice.metrics import QUEUES, REGISTRY, QueueWatch
 from dataservice.settings import Settings
 from tests.conftest import require
 from tests.support import bounded_admission, publish_concurrently
@@ -185,3 +186,32 @@ def test_a_caller_over_its_rate_is_refused_before_the_queue(
         transport.close()
     assert outcomes == ["queued"] * policy.burst + ["rate_limited"] * 3
     assert broker.llen(config.lanes.interactive.queue) == policy.burst + 1
+
+
+def test_refusals_at_publish_are_counted_by_reason_and_scraped_from_the_broker(
+    bounded: tuple[Settings, Config, redis.Redis],
+) -> None:
+    settings, config, broker = bounded
+    outcomes = publish_concurrently(settings, config, 4, 40)
+    refused = outcomes.count("queue_full")
+    assert refused == 4 * 40 - MAX_MESSAGES
+    watch = QueueWatch(broker, {lane.value: config.lanes[lane].queue for lane in LaneName})
+    QUEUES.watch(watch)
+    try:
+        sample = REGISTRY.get_sample_value
+        interactive = {"lane": "interactive"}
+        assert sample("dataservice_queue_messages", interactive) == MAX_MESSAGES
+        assert sample("dataservice_queue_bytes", interactive) > 0
+        assert sample("dataservice_queue_messages", {"lane": "batch"}) == 0
+        full = {"lane": "interactive", "reason": "queue_full"}
+        assert sample("dataservice_admission_refusals_total", full) == refused
+        assert (
+            sample(
+                "dataservice_admission_refusals_total", {"lane": "batch", "reason": "queue_full"}
+            )
+            == 0
+        )
+    finally:
+        QUEUES.unwatch(watch)
+    # Unwatched, the queues are left out rather than reported as empty.
+    assert REGISTRY.get_sample_value("dataservice_queue_messages", {"lane": "interactive"}) is None

@@ -25,7 +25,11 @@ def _run(args: list[str], settings: Settings, timeout: float) -> subprocess.Comp
 def test_demo_writes_and_reads_back_through_both_lanes_and_exits_zero(
     process_settings: Settings, database: Engine, tmp_path: Path
 ) -> None:
-    result = _run(["run", "--demo", "50", "--log-dir", str(tmp_path)], process_settings, 150)
+    result = _run(
+        ["run", "--demo", "50", "--log-dir", str(tmp_path), "--metrics-port", "0"],
+        process_settings,
+        150,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "demo passed" in result.stdout
     for lane in ("interactive", "batch"):

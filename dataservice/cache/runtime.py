@@ -56,13 +56,12 @@ class CacheRuntime:
         self.store = CacheStore(self._client, self._waits)
         guard = None
         if config.changes.guard:
-            gauge = FRESHNESS_GUARD.labels(lane)
-            guard = FreshnessGuard(
-                self._client,
-                config.changes.max_lag_s,
-                cache.controls_max_age_ms,
-                on_change=lambda engaged: gauge.set(1 if engaged else 0),
+            checked = guard = FreshnessGuard(
+                self._client, config.changes.max_lag_s, cache.controls_max_age_ms
             )
+            # Asked when scraped too (at most once per max age), so that a
+            # replica serving no cached read still says what it would do.
+            FRESHNESS_GUARD.labels(lane).set_function(lambda: int(not checked.allows_cache()))
         self.source = CachedSource(
             database, store, self.store, self.controls, cache, lane, guard=guard
         )

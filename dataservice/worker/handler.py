@@ -8,7 +8,8 @@ run its operation (:mod:`dataservice.worker.operations`) and answer
 (:meth:`RequestHandler.serve`). The three steps are separate so that a cache
 hit can be answered on the worker's consumer thread (``workers/app.py``). Nothing here knows about
 Celery, SQL or Redis keys. :meth:`RequestHandler.handle` never raises:
-every refusal becomes a status code (:mod:`dataservice.worker.failures`),
+every refusal becomes a status code (:mod:`dataservice.worker.failures`;
+:mod:`dataservice.worker.replies` encodes, counts and logs it),
 and internal details stay in the log (never the payload, never a key, never
 SQL text) while the caller sees a short message.
 """
@@ -20,13 +21,11 @@ import logging
 from collections.abc import Callable, Mapping
 
 from dataservice.auth import Authenticator
-from dataservice.codec import error_response
 from dataservice.config import Config, LaneConfig
 from dataservice.enums import LaneName, StatusCode
 from dataservice.limits.gate import Gate, Peek
 from dataservice.limits.slots import Entry
 from dataservice.metrics import (
-    DEPENDENCY_FAILURES,
     REJECTIONS,
     REQUESTS,
     TIMEOUTS,
@@ -35,12 +34,12 @@ from dataservice.metrics import (
 )
 from dataservice.metrics.requests import cache_stage
 from dataservice.observe import trace as tracing
-from dataservice.observe.requestlog import DROPPED, RequestLog
 from dataservice.proto import pb
 from dataservice.refusals import Reason, Refusal, Rejected
 from dataservice.store.connections import now_ms
-from dataservice.worker.failures import INTERNAL, Verdict, verdict
+from dataservice.worker.failures import INTERNAL
 from dataservice.worker.operations import Operation
+from dataservice.worker.replies import Replies, ok_reply
 from dataservice.worker.steps import Admitted, Opened, Reply
 
 log = logging.getLogger(__name__)
@@ -74,7 +73,7 @@ class RequestHandler:
         self._grace_ms = config.results.grace_ms
         self._clock = clock
         self._capped = lane is LaneName.INTERACTIVE
-        self._log = RequestLog(lane.value, config.logging.requests)
+        self._replies = Replies(lane, config.logging.requests)
 
     def handle(
         self,
@@ -103,7 +102,9 @@ class RequestHandler:
             envelope = self.authenticator.open(task_id, body, now)
         except Rejected as rejected:
             trace.caller = rejected.caller
-            return self._refused(task_id, rejected, rejected.caller, self._fallback(deadline_ms))
+            return self._replies.refused(
+                task_id, rejected, rejected.caller, self._fallback(deadline_ms)
+            )
         trace.caller = envelope.caller
         trace.operation = envelope.WhichOneof("operation") or ""
         # The caller's clock: a skew (bounded by the signature check) is not a wait.
@@ -146,7 +147,7 @@ class RequestHandler:
                 REJECTIONS.labels(self.lane_name.value, rejected.reason.value).inc()
                 log.info("dropped request %s: replayed", task_id)
                 return None
-            return self._refused(task_id, rejected, rejected.caller, expires_at_ms)
+            return self._replies.refused(task_id, rejected, rejected.caller, expires_at_ms)
         return Admitted(task_id, request, slot, expires_at_ms, peeked, opened.trace)
 
     def serve(self, admitted: Admitted, result: pb.ResponseEnvelope | None = None) -> Reply:
@@ -167,19 +168,12 @@ class RequestHandler:
         self.finished(None, StatusCode.OK.name)
 
     def finished(self, reply: Reply | None, status: str | None = None) -> None:
-        """The request is answered (``reply``, stored or not) or dropped
-        (None): its trace ends, into the request histogram and its log line."""
-        trace = tracing.detach()
-        if trace is None:
-            return
-        if reply is not None:
-            self._log.finish(trace, reply.code.name, reply.reason)
-        else:
-            self._log.finish(trace, status or DROPPED, trace.dropped)
+        """The request is answered (``reply``, stored or not) or dropped (None)."""
+        self._replies.finished(reply, status)
 
     def internal_error(self, caller: str, task_id: str, deadline_ms: int | None) -> Reply:
         # For a request whose handling failed outside the handler.
-        return self._answer(caller, task_id, INTERNAL, self._fallback(deadline_ms))
+        return self._replies.answer(caller, task_id, INTERNAL, self._fallback(deadline_ms))
 
     def release(self, reply: Reply | None, *, released_in_redis: bool = False) -> None:
         """Give back a reply's in-flight slot (in Redis too, unless it went with the answer)."""
@@ -196,42 +190,9 @@ class RequestHandler:
             if response is None:
                 response = self._operations[request.operation].run(envelope)
         except Refusal as refusal:
-            return self._refused(task_id, refusal, envelope.caller, expires_at_ms)
+            return self._replies.refused(task_id, refusal, envelope.caller, expires_at_ms)
         except Exception as exc:
             # A bug, not the request's fault: answer rather than leave the caller waiting.
             log.error("unexpected %s on %s", type(exc).__name__, task_id, exc_info=True)
-            return self._answer(envelope.caller, task_id, INTERNAL, expires_at_ms)
-        response.request_id = task_id
-        response.status.code = pb.STATUS_CODE_OK
-        with tracing.timed(Stage.ENCODE):
-            body = response.SerializeToString()
-        return Reply(envelope.caller, body, expires_at_ms, StatusCode.OK)
-
-    def _refused(self, task_id: str, refusal: Refusal, caller: str, expires_at_ms: int) -> Reply:
-        answer = verdict(refusal)
-        lane = self.lane_name.value
-        if answer.reason is not None:
-            REJECTIONS.labels(lane, answer.reason.value).inc()
-            routine = answer.reason in _ROUTINE_REFUSALS
-            log.log(
-                logging.DEBUG if routine else logging.INFO,
-                "rejected request %s: %s",
-                task_id,
-                answer.reason.value,
-            )
-        elif answer.dependency is not None:
-            DEPENDENCY_FAILURES.labels(lane, answer.dependency.value).inc()
-            log.warning("request %s: %s", task_id, refusal.message)
-        else:
-            log.debug("request %s: %s", task_id, type(refusal).__name__)
-        if answer.stage is not None:
-            TIMEOUTS.labels(lane, answer.stage.value).inc()
-        return self._answer(caller, task_id, answer, expires_at_ms)
-
-    def _answer(self, caller: str, task_id: str, answer: Verdict, expires_at_ms: int) -> Reply:
-        reason = answer.reason.value if answer.reason is not None else ""
-        with tracing.timed(Stage.ENCODE):
-            body = error_response(
-                task_id, answer.code, answer.message, answer.retry_after_ms, reason
-            ).SerializeToString()
-        return Reply(caller, body, expires_at_ms, answer.code, reason=reason)
+            return self._replies.answer(envelope.caller, task_id, INTERNAL, expires_at_ms)
+        return ok_reply(envelope.caller, task_id, response, expires_at_ms)

@@ -1,0 +1,82 @@
+"""How the handler's outcomes become answers: encoded, counted, logged.
+
+A refusal is counted under what it was (a reason, a dependency, a timeout's
+stage: :mod:`dataservice.worker.failures`) and logged without its details
+reaching the caller; every answer's encoding is timed; and a request's end
+(its answer stored, or its drop) closes its trace into the request histogram
+and its log line (:mod:`dataservice.observe.requestlog`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from dataservice.codec import error_response
+from dataservice.enums import LaneName, StatusCode
+from dataservice.metrics import DEPENDENCY_FAILURES, REJECTIONS, TIMEOUTS, Stage
+from dataservice.observe import trace as tracing
+from dataservice.observe.requestlog import DROPPED, Mode, RequestLog
+from dataservice.proto import pb
+from dataservice.refusals import Reason, Refusal
+from dataservice.worker.failures import Verdict, verdict
+from dataservice.worker.steps import Reply
+
+log = logging.getLogger("dataservice.worker.handler")
+
+# Limits refuse by the hundred under a flood; the counter tells the story.
+_ROUTINE_REFUSALS = frozenset({Reason.RATE_LIMITED, Reason.CONCURRENCY_LIMITED})
+
+
+def ok_reply(caller: str, task_id: str, response: pb.ResponseEnvelope, expires_at_ms: int) -> Reply:
+    response.request_id = task_id
+    response.status.code = pb.STATUS_CODE_OK
+    with tracing.timed(Stage.ENCODE):
+        body = response.SerializeToString()
+    return Reply(caller, body, expires_at_ms, StatusCode.OK)
+
+
+class Replies:
+    """One lane's refusals and answers."""
+
+    def __init__(self, lane: LaneName, requests: Mode) -> None:
+        self._lane = lane.value
+        self._log = RequestLog(lane.value, requests)
+
+    def refused(self, task_id: str, refusal: Refusal, caller: str, expires_at_ms: int) -> Reply:
+        answer = verdict(refusal)
+        if answer.reason is not None:
+            REJECTIONS.labels(self._lane, answer.reason.value).inc()
+            routine = answer.reason in _ROUTINE_REFUSALS
+            log.log(
+                logging.DEBUG if routine else logging.INFO,
+                "rejected request %s: %s",
+                task_id,
+                answer.reason.value,
+            )
+        elif answer.dependency is not None:
+            DEPENDENCY_FAILURES.labels(self._lane, answer.dependency.value).inc()
+            log.warning("request %s: %s", task_id, refusal.message)
+        else:
+            log.debug("request %s: %s", task_id, type(refusal).__name__)
+        if answer.stage is not None:
+            TIMEOUTS.labels(self._lane, answer.stage.value).inc()
+        return self.answer(caller, task_id, answer, expires_at_ms)
+
+    def answer(self, caller: str, task_id: str, answer: Verdict, expires_at_ms: int) -> Reply:
+        reason = answer.reason.value if answer.reason is not None else ""
+        with tracing.timed(Stage.ENCODE):
+            body = error_response(
+                task_id, answer.code, answer.message, answer.retry_after_ms, reason
+            ).SerializeToString()
+        return Reply(caller, body, expires_at_ms, answer.code, reason=reason)
+
+    def finished(self, reply: Reply | None, status: str | None = None) -> None:
+        """The request is answered (``reply``, stored or not) or dropped
+        (None): its trace ends, into the request histogram and its log line."""
+        trace = tracing.detach()
+        if trace is None:
+            return
+        if reply is not None:
+            self._log.finish(trace, reply.code.name, reply.reason)
+        else:
+            self._log.finish(trace, status or DROPPED, trace.dropped)

@@ -1,0 +1,202 @@
+"""A full ``make demo`` run (``dataservice run --demo 1000``, both pools, the
+change consumer and Flower) against a private MariaDB with a binlog: every
+process's metrics endpoint, scraped while it runs, shows every stage timed and
+every kind of outcome counted; and no line of any process's log holds a secret
+of the callers file, Flower's password, a record's payload or its id."""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import create_engine, text
+
+from dataservice.metrics import Stage
+from dataservice.settings import Settings
+from tests.binlog import BinlogDatabase
+from tests.support import on_redis, with_changes
+from tests.test_secrets_stay_out import secret_forms
+
+DEMO_REDIS_URL = "redis://127.0.0.1:6379/3"
+RECORDS = 1000
+FLOWER_AUTH = "ops:flower-pw-7f3a9c1e"
+PROCESSES = ("interactive", "batch", "changes")
+
+
+def _free_ports(n: int) -> int:
+    """A base port with ``n`` free ports from it."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + n < 65536 and all(_free(base + k) for k in range(n)):
+            return base
+    raise RuntimeError("no run of free ports")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class Scraper:
+    """Scrapes each endpoint four times a second, keeping the last answer."""
+
+    def __init__(self, ports: dict[str, int]) -> None:
+        self.ports = ports
+        self.last: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for name, port in self.ports.items():
+                try:
+                    url = f"http://127.0.0.1:{port}/metrics"
+                    with urllib.request.urlopen(url, timeout=1) as page:
+                        self.last[name] = page.read().decode()
+                except OSError:
+                    pass
+            self._stop.wait(0.25)
+
+    def stop(self) -> dict[str, Samples]:
+        self._stop.set()
+        self._thread.join(5)
+        samples: dict[str, Samples] = {}
+        for name, page in self.last.items():
+            samples[name] = {
+                (s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(page)
+                for s in family.samples
+            }
+        return samples
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def _total(samples: Samples, name: str, **want: str) -> float:
+    return sum(
+        value
+        for (sample, labels), value in samples.items()
+        if sample == name and want.items() <= dict(labels).items()
+    )
+
+
+@pytest.fixture
+def demo_run(
+    binlog_database: BinlogDatabase, settings: Settings, tmp_path: Path
+) -> Iterator[tuple[subprocess.CompletedProcess[str], dict[str, dict], Path, Settings]]:  # type: ignore[type-arg]
+    # As make demo runs: the cache read only while the change consumer keeps up.
+    guarded = with_changes(settings, tmp_path / "queues.yml", {("changes", "guard"): True})
+    own = binlog_database.on(on_redis(guarded, DEMO_REDIS_URL))
+    broker = redis.Redis.from_url(DEMO_REDIS_URL)
+    broker.flushdb()
+    engine = create_engine(binlog_database.admin_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text("DELETE FROM records WHERE scope LIKE 'demo%'"))
+    base = _free_ports(4)
+    ports = {name: base + n for n, name in enumerate(PROCESSES)}
+    logs = tmp_path / "logs"
+    argv = [sys.executable, "-m", "dataservice.cli", "run", "--demo", str(RECORDS)]
+    argv += ["--log-dir", str(logs), "--metrics-port", str(base), "--flower-port", str(base + 3)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DATASERVICE_")}
+    env.update(own.to_env(), DATASERVICE_FLOWER_AUTH=FLOWER_AUTH)
+    scraper = Scraper(ports)
+    try:
+        result = subprocess.run(
+            argv, env=env, capture_output=True, text=True, timeout=420, check=False
+        )
+    finally:
+        scraped = scraper.stop()
+    try:
+        yield result, scraped, logs, own
+    finally:
+        with engine.connect() as conn:
+            conn.execute(text("DELETE FROM records WHERE scope LIKE 'demo%'"))
+        engine.dispose()
+        broker.flushdb()
+        broker.close()
+
+
+@pytest.mark.timeout(480)
+def test_a_demo_run_times_every_stage_counts_every_outcome_and_logs_no_secret_or_payload(
+    demo_run: tuple[subprocess.CompletedProcess[str], dict[str, dict], Path, Settings],  # type: ignore[type-arg]
+    binlog_database: BinlogDatabase,
+) -> None:
+    result, scraped, logs, settings = demo_run
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "demo passed" in result.stdout
+    assert set(scraped) == set(PROCESSES), f"endpoints that never answered: {scraped.keys()}"
+
+    # Acceptance 2: every stage histogram has observations, and every counter
+    # family named for outcomes, refusals, timeouts and dependencies moved.
+    workers = [scraped["interactive"], scraped["batch"]]
+    for stage in Stage:
+        count = sum(
+            _total(w, "dataservice_stage_seconds_count", stage=stage.value) for w in workers
+        )
+        assert count > 0, f"stage {stage.value} was never timed"
+    for name, labels in (
+        ("dataservice_request_seconds_count", {}),
+        ("dataservice_requests_total", {"code": "OK"}),
+        ("dataservice_requests_total", {"code": "DEADLINE_EXCEEDED"}),
+        ("dataservice_rejections_total", {"reason": "scope_denied"}),
+        ("dataservice_timeouts_total", {"stage": "statement"}),
+        ("dataservice_dependency_failures_total", {"dependency": "database"}),
+        ("dataservice_admission_refusals_total", {"reason": "queue_too_long"}),
+        ("dataservice_cache_reads_total", {"format": "v1", "outcome": "hit"}),
+        ("dataservice_cache_reads_total", {"format": "v2", "outcome": "hit"}),
+        ("dataservice_db_connections_opened_total", {}),
+    ):
+        assert sum(_total(w, name, **labels) for w in workers) > 0, f"{name} {labels} is zero"
+    for worker in workers:
+        assert _total(worker, "dataservice_permits_capacity") > 0
+        for gauge in ("dataservice_queue_messages", "dataservice_queue_bytes"):
+            lanes = {dict(labels)["lane"] for (n, labels) in worker if n == gauge}
+            assert lanes == {"interactive", "batch"}, gauge
+        assert any(n == "dataservice_freshness_guard" for n, _ in worker)
+    consumer = scraped["changes"]
+    assert _total(consumer, "dataservice_changes_active") == 1
+    assert _total(consumer, "dataservice_changes_transactions_total") >= RECORDS
+
+    # Acceptance 6: no secret and no payload in any log line.
+    logged = (result.stdout + result.stderr).encode()
+    logged += b"".join(log.read_bytes() for log in sorted(logs.glob("*.log")))
+    assert logged.count(b"\n") > 100
+    needles = [*secret_forms(settings), FLOWER_AUTH.partition(":")[2].encode()]
+    engine = create_engine(binlog_database.admin_url)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT object_id, payload FROM records WHERE scope LIKE 'demo%'")
+        ).all()
+    engine.dispose()
+    assert len(rows) >= 2 * RECORDS
+    for object_id, payload in rows:
+        sample = bytes(payload)[:24]
+        needles += [object_id.encode(), sample, sample.hex().encode()]
+        needles += [base64.b64encode(sample)[:24], repr(sample)[2:-1].encode()]
+    found = sorted({n for n in needles if len(n) >= 8 and n in logged})
+    assert not found, f"{len(found)} secrets, ids or payloads in the logs, e.g. {found[:3]!r}"
+    # Every log line of a process is one JSON object but Celery's own
+    # shutdown notice (docs/operations.md, "Logs").
+    for log in sorted(logs.glob("*.log")):
+        for line in log.read_text().splitlines():
+            if line.strip() and "shutdown" not in line:
+                assert line.startswith("{"), f"{log.name}: {line[:120]}"
+                assert line.endswith("}"), f"{log.name}: {line[:120]}"
