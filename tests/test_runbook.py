@@ -1,0 +1,90 @@
+"""docs/runbook.md is pinned to what it points at: one section per symptom
+panel of the Grafana dashboard, every metric it names exported, every
+scenario it names runnable, and every ``dataservice`` command it gives a real
+command line of the CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from dataservice.loadtest.scenarios import SCENARIOS
+from dataservice.metrics import REGISTRY
+from tests.compose_file import resolve
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNBOOK = ROOT / "docs" / "runbook.md"
+DASHBOARD = ROOT / "compose" / "grafana" / "dashboards" / "dataservice.json"
+SYMPTOMS = (
+    "Queue growing",
+    "Rejections rising",
+    "Permits saturated",
+    "Reconnect ramp",
+    "Redis down",
+    "Consumer lagging",
+    "Cache rollout and rollback",
+)
+
+
+def _text() -> str:
+    return RUNBOOK.read_text(encoding="utf-8")
+
+
+def _spans() -> list[str]:
+    # A span may wrap across lines in the Markdown source.
+    return [" ".join(s.split()) for s in re.findall(r"`([^`]+)`", _text(), re.S)]
+
+
+def test_one_section_per_symptom_and_a_dashboard_panel_for_each() -> None:
+    sections = re.findall(r"^## (.+)$", _text(), re.M)
+    assert tuple(sections) == SYMPTOMS
+    panels = {panel["title"] for panel in json.loads(DASHBOARD.read_text())["panels"]}
+    assert set(SYMPTOMS) <= panels
+
+
+def test_each_section_says_what_shows_it_and_how_to_reproduce_it() -> None:
+    for section in re.split(r"^## ", _text(), flags=re.M)[1:]:
+        title = section.splitlines()[0]
+        assert "**Shows it**" in section, title
+        assert "**Reproduce**" in section, title
+        assert "dataservice_" in section, f"{title}: names no metric"
+
+
+def test_every_metric_the_runbook_names_is_exported() -> None:
+    samples = {sample.name for family in REGISTRY.collect() for sample in family.samples} | {
+        family.name for family in REGISTRY.collect()
+    }
+    # Families with no sample yet (a labelled counter never touched) still count.
+    exported = samples | {name + suffix for name in samples for suffix in ("_total", "_bucket")}
+    named = {m for span in _spans() for m in re.findall(r"\bdataservice_[a-z_]+", span)}
+    commands = {"dataservice_permits", "dataservice_changes"}  # celery inspect commands
+    assert named - commands, "the runbook names no metric"
+    assert not named - exported - commands, f"not exported: {sorted(named - exported - commands)}"
+
+
+def test_every_scenario_the_runbook_names_exists() -> None:
+    named = set(re.findall(r"--scenario ([a-z-]+)", _text()))
+    assert named, "the runbook reproduces nothing with the load test"
+    assert named <= set(SCENARIOS), f"unknown scenarios: {sorted(named - set(SCENARIOS))}"
+
+
+def _command_lines() -> list[list[str]]:
+    lines = []
+    for span in _spans():
+        if not span.startswith("dataservice ") or "<" in span or "..." in span:
+            continue
+        lines.append(shlex.split(span))
+    return lines
+
+
+@pytest.mark.parametrize("line", _command_lines(), ids=" ".join)
+def test_every_command_the_runbook_gives_is_a_command_of_the_cli(line: list[str]) -> None:
+    path, command, rest = resolve(line)
+    options = {opt for param in command.params for opt in param.opts + param.secondary_opts}
+    for token in rest:
+        if token.startswith("-"):
+            assert token.split("=", 1)[0] in options, f"`{path}` has no option {token}"
