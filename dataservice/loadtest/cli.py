@@ -129,8 +129,9 @@ def _incident_line(report: dict[str, Any]) -> str:
     if recovery is not None:
         for lane, figures in recovery["lanes"].items():
             back = figures["recovery_s"]
+            held = "" if back is None or figures["held"] else ", did not hold"
             parts.append(
-                f"{lane} {'not back' if back is None else f'back in {back} s'} "
+                f"{lane} {'not back' if back is None else f'back in {back} s'}{held} "
                 f"(target {figures['target_per_s']}/s over {recovery['window_s']:g} s)"
             )
     return ", ".join(parts)

@@ -162,6 +162,7 @@ def _verdicts(
     if "recovery" in report:
         verdicts["recovery_after_event_s"] = report["recovery"]["recovery_s"]
         verdicts["recovered_within_10s"] = report["recovery"]["recovered_within_limit"]
+        verdicts["goodput_held_after_recovery"] = report["recovery"]["held"]
     if scenario.compare_at is not None:
         # The first second (replicas' first connections) is left out of "alone".
         split = scenario.compare_at * o.duration_s

@@ -4,7 +4,13 @@
   (``database.connect_burst``, then ``database.connect_rate_per_s``), with a
   random phase per wait, so a restarted database, or one whose connections were
   all killed, sees a bounded reconnect ramp from every replica instead of a
-  synchronized storm.
+  synchronized storm. A request waits for a token only until the last instant
+  its operation could still run (``CONNECT_BY``): one that would get its
+  connection too late is refused at once and leaves the token to one that can
+  use it. Otherwise, with callers whose timeout is the pool's own wait, every
+  token went to a request that then ran out of time, its new connection was
+  discarded with the statement, and the pool never refilled: the reconnect
+  loop of a proxy whose borrow wait equals its callers' timeout.
 - **Identity**: each connection learns its server-side id once, so permits can
   name the connection they use and be matched against the process list.
 - **Statement timeout**: a statement runs with the time its request has left,
@@ -19,6 +25,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 from sqlalchemy import Engine, event
@@ -33,6 +40,10 @@ DEADLINE_OPTION = "dataservice_deadline_ms"
 MIN_STATEMENT_MS = 5
 # Server errors that mean "the statement ran out of its time".
 STATEMENT_TIMEOUT_CODES = frozenset({1969, 3024})
+# The last instant (Unix ms) at which the operation checking a connection out
+# could still use a new one; None: no bound but the ramp's own wait. Set by
+# the session around its checkout, read by the ramp on the same thread.
+CONNECT_BY: ContextVar[int | None] = ContextVar("dataservice_connect_by", default=None)
 
 
 class StatementTimeout(Refusal):
@@ -104,7 +115,11 @@ def install(engine: Engine, ramp: ConnectRamp, max_wait_s: float, max_statement_
 
     @event.listens_for(engine, "do_connect")
     def _ramp(dialect: Any, record: Any, cargs: Any, cparams: Any) -> None:
-        ramp.take(max_wait_s)
+        connect_by = CONNECT_BY.get()
+        if connect_by is None:
+            ramp.take(max_wait_s)
+        else:
+            ramp.take(max(0.0, min(max_wait_s, (connect_by - now_ms()) / 1000)))
 
     @event.listens_for(engine, "connect")
     def _identify(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:

@@ -15,6 +15,7 @@ from dataservice.limits.permits import Permit
 from dataservice.metrics import Stage
 from dataservice.observe import trace as tracing
 from dataservice.store.connections import (
+    CONNECT_BY,
     CONNECTION_ID,
     DEADLINE_OPTION,
     STATEMENT_TIMEOUT_CODES,
@@ -25,10 +26,13 @@ from dataservice.store.connections import (
 
 @dataclass(frozen=True, slots=True)
 class Bounds:
-    """What one operation runs under: its permit, and time until ``deadline_ms`` (Unix ms)."""
+    """What one operation runs under: its permit, and time until ``deadline_ms``
+    (Unix ms); a new connection only if it comes by ``connect_by_ms``, after
+    which the operation could no longer run (see ``connections.CONNECT_BY``)."""
 
     permit: Permit | None = None
     deadline_ms: int | None = None
+    connect_by_ms: int | None = None
 
 
 UNBOUNDED = Bounds()
@@ -78,7 +82,11 @@ class Sessions:
         invalidated, never returned to the pool.
         """
         with tracing.timed(Stage.CONNECTION_ACQUIRE):
-            connection = self._engine.connect()
+            connect_by = CONNECT_BY.set(bounds.connect_by_ms)
+            try:
+                connection = self._engine.connect()
+            finally:
+                CONNECT_BY.reset(connect_by)
         with connection as conn:
             if bounds.permit is not None:
                 bounds.permit.connection_id = conn.info.get(CONNECTION_ID)

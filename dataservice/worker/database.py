@@ -59,6 +59,8 @@ class Database:
             if deadline_ms - self._clock() < needed:
                 raise TooLittleTime
             started = time.monotonic()
-            result = fn(Bounds(permit, deadline_ms))
+            # A new connection is worth waiting for only while the operation
+            # still has the time it needs once connected.
+            result = fn(Bounds(permit, deadline_ms, connect_by_ms=deadline_ms - int(needed)))
             self.durations.record(op_class, (time.monotonic() - started) * 1000)
             return result
