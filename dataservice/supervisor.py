@@ -156,7 +156,9 @@ class Supervisor:
         ]
         if consumers:
             # Only the consumers know the command: a pool asked would log an error.
-            ask = self._control.control.inspect(timeout=0.5, destination=consumers)
+            ask = self._control.control.inspect(
+                timeout=0.5, destination=consumers, limit=len(consumers)
+            )
             snap.changes = [s for s in (ask._request(CHANGES_COMMAND) or {}).values() if s]
         for lane in (pool.lane for pool in self.pools if pool.lane is not None):
             lane_stats = LaneStats(depth=int(self._broker.llen(self.config.lanes[lane].queue)))
