@@ -117,8 +117,15 @@ def _database(axis: Any, report: dict[str, Any], db: dict[str, Any]) -> None:
         label="share (active)",
     )
     whole = report["budget"]["service_share_active"]
-    axis.axhline(whole, color="grey", linestyle="--", label=f"whole-service share {whole}")
-    axis.set_ylim(0, max(whole, *db["max_connections"], 1) * 1.1)
+    # Scaled to the run's own share, where the invariant is: the whole
+    # service's share is drawn only when it fits, and named either way.
+    top = max(*db["share_connections"], *db["max_connections"], 1) * 1.3
+    label = f"whole-service share {whole}"
+    if whole <= top:
+        axis.axhline(whole, color="grey", linestyle="--", label=label)
+    else:
+        axis.plot([], [], color="grey", linestyle="--", label=f"{label} (above)")
+    axis.set_ylim(0, top)
     axis.set_ylabel("database (sampled)")
     axis.legend(fontsize="x-small", ncol=3, loc="upper right")
 
