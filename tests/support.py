@@ -16,6 +16,7 @@ from typing import Any
 
 import redis
 import yaml
+from celery import Celery
 from sqlalchemy import Engine, text
 
 from dataservice.auth import Authenticator, sign
@@ -331,3 +332,24 @@ def bounded_admission(
     finally:
         broker.flushdb()
         broker.close()
+
+
+class TaskEvents:
+    """Celery events heard on the broker, from a receiver on a thread of its own."""
+
+    def __init__(self, app: Celery) -> None:
+        self.seen: list[dict[str, Any]] = []
+        self._connection = app.connection_for_read()
+        self._receiver = app.events.Receiver(self._connection, handlers={"*": self.seen.append})
+        self._thread = threading.Thread(
+            target=self._receiver.capture, kwargs={"wakeup": False}, daemon=True
+        )
+        self._thread.start()
+
+    def of(self, task_id: str) -> list[str]:
+        return [e["type"] for e in list(self.seen) if e.get("uuid") == task_id]
+
+    def close(self) -> None:
+        self._receiver.should_stop = True
+        self._thread.join(5)
+        self._connection.close()

@@ -35,6 +35,7 @@ from tests.fastpath_app import (
     reply_key,
     send,
 )
+from tests.support import TaskEvents
 
 OWN_REDIS_URL = "redis://127.0.0.1:6379/12"
 ROOT = Path(__file__).resolve().parents[1]
@@ -219,31 +220,10 @@ def test_control_commands_answer_while_inline_requests_flow(
     assert not failures
 
 
-class _Events:
-    """Celery events heard on the broker, from a receiver on a thread of its own."""
-
-    def __init__(self, app: Celery) -> None:
-        self.seen: list[dict[str, Any]] = []
-        self._connection = app.connection_for_read()
-        self._receiver = app.events.Receiver(self._connection, handlers={"*": self.seen.append})
-        self._thread = threading.Thread(
-            target=self._receiver.capture, kwargs={"wakeup": False}, daemon=True
-        )
-        self._thread.start()
-
-    def of(self, task_id: str) -> list[str]:
-        return [e["type"] for e in list(self.seen) if e.get("uuid") == task_id]
-
-    def close(self) -> None:
-        self._receiver.should_stop = True
-        self._thread.join(5)
-        self._connection.close()
-
-
 def test_task_events_are_sent_for_inline_tasks_only_while_events_are_enabled(
     app: Celery, broker: redis.Redis, node: str
 ) -> None:
-    events = _Events(app)
+    events = TaskEvents(app)
     try:
         # Worker heartbeats are always on: the first one says the receiver listens.
         assert _wait_until(

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery
 
 from dataservice import Client, ReadMode
 from dataservice.broker import celery_app
@@ -28,7 +27,7 @@ from dataservice.observe.logs import JsonFormatter, configure_logging
 from dataservice.observe.requestlog import RequestLog
 from dataservice.settings import Settings
 from tests.changes_support import wait_for
-from tests.support import on_redis, with_changes, worker_process
+from tests.support import TaskEvents, on_redis, with_changes, worker_process
 from tests.test_docs import table
 
 EVENTS_REDIS_URL = "redis://127.0.0.1:6379/4"
@@ -138,24 +137,6 @@ def test_every_log_record_is_one_json_object_per_line() -> None:
     assert line["ts"].endswith("Z")
 
 
-class _Events:
-    """Task events heard on the broker."""
-
-    def __init__(self, app: Celery) -> None:
-        self.seen: list[dict[str, Any]] = []
-        self._connection = app.connection_for_read()
-        self._receiver = app.events.Receiver(self._connection, handlers={"*": self.seen.append})
-        self._thread = threading.Thread(
-            target=self._receiver.capture, kwargs={"wakeup": False}, daemon=True
-        )
-        self._thread.start()
-
-    def close(self) -> None:
-        self._receiver.should_stop = True
-        self._thread.join(5)
-        self._connection.close()
-
-
 @pytest.fixture
 def events_redis() -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(EVENTS_REDIS_URL)
@@ -185,7 +166,7 @@ def test_a_lane_sends_task_events_only_when_queues_yml_says_so(
     )
     own_config = own.load()
     app = celery_app("test-events", own, own_config)
-    events = _Events(app)
+    events = TaskEvents(app)
     try:
         with (
             worker_process(own, own_config, LaneName.INTERACTIVE, tmp_path / "w.log"),

@@ -15,19 +15,11 @@ import pytest
 from dataservice.loadtest.scenarios import SCENARIOS
 from dataservice.metrics import REGISTRY
 from tests.compose_file import resolve
+from tests.test_compose_monitoring import SYMPTOMS
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNBOOK = ROOT / "docs" / "runbook.md"
 DASHBOARD = ROOT / "compose" / "grafana" / "dashboards" / "dataservice.json"
-SYMPTOMS = (
-    "Queue growing",
-    "Rejections rising",
-    "Permits saturated",
-    "Reconnect ramp",
-    "Redis down",
-    "Consumer lagging",
-    "Cache rollout and rollback",
-)
 
 
 def _text() -> str:
