@@ -1,9 +1,10 @@
 """Acceptance: the two incident replays, at reduced size, against the service.
 
-``proxy-storm`` (incident 000): callers whose timeout is the service's own
-pool wait, offered 2.26x what the connections serve, and every connection
-dropped at 40 % of the run. ``downsized-db`` (incident 003): at 50 % of the
-run every operation's time in the database doubles under the running
+``proxy-storm`` replays a proxy whose borrow wait equalled its callers'
+timeout: callers whose timeout is the service's own pool wait, offered 2.26x
+what the connections serve, and every connection dropped at 40 % of the run.
+``downsized-db`` replays a database downsized without a load test: at 50 % of
+the run every operation's time in the database doubles under the running
 workers, unannounced; the capacity at both speeds is probed first.
 
 Each run starts its own worker processes (one per lane, each with its alive

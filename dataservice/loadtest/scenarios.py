@@ -104,10 +104,11 @@ def _both(interactive: float, batch: float) -> dict[LaneName, tuple[Segment, ...
 
 
 SLOW_DB_EXTRA_MS = 50
-# Incident 000: about 7,600 connections of demand met a proxy that could open
-# about 3,360, so callers are offered that multiple of what the service serves.
+# A connection proxy's outage: about 7,600 connections of demand met a proxy
+# that could open about 3,360, so callers are offered that multiple of what the
+# service serves.
 PROXY_DEMAND = 7600 / 3360
-# Incident 003: the downsized database had about half the capacity. Before it,
+# A database downsized without a load test had about half the capacity. Before it,
 # the load is comfortable (80 %); after it, 1.6x what the database serves.
 DOWNSIZED_FACTOR = 2.0
 DOWNSIZED_LOAD = 0.8
@@ -176,7 +177,7 @@ SCENARIOS: dict[str, Scenario] = {
             _both(PROXY_DEMAND, PROXY_DEMAND),
             kill_at=0.4,
             timeout_is_pool_wait=True,
-            notes=("incident 000: a proxy's borrow wait equal to the callers' timeout",),
+            notes=("replays a proxy whose borrow wait equalled its callers' timeout",),
         ),
         Scenario(
             "downsized-db",
@@ -186,7 +187,7 @@ SCENARIOS: dict[str, Scenario] = {
             slow_down_at=0.5,
             slow_down_factor=DOWNSIZED_FACTOR,
             notes=(
-                "incident 003: a database downsized without a load test",
+                "replays a database downsized without a load test",
                 "the capacity at both database speeds is probed before the run",
             ),
         ),
