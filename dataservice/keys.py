@@ -8,7 +8,8 @@ key                                    what it holds
 ``_kombu.binding.<lane queue>``        kombu's routing table for the lane's exchange (and
 ``_kombu.binding_permanent.<queue>``   its permanent twin)
 ``ds:admission:<lane queue>``          a hash: envelope bytes queued or in flight,
-                                       completions, the measured drain rate and
+                                       completions, the measured drain rate, the
+                                       workers' service time per operation and
                                        refusals by reason (``dataservice/limits/admit.lua``)
 ``ds:result:<caller>:<request id>``    a list holding one encoded ``ResponseEnvelope``;
                                        expires at the request deadline plus a grace

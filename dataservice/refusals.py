@@ -63,7 +63,7 @@ LIMIT_MESSAGES = {
     Reason.LIMITS_UNAVAILABLE: "the service cannot check for replays right now",
     Reason.QUEUE_FULL: "the lane queue is full",
     Reason.QUEUE_BYTES: "the lane queue holds too many bytes",
-    Reason.QUEUE_TOO_LONG: "the lane queue is too long to start before the deadline",
+    Reason.QUEUE_TOO_LONG: "the lane queue is too long to serve the request before its deadline",
 }
 
 

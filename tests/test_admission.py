@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from dataservice import Client, ReadOp, ResourceExhausted
+from dataservice import Client, ReadOp, ResourceExhausted, WriteOp
 from dataservice.client.transport import Transport, refused
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.keys import admission_key
-from dataservice.limits.admission import AdmissionRefused
+from dataservice.limits.admission import SERVICE_STALE_MS, AdmissionRefused, publish_service_times
 from dataservice.localservices import redis_reachable
 from dataservice.metrics import QUEUES, REGISTRY, QueueWatch
 from dataservice.settings import Settings
@@ -108,6 +108,48 @@ def test_a_request_that_cannot_start_before_its_deadline_is_refused(
         assert 3.5 <= caught.value.retry_after <= 4.5
         client.submit(ReadOp("s", "patient"), timeout=60)
     assert broker.llen(queue) == 51
+
+
+def test_a_request_that_could_start_but_not_be_served_in_time_is_refused(
+    bounded: tuple[Settings, Config, redis.Redis],
+) -> None:
+    settings, config, broker = bounded
+    key = admission_key(config.lanes.batch.queue)
+    with Client("tests", settings, config) as client:
+        client.submit_many([ReadOp("s", f"k{n}") for n in range(10)], timeout=600)
+        # 10 ahead at 20 a second: half a second of queue, inside 0.8 s ...
+        broker.hset(key, mapping={"rate": 20, "rate_at": _deadline(0)})
+        client.submit(ReadOp("s", "fits"), timeout=0.8)
+        # ... but not once a read is known to take 400 ms after its dequeue.
+        publish_service_times(broker, key, {"read": 400.0})
+        with pytest.raises(ResourceExhausted) as caught:
+            client.submit(ReadOp("s", "too-slow"), timeout=0.8)
+        assert caught.value.reason == "queue_too_long"
+        assert 0.1 <= caught.value.retry_after <= 0.25
+        # A read's time says nothing about a write: the queue alone decides.
+        client.submit(WriteOp("s", "w", b"x"), timeout=0.8)
+        # An estimate the workers stopped renewing is not relied on.
+        broker.hset(key, "service_at", _deadline(0) - SERVICE_STALE_MS - 1000)
+        client.submit(ReadOp("s", "stale"), timeout=0.8)
+    assert broker.llen(config.lanes.batch.queue) == 13
+
+
+@pytest.mark.usefixtures("interactive_worker")
+def test_workers_say_how_long_answered_requests_take(
+    client: Client, redis_client: redis.Redis, config: Config
+) -> None:
+    key = admission_key(config.lanes.interactive.queue)
+    client.write("admission", "timed", b"z" * 100)
+    for _ in range(5):
+        client.read("admission", "timed")
+    until = time.monotonic() + 5
+    while redis_client.hget(key, "service:read") is None and time.monotonic() < until:
+        time.sleep(0.05)
+    read_ms = float(redis_client.hget(key, "service:read") or -1)
+    assert 0 < read_ms < 1000
+    assert float(redis_client.hget(key, "service:write") or -1) > 0
+    said_at = int(redis_client.hget(key, "service_at") or 0)
+    assert abs(said_at - time.time() * 1000) < 5000
 
 
 @pytest.mark.usefixtures("interactive_worker")

@@ -31,6 +31,7 @@ from workers.fastpath import redelivered, serve_inline
 from workers.gauges import LaneGauges
 from workers.inline import InlineReads
 from workers.purger import OutcomePurger
+from workers.servicetimes import ServiceTimesPublisher
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,9 @@ class LaneRuntime:
             slots_with_answers=settings.redis_url == settings.result_backend_url,
         )
         self._deliver = self._answers.deliver
+        self._service_times = ServiceTimesPublisher(
+            settings.broker_url, admission_key(lane_config.queue), self.handler.service_times
+        )
         self._gauges = LaneGauges(
             lane, config, self.permits, self.engine, self.cache.controls, settings.broker_url
         )
@@ -143,6 +147,7 @@ class LaneRuntime:
             self._deliver(task_id, reply, body, admitted_size)
 
     def close(self) -> None:
+        self._service_times.stop()
         self._gauges.close()
         if self._purger is not None:
             self._purger.stop()

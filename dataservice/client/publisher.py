@@ -64,6 +64,7 @@ class Publisher:
                 lane=LaneName.INTERACTIVE,
                 deadline_ms=deadline_ms,
                 caller=self.caller,
+                operation=envelope.WhichOneof("operation") or "",
             )
         except AdmissionRefused as refusal:
             raise refused(refusal) from None
@@ -80,7 +81,15 @@ class Publisher:
         ]
         try:
             self.transport.publish_many(
-                ((self._sign(env), env.request_id, deadline_ms) for env in prepared),
+                (
+                    (
+                        self._sign(env),
+                        env.request_id,
+                        deadline_ms,
+                        env.WhichOneof("operation") or "",
+                    )
+                    for env in prepared
+                ),
                 lane=LaneName.BATCH,
                 caller=self.caller,
             )

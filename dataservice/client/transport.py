@@ -23,6 +23,7 @@ from dataservice.errors import ResourceExhausted, Unavailable
 from dataservice.limits.admission import (
     CALLER_HEADER,
     DEADLINE_HEADER,
+    OPERATION_HEADER,
     AdmissionRefused,
 )
 from dataservice.refusals import LIMIT_MESSAGES, Reason
@@ -57,27 +58,38 @@ class Transport:
         self._reply_to = self._app.thread_oid
 
     def publish(
-        self, body: bytes, *, request_id: str, lane: LaneName, deadline_ms: int, caller: str = ""
+        self,
+        body: bytes,
+        *,
+        request_id: str,
+        lane: LaneName,
+        deadline_ms: int,
+        caller: str = "",
+        operation: str = "",
     ) -> None:
-        self.publish_many([(body, request_id, deadline_ms)], lane=lane, caller=caller)
+        self.publish_many([(body, request_id, deadline_ms, operation)], lane=lane, caller=caller)
 
     def publish_many(
-        self, items: Iterable[tuple[bytes, str, int]], *, lane: LaneName, caller: str = ""
+        self, items: Iterable[tuple[bytes, str, int, str]], *, lane: LaneName, caller: str = ""
     ) -> int:
         """Publish in order; returns how many were sent. A refusal raises
         :class:`AdmissionRefused` (its ``sent``: how many went before it).
         ``caller`` (when given) holds the messages to that caller's rate at
-        admission, as the workers will."""
+        admission, as the workers will; each item's operation (``read``, ...;
+        '' if unknown) lets admission add what such a request takes to the
+        queue's wait."""
         sent = 0
         refusal = None
         queue = self.config.lanes[lane].queue
         try:
             with self._app.producer_or_acquire() as producer:
                 channel = producer.channel
-                for body, request_id, deadline_ms in items:
+                for body, request_id, deadline_ms, operation in items:
                     headers: dict[str, Any] = {DEADLINE_HEADER: deadline_ms}
                     if caller:
                         headers[CALLER_HEADER] = caller
+                    if operation:
+                        headers[OPERATION_HEADER] = operation
                     message = task_message(body, request_id, queue, headers, self._reply_to)
                     try:
                         channel.admit(queue, message)

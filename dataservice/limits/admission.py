@@ -1,5 +1,5 @@
 """Admission: a lane's queue is bounded by messages and bytes, and a request
-that could not start before its deadline is refused instead of joining it.
+that could not be served before its deadline is refused instead of joining it.
 
 The check and the push are one Lua script (``admit.lua``), run by the
 broker channel (:mod:`dataservice.broker`) in place of kombu's plain LPUSH,
@@ -10,6 +10,13 @@ retryable ``RESOURCE_EXHAUSTED`` whose retry-after is the time the queue needs
 to drain enough at its measured rate. Workers give the bytes back, and count
 the completion that the rate is measured from, in the same Redis transaction
 that stores the answer.
+
+"Could not be served in time" is the queue ahead of the request at the lane's
+measured drain rate, plus how long a request of its operation takes once
+dequeued: the workers measure that (the p90 of answered requests, per
+operation) and say it every second (:func:`publish_service_times`); an
+estimate the workers stopped renewing more than ``SERVICE_STALE_MS`` ago is not
+relied on, and without one the queue alone decides, as at a cold start.
 """
 
 from __future__ import annotations
@@ -36,8 +43,16 @@ SIZE_HEADER = "ds_size"
 # Who is publishing, for publish-side pacing (not trusted: the workers verify
 # the signed envelope and apply the authoritative limit).
 CALLER_HEADER = "ds_caller"
+# The request's operation, for its service time (advisory too: a caller that
+# names another only misleads admission about its own request).
+OPERATION_HEADER = "ds_op"
+OPERATIONS = frozenset({"read", "write", "delete", "list"})
+# A service time the workers have not renewed for this long is not relied on.
+SERVICE_STALE_MS = 5000
+SERVICE_PREFIX = "service:"
 
 _ADMIT = LuaScript("admit.lua")
+_SERVICE = LuaScript("service.lua")
 
 
 # A refusal is handed from the broker channel to its publisher through the
@@ -145,6 +160,7 @@ def admit(
     With ``pacing`` (caller -> (interval µs, burst)), a message whose caller
     header names a known caller is also held to that caller's rate."""
     keys = [queue_key, lane.stats_key]
+    operation = message.get("headers", {}).get(OPERATION_HEADER)
     args: list[Any] = [
         encoded,
         _admitted_size(message),
@@ -153,6 +169,8 @@ def admit(
         remaining_ms(message, lane.max_deadline_ms),
         lane.default_deadline_ms,
         lane.max_deadline_ms + 60_000,
+        SERVICE_PREFIX + operation if operation in OPERATIONS else "",
+        SERVICE_STALE_MS,
     ]
     caller = message.get("headers", {}).get(CALLER_HEADER)
     paced = pacing.get(caller) if pacing and isinstance(caller, str) else None
@@ -163,3 +181,14 @@ def admit(
     reason = answer[0].decode() if isinstance(answer[0], bytes) else str(answer[0])
     if reason:
         raise AdmissionRefused(Reason(reason), int(answer[1]))
+
+
+def publish_service_times(client: redis.Redis, stats_key: str, p90_ms: dict[str, float]) -> None:
+    """Say how long each operation's answered requests take once dequeued
+    (``service.lua``, stamped with Redis's clock)."""
+    pairs: list[Any] = []
+    for operation, ms in sorted(p90_ms.items()):
+        if operation in OPERATIONS:
+            pairs += [SERVICE_PREFIX + operation, round(ms, 1)]
+    if pairs:
+        _SERVICE(client, [stats_key], pairs)

@@ -8,6 +8,9 @@
 --            rate_at  when the current measuring window began (server time, ms)
 --            done_at  `done` when the current window began
 --            refused:<reason>  publishes refused for that reason (the workers' metrics read them)
+--            service:<operation>  how long an answered request of that operation took
+--                     once dequeued (ms, p90, the workers' service.lua)
+--            service_at  when the workers last said so (server time, ms)
 -- ARGV[1]  the message, as kombu stores it in the list
 -- ARGV[2]  the request envelope's size in bytes
 -- ARGV[3]  the most messages that may wait in the queue
@@ -15,19 +18,25 @@
 -- ARGV[5]  the request's remaining time (ms, measured by the caller)
 -- ARGV[6]  the longest retry-after worth suggesting (ms)
 -- ARGV[7]  expiry of the admission hash (ms): a lane idle that long starts afresh
+-- ARGV[8]  the hash field of the request's operation's service time
+--          ('service:read', ...); '' when the operation is not known
+-- ARGV[9]  how old a service time may be (ms) before it is not relied on
 -- KEYS[3]  optional: the caller's publish pacing (GCRA theoretical arrival time, µs),
 --          ds:pace:<caller>, a key of the caller's own
--- ARGV[8]  with KEYS[3]: the caller's emission interval (µs per request: 1e6 / rate)
--- ARGV[9]  with KEYS[3]: the caller's burst (requests)
+-- ARGV[10] with KEYS[3]: the caller's emission interval (µs per request: 1e6 / rate)
+-- ARGV[11] with KEYS[3]: the caller's burst (requests)
 --
 -- Returns {''} when the message was pushed, or {reason, retry_after_ms} with a
 -- dataservice.refusals.Reason value: 'queue_full' (messages), 'queue_bytes',
--- 'queue_too_long' (it could not start before its deadline) or 'rate_limited'
--- (the caller is over its rate: the workers would refuse it).
+-- 'queue_too_long' (the queue ahead of it and its own service time would take
+-- longer than its deadline) or 'rate_limited' (the caller is over its rate:
+-- the workers would refuse it).
 --#include gcra.lua
 
 local depth = redis.call('LLEN', KEYS[1])
-local h = redis.call('HMGET', KEYS[2], 'bytes', 'done', 'rate', 'rate_at', 'done_at')
+local service_field = ARGV[8] ~= '' and ARGV[8] or 'service:'
+local h = redis.call('HMGET', KEYS[2], 'bytes', 'done', 'rate', 'rate_at', 'done_at',
+  'service_at', service_field)
 -- Workers only subtract; a negative balance (a completion counted twice after
 -- a redelivery) must not become room beyond the bound.
 local bytes = math.max(tonumber(h[1]) or 0, 0)
@@ -40,6 +49,11 @@ local remaining = tonumber(ARGV[5])
 local cap = tonumber(ARGV[6])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Relied on only while the workers keep saying it: no workers, no estimate.
+local service = 0
+if now - (tonumber(h[6]) or 0) <= tonumber(ARGV[9]) then
+  service = tonumber(h[7]) or 0
+end
 
 redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[7]))
 if rate_at == nil then
@@ -75,10 +89,12 @@ end
 if bytes + size > tonumber(ARGV[4]) then
   return refuse('queue_bytes', drain_ms(1))
 end
-if rate > 0 then
-  local wait = depth * 1000 / rate
-  if wait > remaining then
-    return refuse('queue_too_long', math.min(cap, math.max(10, math.ceil(wait - remaining))))
+-- Only a queue that was measured draining says how long it takes; an empty
+-- one lets the request start at once (the workers refuse one that cannot run).
+if rate > 0 and depth > 0 then
+  local finish = depth * 1000 / rate + service
+  if finish > remaining then
+    return refuse('queue_too_long', math.min(cap, math.max(10, math.ceil(finish - remaining))))
   end
 end
 
@@ -87,7 +103,7 @@ end
 -- own pacing key); this only keeps a well-behaved caller's excess off the queue.
 if KEYS[3] then
   local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local new_tat, retry_ms = gcra_check(KEYS[3], now_us, tonumber(ARGV[8]), tonumber(ARGV[9]))
+  local new_tat, retry_ms = gcra_check(KEYS[3], now_us, tonumber(ARGV[10]), tonumber(ARGV[11]))
   if not new_tat then
     return refuse('rate_limited', retry_ms)
   end

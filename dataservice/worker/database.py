@@ -39,7 +39,7 @@ class Database:
         clock: Callable[[], int] = now_ms,
     ) -> None:
         self.permits = permits
-        self.durations = RecentDurations()
+        self.durations: RecentDurations[OperationClass] = RecentDurations()
         self._pool_timeout_ms = pool_timeout_ms
         self._clock = clock
 

@@ -74,6 +74,7 @@ class RequestHandler:
         self._clock = clock
         self._capped = lane is LaneName.INTERACTIVE
         self._replies = Replies(lane, config.logging.requests)
+        self.service_times = self._replies.service_times
 
     def handle(
         self,

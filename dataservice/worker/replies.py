@@ -18,6 +18,7 @@ from dataservice.observe import trace as tracing
 from dataservice.observe.requestlog import DROPPED, Mode, RequestLog
 from dataservice.proto import pb
 from dataservice.refusals import Reason, Refusal
+from dataservice.worker.durations import RecentDurations
 from dataservice.worker.failures import Verdict, verdict
 from dataservice.worker.steps import Reply
 
@@ -41,6 +42,9 @@ class Replies:
     def __init__(self, lane: LaneName, requests: Mode) -> None:
         self._lane = lane.value
         self._log = RequestLog(lane.value, requests)
+        # How long answered requests take once dequeued, per operation: what
+        # admission adds to a queue's wait (workers/servicetimes.py says it).
+        self.service_times: RecentDurations[str] = RecentDurations()
 
     def refused(self, task_id: str, refusal: Refusal, caller: str, expires_at_ms: int) -> Reply:
         answer = verdict(refusal)
@@ -76,7 +80,7 @@ class Replies:
         trace = tracing.detach()
         if trace is None:
             return
-        if reply is not None:
-            self._log.finish(trace, reply.code.name, reply.reason)
-        else:
-            self._log.finish(trace, status or DROPPED, trace.dropped)
+        status = reply.code.name if reply is not None else status or DROPPED
+        if status == StatusCode.OK.name and trace.operation:
+            self.service_times.record(trace.operation, trace.elapsed_s() * 1000)
+        self._log.finish(trace, status, reply.reason if reply is not None else trace.dropped)

@@ -1,0 +1,51 @@
+"""Every second, a worker says how long its lane's answered requests take once
+dequeued (per operation, the p90), where admission reads it
+(:func:`dataservice.limits.admission.publish_service_times`)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import redis
+
+from dataservice.limits.admission import publish_service_times
+from dataservice.worker.durations import RecentDurations
+
+log = logging.getLogger(__name__)
+
+INTERVAL_S = 1.0
+# Saying it must never hold the worker up: a slow broker skips a beat.
+_TIMEOUT_S = 0.25
+
+
+class ServiceTimesPublisher:
+    def __init__(self, broker_url: str, stats_key: str, times: RecentDurations[str]) -> None:
+        self._client = redis.Redis.from_url(
+            broker_url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S
+        )
+        self._stats_key = stats_key
+        self._times = times
+        self._said = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="service-times", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._client.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(INTERVAL_S):
+            recorded, p90 = self._times.snapshot()
+            # Only while answering: an idle worker's estimate would keep an old
+            # figure looking fresh, and the lane idle, nothing needs it.
+            if recorded == self._said:
+                continue
+            try:
+                publish_service_times(self._client, self._stats_key, p90)
+            except redis.RedisError as exc:
+                log.debug("service times not said: %s", type(exc).__name__)
+                continue
+            self._said = recorded
