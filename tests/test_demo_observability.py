@@ -179,6 +179,8 @@ def test_a_demo_run_times_every_stage_counts_every_outcome_and_logs_no_secret_or
     logged = (result.stdout + result.stderr).encode()
     logged += b"".join(log.read_bytes() for log in sorted(logs.glob("*.log")))
     assert logged.count(b"\n") > 100
+    # A line per request (written in batches: all of them there once the run ends).
+    assert logged.count(b'"logger":"dataservice.requests"') >= 4 * RECORDS
     needles = [*secret_forms(settings), FLOWER_AUTH.partition(":")[2].encode()]
     engine = create_engine(binlog_database.admin_url)
     with engine.connect() as conn:

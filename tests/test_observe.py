@@ -23,7 +23,8 @@ from dataservice.config import Config, LoggingConfig
 from dataservice.enums import LaneName
 from dataservice.metrics import REGISTRY, Stage
 from dataservice.observe import trace as tracing
-from dataservice.observe.logs import JsonFormatter, configure_logging
+from dataservice.observe.lines import RequestLines
+from dataservice.observe.logs import JsonFormatter, configure_logging, stop_request_lines
 from dataservice.observe.requestlog import RequestLog
 from dataservice.settings import Settings
 from tests.changes_support import wait_for
@@ -73,7 +74,9 @@ def test_a_trace_handed_to_another_thread_goes_on_there() -> None:
     assert set(trace.stages) == {"permit_wait"}
 
 
-def _log_lines(mode: str, status: str) -> list[dict[str, Any]]:
+def _log_lines(mode: str, status: str, *, batched: bool = True) -> list[dict[str, Any]]:
+    """The lines a request's end writes: in batches (as configure_logging
+    sets up JSON logs), or through ``logging`` with the JSON formatter."""
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter())
@@ -81,20 +84,24 @@ def _log_lines(mode: str, status: str) -> list[dict[str, Any]]:
     logger.addHandler(handler)
     old_level = logger.level
     logger.setLevel(logging.INFO)
+    lines = RequestLines(handler) if batched else None
     try:
         trace = tracing.begin("interactive", "req-1")
         trace.caller, trace.operation = "billing", "read"
         tracing.record(Stage.GATE, 0.0005)
         tracing.detach()
-        RequestLog("interactive", mode).finish(trace, status)  # type: ignore[arg-type]
+        RequestLog("interactive", mode, lines).finish(trace, status)  # type: ignore[arg-type]
     finally:
+        if lines is not None:
+            lines.close()
         logger.removeHandler(handler)
         logger.setLevel(old_level)
     return [json.loads(line) for line in stream.getvalue().splitlines()]
 
 
-def test_a_request_line_holds_the_documented_fields_and_nothing_else() -> None:
-    (line,) = _log_lines("all", "OK")
+@pytest.mark.parametrize("batched", [True, False])
+def test_a_request_line_holds_the_documented_fields_and_nothing_else(batched: bool) -> None:
+    (line,) = _log_lines("all", "OK", batched=batched)
     documented = {row["field"].strip("`") for row in table(OPERATIONS, "field").rows}
     assert set(line) - {"ts", "level", "logger", "msg"} == documented
     assert line["request_id"] == "req-1"
@@ -128,6 +135,7 @@ def test_every_log_record_is_one_json_object_per_line() -> None:
         except RuntimeError:
             logging.getLogger("some.module").exception("failed %s", "here")
     finally:
+        stop_request_lines()
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
     (text,) = stream.getvalue().splitlines()

@@ -19,6 +19,7 @@ from typing import IO, Any
 from celery import signals
 
 from dataservice.config import LoggingConfig
+from dataservice.observe.lines import RequestLines
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -26,7 +27,7 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "ts": _utc(record.created),
+            "ts": utc(record.created),
             "level": record.levelname,
             "logger": record.name,
             "msg": record.getMessage(),
@@ -41,21 +42,58 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-def _utc(created: float) -> str:
-    seconds = int(created)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + (
-        f".{int((created - seconds) * 1000):03d}Z"
-    )
+class _Timestamps:
+    """UTC to the millisecond, ``2026-12-01T18:30:02.114Z``; the seconds are
+    formatted once a second (strftime per line showed in the profile)."""
+
+    __slots__ = ("_seconds", "_text")
+
+    def __init__(self) -> None:
+        self._seconds = -1
+        self._text = ""
+
+    def __call__(self, created: float) -> str:
+        seconds = int(created)
+        if seconds != self._seconds:
+            self._text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+            self._seconds = seconds
+        return f"{self._text}.{int((created - seconds) * 1000):03d}Z"
+
+
+utc = _Timestamps()
 
 
 def _leave_logging_alone(**_: Any) -> None:
     """A receiver of Celery's ``setup_logging``: having one, Celery configures nothing."""
 
 
+class _Configured:
+    """What :func:`configure_logging` set up last."""
+
+    request_lines: RequestLines | None = None
+
+
+_configured = _Configured()
+
+
+def request_lines() -> RequestLines | None:
+    """Where request lines go in batches, once JSON logging is configured here."""
+    return _configured.request_lines
+
+
+def stop_request_lines() -> None:
+    """Write what waits and send request lines through ``logging`` again."""
+    if _configured.request_lines is not None:
+        _configured.request_lines.close()
+        _configured.request_lines = None
+
+
 def configure_logging(
     config: LoggingConfig, level: str = "INFO", stream: IO[str] | None = None
 ) -> None:
-    """The root logger writes ``config.format`` lines to ``stream`` (stderr)."""
+    """The root logger writes ``config.format`` lines to ``stream`` (stderr);
+    with JSON, request lines go to the same stream in batches (:mod:`.lines`)."""
+    stop_request_lines()
     handler = logging.StreamHandler(stream or sys.stderr)
     formatter = JsonFormatter() if config.format == "json" else logging.Formatter(TEXT_FORMAT)
     handler.setFormatter(formatter)
@@ -67,3 +105,5 @@ def configure_logging(
     # Warnings (Celery's about running as root, say) as log lines, not bare text.
     logging.captureWarnings(True)
     signals.setup_logging.connect(_leave_logging_alone, weak=False)
+    if config.format == "json":
+        _configured.request_lines = RequestLines(handler)

@@ -9,12 +9,16 @@ key: the fields are built here, from a closed list.
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from typing import Literal
 
 from prometheus_client import Histogram
 
 from dataservice.metrics.requests import REQUEST_SECONDS
+from dataservice.observe.lines import RequestLines
+from dataservice.observe.logs import request_lines, utc
 from dataservice.observe.trace import Trace
 
 log = logging.getLogger("dataservice.requests")
@@ -28,9 +32,11 @@ _MAX_CALLER = 64
 
 
 class RequestLog:
-    def __init__(self, lane: str, mode: Mode) -> None:
+    def __init__(self, lane: str, mode: Mode, lines: RequestLines | None = None) -> None:
         self._lane = lane
         self._mode = mode
+        # None: wherever configure_logging sends them when a request ends.
+        self._lines = lines
         self._histograms: dict[str, Histogram] = {}
 
     def finish(self, trace: Trace, status: str, reason: str = "") -> None:
@@ -42,6 +48,8 @@ class RequestLog:
         histogram.observe(elapsed_s)
         if self._mode == "none" or (self._mode == "failures" and status == "OK"):
             return
+        if not log.isEnabledFor(logging.INFO):
+            return
         fields = {
             "request_id": trace.request_id,
             "caller": trace.caller[:_MAX_CALLER],
@@ -52,4 +60,10 @@ class RequestLog:
             "stages_ms": {stage: round(ms, 3) for stage, ms in trace.stages.items()},
             "total_ms": round(elapsed_s * 1000, 3),
         }
-        log.info("request", extra={"fields": fields})
+        lines = self._lines or request_lines()
+        if lines is None:
+            log.info("request", extra={"fields": fields})
+            return
+        # The line JsonFormatter would write, without a record and a handler per request.
+        head = {"ts": utc(time.time()), "level": "INFO", "logger": log.name, "msg": "request"}
+        lines.write(json.dumps({**head, **fields}, separators=(",", ":"), ensure_ascii=False))
