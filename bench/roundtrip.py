@@ -291,11 +291,14 @@ def bare_factory(url: str, shared: Any | None) -> Callable[[random.Random], Call
 # Orchestration -------------------------------------------------------------------
 
 
-def _unguarded_config(directory: Path) -> Path:
+def _unguarded_config(directory: Path, request_lines: str | None = None) -> Path:
     """The shipped queues.yml, reading the cache without a change consumer:
-    none runs here, and nothing but the bench changes the records."""
+    none runs here, and nothing but the bench changes the records. With
+    ``request_lines``, ``logging.requests`` set to it."""
     document = yaml.safe_load((_env.REPO / "queues.yml").read_text(encoding="utf-8"))
     document["changes"]["guard"] = False
+    if request_lines is not None:
+        document.setdefault("logging", {})["requests"] = request_lines
     path = directory / "queues.yml"
     path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
     return path
@@ -337,6 +340,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the bench database (must end in _bench: it is dropped and recreated)",
     )
     p.add_argument("--keep", action="store_true", help="leave the database and Redis dbs")
+    p.add_argument(
+        "--request-lines",
+        choices=("all", "failures", "none"),
+        help="the workers' logging.requests (default: queues.yml's)",
+    )
     args = p.parse_args(argv)
     if 0 in (args.service_db, args.bare_db) or args.service_db == args.bare_db:
         p.error("--service-db and --bare-db must differ and must not be 0")
@@ -372,7 +380,7 @@ class Bench:
         bare_url = _env.redis_url(args.redis_host, args.redis_port, args.bare_db)
         logdir = Path(tempfile.mkdtemp(prefix="dataservice-bench-"))
         settings = Settings(
-            config_path=_unguarded_config(logdir),
+            config_path=_unguarded_config(logdir, args.request_lines),
             broker_url=service_url,
             result_backend_url=service_url,
             redis_url=service_url,
