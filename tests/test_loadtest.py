@@ -12,24 +12,21 @@ binds, not where the machine's CPU would keep the database idle anyway.
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from rich.console import Console
 
 from dataservice.enums import LaneName
 from dataservice.errors import BinlogSetupError
 from dataservice.loadtest import environment as env
 from dataservice.loadtest.chart import write_chart
 from dataservice.loadtest.report import write_json
-from dataservice.loadtest.runner import Run, RunOptions
 from dataservice.loadtest.sampler import Sample
-from dataservice.loadtest.scenarios import SCENARIOS
 from dataservice.localservices import mysql_reachable, redis_reachable
-from tests.conftest import SHIPPED_CONFIG, require
+from tests.conftest import require
+from tests.loadtest_support import run_scenario
 
 TEST_TARGET = env.Target(
     "service", "ds_loadtest_t", "ds-loadtest-t-pw", "dataservice_loadtest_t", 12
@@ -58,19 +55,8 @@ def run(scenario: str, out: Path, **options: Any) -> tuple[dict[str, Any], list[
         "target": TEST_TARGET,
     }
     settings.update(options)
-    run = Run(
-        RunOptions(
-            scenario=SCENARIOS[scenario],
-            out=out,
-            base_config=SHIPPED_CONFIG,
-            live=False,
-            **settings,
-        ),
-        Console(file=io.StringIO()),
-    )
-    report = run.execute()
-    assert run.samples, "the sampler took no samples"
-    return report, run.samples
+    target = settings.pop("target")
+    return run_scenario(scenario, out, target, **settings)
 
 
 def assert_within_share(report: dict[str, Any], samples: list[Sample]) -> None:

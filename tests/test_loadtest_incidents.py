@@ -17,20 +17,17 @@ makes the permits, not the machine's two CPUs, the bottleneck: a lane serves
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
 import pytest
-from rich.console import Console
 
 from dataservice.loadtest import environment as env
 from dataservice.loadtest.recovery import LIMIT_S, SHARE
-from dataservice.loadtest.runner import Run, RunOptions
 from dataservice.loadtest.sampler import Sample
-from dataservice.loadtest.scenarios import SCENARIOS
 from dataservice.localservices import mysql_reachable, redis_reachable
-from tests.conftest import SHIPPED_CONFIG, require
+from tests.conftest import require
+from tests.loadtest_support import run_scenario
 
 TARGET = env.Target("service", "ds_incident_t", "ds-incident-t-pw", "dataservice_incident_t", 12)
 DELAY_MS = 200
@@ -45,23 +42,9 @@ def services() -> None:
 
 
 def run(scenario: str, out: Path, duration_s: float) -> tuple[dict[str, Any], list[Sample]]:
-    run = Run(
-        RunOptions(
-            scenario=SCENARIOS[scenario],
-            out=out,
-            base_config=SHIPPED_CONFIG,
-            live=False,
-            replicas=1,
-            duration_s=duration_s,
-            db_delay_ms=DELAY_MS,
-            records=200,
-            target=TARGET,
-        ),
-        Console(file=io.StringIO()),
+    return run_scenario(
+        scenario, out, TARGET, replicas=1, duration_s=duration_s, db_delay_ms=DELAY_MS, records=200
     )
-    report = run.execute()
-    assert run.samples, "the sampler took no samples"
-    return report, run.samples
 
 
 def assert_connections_within_share(report: dict[str, Any], samples: list[Sample]) -> None:

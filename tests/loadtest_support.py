@@ -1,0 +1,36 @@
+"""One short load-harness run for the tests: the scenario at reduced size, on
+a target (Redis db, database, MariaDB user) of the test's own."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from dataservice.loadtest import environment as env
+from dataservice.loadtest.runner import Run, RunOptions
+from dataservice.loadtest.sampler import Sample
+from dataservice.loadtest.scenarios import SCENARIOS
+from tests.conftest import SHIPPED_CONFIG
+
+
+def run_scenario(
+    scenario: str, out: Path, target: env.Target, **options: Any
+) -> tuple[dict[str, Any], list[Sample]]:
+    """The run's report and the database samples it took (``options``: of RunOptions)."""
+    run = Run(
+        RunOptions(
+            scenario=SCENARIOS[scenario],
+            out=out,
+            base_config=SHIPPED_CONFIG,
+            live=False,
+            target=target,
+            **options,
+        ),
+        Console(file=io.StringIO()),
+    )
+    report = run.execute()
+    assert run.samples, "the sampler took no samples"
+    return report, run.samples
