@@ -20,7 +20,7 @@ from dataservice.changes.server import check_server
 from dataservice.changes.user import DEFAULT_HOSTS, changes_url, create_changes_user
 from dataservice.cli import app
 from dataservice.config import Config
-from dataservice.errors import BinlogSetupError
+from dataservice.errors import BinlogSetupError, ServiceSetupError
 from dataservice.localservices import down, free_port, mariadb_dir, mysql_reachable
 from dataservice.localservices.binlog import (
     CHANGES_VARIABLE,
@@ -314,6 +314,36 @@ def test_services_start_a_binlog_mariadb_when_the_configured_one_has_none(
         shutil.rmtree(mariadb_dir(state).parent, ignore_errors=True)
     assert stopped == ["binlog mariadb"]
     assert not mysql_reachable("127.0.0.1", port)
+
+
+@pytest.mark.timeout(120)
+def test_services_move_the_binlog_mariadb_off_a_port_something_else_answers_on(
+    tmp_path: Path, config: Config
+) -> None:
+    """Another server on the port it would take (here: the shared MariaDB's,
+    as an earlier run's file remembers it): a free port instead, and that one
+    is remembered; a port asked for explicitly is not given up."""
+    require(mysql_reachable("127.0.0.1", 3306), "MariaDB at 127.0.0.1:3306")
+    shared = Settings(database_url=ROOT_URL + "dataservice")
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "services.env").write_text(
+        f"{DATABASE_VARIABLE}='mysql+mysqldb://root@127.0.0.1:3306/dataservice'\n"
+    )
+    with pytest.raises(ServiceSetupError, match="port 3306 answers"):
+        ensure_binlog(shared, config.database, state, 3306)
+    try:
+        private = ensure_binlog(shared, config.database, state)
+        assert private is not None
+        assert private.started
+        assert private.port != 3306
+        assert f"127.0.0.1:{private.port}/" in read_env(private.env_file)[DATABASE_VARIABLE]
+        again = ensure_binlog(shared, config.database, state)
+        assert again is not None
+        assert (again.port, again.started) == (private.port, False)
+    finally:
+        down(state)
+        shutil.rmtree(mariadb_dir(state).parent, ignore_errors=True)
 
 
 def test_services_leave_a_configured_database_with_a_binlog_as_it_is(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from dataservice.callers import ensure_callers_file
 from dataservice.errors import DataServiceError
-from dataservice.localservices.binlog import BINLOG_PORT, ensure_binlog
+from dataservice.localservices.binlog import ensure_binlog
 from dataservice.localservices.flower_env import USER, ensure_flower_env
 from dataservice.localservices.lifecycle import DEFAULT_STATE_DIR, down, up
 from dataservice.settings import Settings
@@ -18,8 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dataservice.localservices")
     parser.add_argument("action", choices=["up", "down"])
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
-    # Where a private binlog MariaDB listens when the configured one has no binlog.
-    parser.add_argument("--binlog-port", type=int, default=BINLOG_PORT)
+    # Where a private binlog MariaDB listens when the configured one has no binlog
+    # (default: where it did before, else 3307, else a free port).
+    parser.add_argument("--binlog-port", type=int, default=None)
     args = parser.parse_args(argv)
     try:
         if args.action == "up":

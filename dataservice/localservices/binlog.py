@@ -31,7 +31,7 @@ from dataservice.changes.user import DEFAULT_USER, changes_url, create_changes_u
 from dataservice.config import DatabaseConfig
 from dataservice.errors import ServiceSetupError
 from dataservice.localservices.mariadb import PrivateMariaDB, binlog_mariadb_dir
-from dataservice.localservices.probes import is_local, mysql_reachable
+from dataservice.localservices.probes import free_port, is_local, mysql_reachable
 from dataservice.settings import Settings
 from dataservice.store.migrate import upgrade
 
@@ -72,11 +72,15 @@ def log_bin_on(url: str) -> bool:
 
 
 def ensure_binlog(
-    settings: Settings, config: DatabaseConfig, state_dir: Path, port: int = BINLOG_PORT
+    settings: Settings, config: DatabaseConfig, state_dir: Path, port: int | None = None
 ) -> PrivateBinlog | None:
     """Make sure a database with a binlog serves ``make run``; returns the
     private one when it takes the configured one's place, None when not needed
-    (the configured server has a binlog) or not possible (it is not on this machine)."""
+    (the configured server has a binlog) or not possible (it is not on this machine).
+
+    Without ``port`` it listens where it did before (``.state/services.env``),
+    else on ``BINLOG_PORT``, else, when something else answers there (another
+    checkout's, say), on a free port; a ``port`` asked for that is taken is an error."""
     env_file = state_dir / SERVICES_ENV
     configured = make_url(settings.database_url)
     if not is_local(configured.host) or log_bin_on(settings.database_url):
@@ -86,15 +90,19 @@ def ensure_binlog(
     # depends on it (mariadb_dir looks at its permissions). Absolute: the
     # server's tools resolve a relative data directory against their own.
     state_dir.mkdir(parents=True, exist_ok=True)
-    server = PrivateMariaDB(binlog_mariadb_dir(state_dir.resolve()), port, binlog=True)
+    directory = binlog_mariadb_dir(state_dir.resolve())
+    server = PrivateMariaDB(directory, port or _kept_port(env_file) or BINLOG_PORT, binlog=True)
     started = not _running(server)
     if started:
-        if mysql_reachable("127.0.0.1", port):
-            raise ServiceSetupError(
-                f"port {port} answers, but not for the binlog MariaDB under {server.directory}: "
-                "free it or pass --binlog-port"
-            )
+        if mysql_reachable("127.0.0.1", server.port):
+            if port is not None:
+                raise ServiceSetupError(
+                    f"port {port} answers, but not for the binlog MariaDB under "
+                    f"{server.directory}: free it or pass another --binlog-port"
+                )
+            server = PrivateMariaDB(directory, free_port(), binlog=True)
         server.start(detach=True)
+    port = server.port
     database = configured.database or "dataservice"
     admin_url = server.url(database)
     upgrade(admin_url, config)
@@ -126,6 +134,12 @@ def read_env(path: Path) -> dict[str, str]:
             name, _, value = line.partition("=")
             values[name] = "".join(shlex.split(value))
     return values
+
+
+def _kept_port(env_file: Path) -> int | None:
+    """The port of the private server an earlier run wrote down, if any."""
+    url = read_env(env_file).get(DATABASE_VARIABLE)
+    return make_url(url).port if url else None
 
 
 def _kept_password(env_file: Path, port: int) -> str | None:
