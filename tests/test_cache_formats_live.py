@@ -25,6 +25,7 @@ from dataservice import Client
 from dataservice.cache.controls import RolloutControls
 from dataservice.config import Config
 from dataservice.enums import CacheFormat
+from tests.changes_support import wait_for
 from tests.livecache import (
     Statements,
     cached,
@@ -107,6 +108,9 @@ def test_a_written_record_reads_back_exactly_and_then_from_the_enabled_formats(
         hits = _hits(fmt)
         assert client.read(scope, OBJECT_ID) == expected
         assert statements.since() == 0, f"a {fmt.value} read after the fill ran SQL"
+        # Counted on the worker's consumer thread just after the answer went out,
+        # so the caller can hold the answer a moment before the counter moves.
+        wait_for(lambda: _hits(fmt) > hits, 2)  # noqa: B023
         assert _hits(fmt) == hits + 1
 
     assert cached_formats(redis_client, scope, OBJECT_ID, generation) == variant.fill

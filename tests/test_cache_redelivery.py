@@ -38,6 +38,7 @@ from dataservice.localservices import free_port, redis_reachable
 from dataservice.processes import WorkerProcess, stop_all, wait_answering
 from dataservice.settings import Settings
 from dataservice.types import Record
+from tests.changes_support import wait_for
 from tests.conftest import require
 from tests.livecache import served_lookups, until
 from tests.support import on_redis, scraped, with_changes, with_retry
@@ -185,6 +186,8 @@ def test_a_replica_killed_holding_cached_reads_loses_none_of_them(
             killed_at = time.monotonic()
             warm += [_read(client, scope, oid) for oid in WARM]
             answers = {oid: answer.result(TIMEOUT_S + 5) for oid, answer in held.items()}
+        # A hit is counted just after its answer went out: the caller may be first.
+        wait_for(lambda: served_lookups(port, "hit") - hits >= len(warm), 2)
         assert served_lookups(port, "hit") - hits == len(warm)
         # Every worker still alive, and only those, answers with its lane.
         queues = control.control.inspect(timeout=1.0).active_queues() or {}
