@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -51,6 +52,13 @@ _DIE_WITH_PARENT = (
     "    pass\n"
     "os.execv(sys.argv[1], sys.argv[1:])\n"
 )
+
+
+def node_name(kind: str, pid: int | None = None) -> str:
+    """A worker node's Celery name, ``<kind>-<pid>@<host>`` (``interactive``,
+    ``batch``, ``changes``), this process's by default: how :func:`answering`
+    and the supervisor tell the processes apart."""
+    return f"{kind}-{os.getpid() if pid is None else pid}@{socket.gethostname()}"
 
 
 def dataservice_argv(*args: str) -> list[str]:

@@ -13,7 +13,6 @@ than from the processes' own logs.
 
 from __future__ import annotations
 
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from dataservice.enums import LaneName
 from dataservice.limits.permits import PERMITS_COMMAND
 from dataservice.processes import (
     WorkerProcess,
+    node_name,
     stop_all,
     wait_answering,
 )
@@ -150,7 +150,7 @@ class Supervisor:
         stats = inspect.stats() or {}
         gauges = inspect._request(PERMITS_COMMAND) or {}
         consumers = [
-            f"changes-{pool.worker.pid}@{socket.gethostname()}"
+            node_name(pool.command, pool.worker.pid)
             for pool in self.pools
             if pool.command == "changes" and pool.worker is not None and pool.worker.running
         ]

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 # The limits script must answer quickly or not at all: a slow Redis sends the
 # gate to its local fallback rather than holding every request.
 _LIMITS_TIMEOUT_S = 0.25
+_BROKER_CHATTER_TIMEOUT_S = 0.25
 
 
 class LaneRuntime:
@@ -102,11 +103,19 @@ class LaneRuntime:
             slots_with_answers=settings.redis_url == settings.result_backend_url,
         )
         self._deliver = self._answers.deliver
+        # The worker's own small talk with the broker (service times, queue
+        # gauges): short timeouts, so that a stalled broker costs a beat, not a thread.
+        self._broker = redis.Redis.from_url(
+            settings.broker_url,
+            socket_timeout=_BROKER_CHATTER_TIMEOUT_S,
+            socket_connect_timeout=_BROKER_CHATTER_TIMEOUT_S,
+            max_connections=4,
+        )
         self._service_times = ServiceTimesPublisher(
-            settings.broker_url, admission_key(lane_config.queue), self.handler.service_times
+            self._broker, admission_key(lane_config.queue), self.handler.service_times
         )
         self._gauges = LaneGauges(
-            lane, config, self.permits, self.engine, self.cache.controls, settings.broker_url
+            lane, config, self.permits, self.engine, self.cache.controls, self._broker
         )
         self.inline = InlineReads(
             self.handler,
@@ -149,6 +158,7 @@ class LaneRuntime:
     def close(self) -> None:
         self._service_times.stop()
         self._gauges.close()
+        self._broker.close()
         if self._purger is not None:
             self._purger.stop()
         self.engine.dispose()

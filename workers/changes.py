@@ -13,8 +13,6 @@ shutdown (``SIGTERM``) stops it, and its lease goes to a standby at once.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ from dataservice.broker import celery_app, direct_queue
 from dataservice.changes.consumer import CHANGES_COMMAND, ChangeConsumer
 from dataservice.config import Config
 from dataservice.keys import CHANGES_QUEUE
+from dataservice.processes import node_name
 from dataservice.settings import Settings
 from workers.alive import add_alive_file
 
@@ -55,10 +54,6 @@ def _changes(state: Any) -> dict[str, Any]:
     }
 
 
-def node_name() -> str:
-    return f"changes-{os.getpid()}@{socket.gethostname()}"
-
-
 def run_changes_node(
     settings: Settings, config: Config, loglevel: str = "INFO", alive_file: Path | None = None
 ) -> None:
@@ -72,7 +67,7 @@ def run_changes_node(
     _CONSUMERS[app] = consumer
     thread = threading.Thread(target=consumer.run, name="change-consumer", daemon=True)
     worker = app.Worker(
-        hostname=node_name(),
+        hostname=node_name("changes"),
         queues=[CHANGES_QUEUE],
         pool="solo",
         concurrency=1,

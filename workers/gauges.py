@@ -26,9 +26,6 @@ from dataservice.metrics import (
     QueueWatch,
 )
 
-# A scrape must not wait on a broker that stalls: the queues are left out instead.
-_BROKER_TIMEOUT_S = 0.25
-
 
 class LaneGauges:
     """One lane runtime's gauges, attached while it runs."""
@@ -40,8 +37,10 @@ class LaneGauges:
         permits: LanePermits,
         engine: Engine,
         controls: RolloutControls,
-        broker_url: str,
+        broker: redis.Redis,
     ) -> None:
+        """``broker``: a client with short timeouts (a scrape must not wait on a
+        broker that stalls: the queues are left out instead), its owner's."""
         name = lane.value
         PERMITS_IN_USE.labels(name).set_function(lambda: permits.snapshot().in_use)
         PERMITS_CAPACITY.labels(name).set(permits.capacity)
@@ -58,20 +57,13 @@ class LaneGauges:
         CACHE_READ_PERCENT.labels(name).set_function(lambda: _read_percent(controls))
         CACHE_GENERATION.labels(name).set_function(lambda: controls.current().generation)
         CACHE_BYPASS.labels(name).set_function(lambda: int(controls.current().bypass))
-        self._broker = redis.Redis.from_url(
-            broker_url,
-            socket_timeout=_BROKER_TIMEOUT_S,
-            socket_connect_timeout=_BROKER_TIMEOUT_S,
-            max_connections=2,
-        )
         self._watch = QueueWatch(
-            self._broker, {lane.value: config.lanes[lane].queue for lane in LaneName}
+            broker, {lane.value: config.lanes[lane].queue for lane in LaneName}
         )
         QUEUES.watch(self._watch)
 
     def close(self) -> None:
         QUEUES.unwatch(self._watch)
-        self._broker.close()
 
 
 def _read_percent(controls: RolloutControls) -> int:

@@ -12,12 +12,11 @@ mysqlclient blocks it.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 from pathlib import Path
 
 from dataservice.config import Config
 from dataservice.enums import LaneName
+from dataservice.processes import node_name
 from dataservice.settings import Settings
 from workers.alive import add_alive_file
 from workers.app import create_app
@@ -27,10 +26,6 @@ log = logging.getLogger(__name__)
 # Celery logs every task received and succeeded at INFO: a line per request
 # is noise at this rate, and operators watch counters instead.
 _CHATTY_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
-
-
-def node_name(lane: LaneName) -> str:
-    return f"{lane.value}-{os.getpid()}@{socket.gethostname()}"
 
 
 def run_worker(
@@ -50,7 +45,7 @@ def run_worker(
         add_alive_file(app, alive_file)
     for name in _CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
-    node = node_name(lane)
+    node = node_name(lane.value)
     worker = app.Worker(
         hostname=node,
         queues=[lane_config.queue],

@@ -15,15 +15,14 @@ from dataservice.worker.durations import RecentDurations
 log = logging.getLogger(__name__)
 
 INTERVAL_S = 1.0
-# Saying it must never hold the worker up: a slow broker skips a beat.
-_TIMEOUT_S = 0.25
 
 
 class ServiceTimesPublisher:
-    def __init__(self, broker_url: str, stats_key: str, times: RecentDurations[str]) -> None:
-        self._client = redis.Redis.from_url(
-            broker_url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S
-        )
+    """On ``client`` (short timeouts: a slow broker skips a beat, never holds
+    the worker up), which stays its owner's."""
+
+    def __init__(self, client: redis.Redis, stats_key: str, times: RecentDurations[str]) -> None:
+        self._client = client
         self._stats_key = stats_key
         self._times = times
         self._said = 0
@@ -34,7 +33,6 @@ class ServiceTimesPublisher:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(5)
-        self._client.close()
 
     def _run(self) -> None:
         while not self._stop.wait(INTERVAL_S):

@@ -4,17 +4,15 @@ tell outcomes, refusals, timeouts and failed dependencies apart."""
 
 from __future__ import annotations
 
-import urllib.request
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from rich.table import Table
 
 from dataservice.metrics import Stage
+from dataservice.metrics.endpoint import scrape_port
 
-SCRAPE_TIMEOUT_S = 2.0
 # (counter, the label that tells its series apart, whether each process
 # reports the service's own figure: then the largest is the service's)
 COUNTERS = (
@@ -31,17 +29,7 @@ COUNTERS = (
 def scrape(ports: Mapping[str, int]) -> dict[str, list[Sample]]:
     """Every sample of each process's endpoint, by process name; a process
     that does not answer has none."""
-    found: dict[str, list[Sample]] = {}
-    for name, port in ports.items():
-        url = f"http://127.0.0.1:{port}/metrics"
-        try:
-            with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as page:
-                text = page.read().decode()
-        except OSError:
-            found[name] = []
-            continue
-        found[name] = [s for family in text_string_to_metric_families(text) for s in family.samples]
-    return found
+    return {name: scrape_port(port) or [] for name, port in ports.items()}
 
 
 def _buckets(samples: Iterable[Sample]) -> dict[str, dict[float, float]]:

@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
 import redis
-from prometheus_client.parser import text_string_to_metric_families
 
 from dataservice.cache.guard import stream_status
+from dataservice.metrics.endpoint import scrape_port
 
-_CACHE_READS = "dataservice_cache_reads"
+_CACHE_READS_TOTAL = "dataservice_cache_reads_total"
 
 
 class LagWatch:
@@ -77,18 +76,13 @@ def cache_reads(ports: Iterable[int]) -> Counter[str]:
     listening on ``ports``; one that does not answer adds ``unreachable``."""
     totals: Counter[str] = Counter()
     for port in ports:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as page:
-                body = page.read().decode()
-        except OSError:
+        samples = scrape_port(port)
+        if samples is None:
             totals["unreachable"] += 1
             continue
-        for family in text_string_to_metric_families(body):
-            if family.name != _CACHE_READS:
-                continue
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    totals[sample.labels["outcome"]] += int(sample.value)
+        for sample in samples:
+            if sample.name == _CACHE_READS_TOTAL:
+                totals[sample.labels["outcome"]] += int(sample.value)
     return totals
 
 
