@@ -33,4 +33,18 @@ def run_scenario(
     )
     report = run.execute()
     assert run.samples, "the sampler took no samples"
+    assert any(lane["ok"] for lane in report["lanes"].values()), served_nothing(run, report)
     return report, run.samples
+
+
+def served_nothing(run: Run, report: dict[str, Any]) -> str:
+    """Why a run answered nothing: each lane's outcomes and each replica's log tail."""
+    outcomes = ("attempts", "ok", "rejected", "unavailable", "timeout", "error")
+    lines = ["the run answered no request"]
+    for name, lane in report["lanes"].items():
+        lines.append(f"{name}: " + ", ".join(f"{k} {lane.get(k)}" for k in outcomes))
+    for replica in run.fleet.replicas:
+        worker = replica.worker
+        lines.append(f"--- {worker.log_path.name} (exit {worker.returncode}):")
+        lines.append(worker.log_tail(15))
+    return "\n".join(lines)

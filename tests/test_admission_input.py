@@ -23,6 +23,7 @@ from dataservice.settings import Settings
 from dataservice.store import RecordStore, create_store_engine
 from dataservice.worker import RequestHandler
 from dataservice.worker.database import Database
+from dataservice.worker.durations import RecentDurations
 from tests.support import caller_key, handler_for, signed
 
 
@@ -167,3 +168,23 @@ def test_a_request_with_less_time_than_its_operation_needs_never_reaches_the_dat
     assert _code(handler, key, _now_ms() + 200) is StatusCode.DEADLINE_EXCEEDED
     assert database.permits.snapshot().acquired_total == 0
     assert _code(handler, key, _now_ms() + 2000) is StatusCode.OK
+
+
+def test_an_old_estimate_that_nothing_renews_no_longer_refuses(
+    parts: tuple[RequestHandler, Database], key: CallerKey
+) -> None:
+    """A few slow writes once (a reconnect, a stall) must not refuse every later
+    request for good: only successes renew the estimate, so it expires."""
+    from dataservice.enums import OperationClass
+    from dataservice.worker.durations import MAX_AGE_S
+
+    handler, database = parts
+    now = [0.0]
+    durations: RecentDurations[OperationClass] = RecentDurations(clock=lambda: now[0])
+    database.durations = durations
+    for _ in range(20):
+        durations.record(OperationClass.POINT_WRITE, 5000.0)
+    assert _code(handler, key, _now_ms() + 2000) is StatusCode.DEADLINE_EXCEEDED
+    now[0] += MAX_AGE_S + 0.1
+    assert _code(handler, key, _now_ms() + 2000) is StatusCode.OK
+    assert database.permits.snapshot().acquired_total == 1

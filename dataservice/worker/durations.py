@@ -7,17 +7,25 @@ waste the permit's database time and cost a discarded connection, and its
 caller would get DEADLINE_EXCEEDED anyway. A whole request's time per
 operation tells admission how long a request takes once it leaves the queue
 (:mod:`dataservice.limits.admission`).
+
+Only successes are recorded, so an estimate that nothing renews is forgotten
+after ``MAX_AGE_S``: a few slow operations (a reconnect, a stalled database)
+must not leave a p90 longer than every request's remaining time, which would
+refuse every request, record nothing new and hold that p90 for good.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 WINDOW = 64
 QUANTILE = 0.9
+# A kind with no duration recorded for this long has no estimate (p90 0).
+MAX_AGE_S = 5.0
 
 K = TypeVar("K", bound=Hashable)
 
@@ -25,10 +33,12 @@ K = TypeVar("K", bound=Hashable)
 class RecentDurations(Generic[K]):
     """The last ``WINDOW`` durations (ms) of each kind, and their p90."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._lock = threading.Lock()
         self._samples: dict[K, deque[float]] = {}
         self._p90: dict[K, float] = {}
+        self._last: dict[K, float] = {}
         self._recorded = 0
 
     def record(self, kind: K, duration_ms: float) -> None:
@@ -39,13 +49,24 @@ class RecentDurations(Generic[K]):
             samples.append(duration_ms)
             ordered = sorted(samples)
             self._p90[kind] = ordered[min(len(ordered) - 1, int(QUANTILE * len(ordered)))]
+            self._last[kind] = self._clock()
             self._recorded += 1
 
     def p90(self, kind: K) -> float:
-        """0 until the kind has been seen: nothing is refused on a guess."""
+        """0 until the kind has been seen, and again once nothing has renewed
+        it for ``MAX_AGE_S``: nothing is refused on a guess or an old figure."""
+        last = self._last.get(kind)
+        if last is None:
+            return 0.0
+        if self._clock() - last > MAX_AGE_S:
+            with self._lock:
+                if self._last.get(kind) == last:
+                    del self._samples[kind], self._p90[kind], self._last[kind]
+            return 0.0
         return self._p90.get(kind, 0.0)
 
     def snapshot(self) -> tuple[int, dict[K, float]]:
-        """How many durations were recorded so far, and each kind's p90."""
+        """How many durations were recorded so far, and each kind's current p90."""
         with self._lock:
-            return self._recorded, dict(self._p90)
+            kinds = list(self._p90)
+        return self._recorded, {kind: p for kind in kinds if (p := self.p90(kind)) > 0}
