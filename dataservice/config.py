@@ -53,6 +53,8 @@ class BudgetConfig(FrozenModel):
 class AdmissionConfig(FrozenModel):
     max_messages: Annotated[int, Field(gt=0, le=10_000_000)]
     max_bytes: Annotated[int, Field(gt=0, le=1 << 34)]
+    # A standing queue's target wait (ms): past it, publishes are refused. None: no target.
+    target_wait_ms: Annotated[int, Field(gt=0, le=3_600_000)] | None = None
 
 
 class LaneConfig(FrozenModel):
@@ -182,8 +184,19 @@ class RetryConfig(FrozenModel):
     backoff_max_ms: PositiveInt
 
 
+class ThrottleConfig(FrozenModel):
+    """Client-side adaptive throttling (dataservice/client/throttle.py), per process and lane."""
+
+    enabled: bool = True
+    # The process sends about k times what the service accepts (the SRE rule uses 2).
+    k: Annotated[float, Field(ge=1.0, le=10.0)] = 2.0
+    # Requests and accepts are counted over this long: a recovery is noticed within it.
+    window_ms: Annotated[int, Field(ge=100, le=60_000)] = 1000
+
+
 class ClientConfig(FrozenModel):
     retry: RetryConfig
+    throttle: ThrottleConfig = ThrottleConfig()
 
 
 class BrokerConfig(FrozenModel):

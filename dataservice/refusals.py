@@ -44,6 +44,9 @@ class Reason(StrEnum):
     QUEUE_FULL = "queue_full"
     QUEUE_BYTES = "queue_bytes"
     QUEUE_TOO_LONG = "queue_too_long"
+    # The client's own throttle: the service was refusing most of what this
+    # process sent (dataservice/client/throttle.py); nothing was sent.
+    THROTTLED = "throttled"
 
 
 # What admission at publish may answer (``dataservice/limits/admit.lua``).
@@ -64,6 +67,7 @@ LIMIT_MESSAGES = {
     Reason.QUEUE_FULL: "the lane queue is full",
     Reason.QUEUE_BYTES: "the lane queue holds too many bytes",
     Reason.QUEUE_TOO_LONG: "the lane queue is too long to serve the request before its deadline",
+    Reason.THROTTLED: "the service is refusing most requests on this lane; not sent",
 }
 
 

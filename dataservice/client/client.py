@@ -8,7 +8,10 @@ plus a random share of an exponentially growing cap ("full jitter"), so
 callers refused together do not come back together. Every attempt is a new
 message with a new request id; a write or delete keeps its idempotency key
 across attempts (the client always sets one), so a retry never applies a
-change twice.
+change twice. A lane too full to serve the call in time (``queue_full``,
+``queue_bytes``, ``queue_too_long``) is not retried: the caller hears at once.
+The process's throttle (:mod:`.throttle`) may refuse a call before it is
+sent (``throttled``), and decides whether a refused one may try again.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from dataservice.errors import (
     RetryableError,
 )
 from dataservice.identifiers import CALLER_RE
+from dataservice.refusals import Reason
 from dataservice.settings import Settings
 from dataservice.types import (
     DeleteOp,
@@ -47,6 +51,14 @@ from dataservice.types import (
 )
 
 R = TypeVar("R", Record, WriteResult, DeleteResult, Page)
+
+# Refusals a call does not retry itself: the lane cannot serve it within its
+# deadline now (a later attempt would have less time still), or this
+# process's throttle says the service is refusing most of what it is sent.
+# The caller hears at once, with the retry-after, and decides.
+FINAL_REFUSALS = frozenset(
+    {Reason.QUEUE_FULL, Reason.QUEUE_BYTES, Reason.QUEUE_TOO_LONG, Reason.THROTTLED}
+)
 
 
 def _expect(result: Result, kind: type[R]) -> R:
@@ -167,7 +179,9 @@ class Client:
             try:
                 return self._attempt(operation, deadline, key)
             except RetryableError as exc:
-                if attempt >= retry.max_attempts:
+                if exc.reason in FINAL_REFUSALS or attempt >= retry.max_attempts:
+                    raise
+                if not self._publisher.throttle.may_retry(LaneName.INTERACTIVE):
                     raise
                 cap_ms = min(retry.backoff_max_ms, retry.backoff_base_ms << (attempt - 1))
                 delay_ms = exc.retry_after * 1000 + random.uniform(0, cap_ms)
@@ -180,5 +194,7 @@ class Client:
         try:
             return self._publisher.send(operation, deadline, key).result()
         except ResourceExhausted as exc:
+            if exc.reason != Reason.THROTTLED:
+                self._publisher.throttle.refused(LaneName.INTERACTIVE, exc.retry_after)
             self._publisher.held_back(exc)
             raise

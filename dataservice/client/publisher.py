@@ -10,6 +10,7 @@ from dataservice.auth import sign
 from dataservice.callers import CallerKey
 from dataservice.client.handle import Handle, now_ms
 from dataservice.client.pacer import PACER
+from dataservice.client.throttle import Throttle, process_throttle
 from dataservice.client.transport import Transport, refused
 from dataservice.codec import request_envelope
 from dataservice.config import Config
@@ -38,6 +39,7 @@ class Publisher:
         self._key = key
         self._config = config
         self._rate = None if policy is None else policy.rate
+        self.throttle: Throttle = process_throttle(config.client.throttle)
 
     def deadline(self, lane: LaneName, timeout: float | None) -> int:
         """The absolute deadline (Unix ms) of a call with ``timeout`` seconds on ``lane``."""
@@ -56,6 +58,7 @@ class Publisher:
         A refusal is raised as ``ResourceExhausted``; the caller, which also
         sees the service's refusals, passes either to :meth:`held_back`."""
         PACER.take(self.caller, self._rate)
+        self.throttle.request(LaneName.INTERACTIVE)
         envelope = self._envelope(operation, deadline_ms, key)
         try:
             self.transport.publish(
@@ -68,6 +71,9 @@ class Publisher:
             )
         except AdmissionRefused as refusal:
             raise refused(refusal) from None
+        # Accepted once admitted: an answer comes about a window later, too
+        # late for the throttle to see the service accepting again in time.
+        self.throttle.accepted(LaneName.INTERACTIVE)
         return Handle(self.transport, self.caller, envelope.request_id, deadline_ms)
 
     def send_batch(self, operations: Sequence[Operation], deadline_ms: int) -> list[Handle]:
@@ -76,6 +82,7 @@ class Publisher:
         # Admission paces a batch at publish (and says how many it took); here
         # only a standing rate refusal holds it back.
         PACER.take(self.caller, None)
+        self.throttle.request(LaneName.BATCH, len(prepared))
         handles = [
             Handle(self.transport, self.caller, env.request_id, deadline_ms) for env in prepared
         ]
@@ -95,8 +102,11 @@ class Publisher:
             )
         except AdmissionRefused as refusal:
             error = refused(refusal, tuple(handles[: refusal.sent]))
+            self.throttle.accepted(LaneName.BATCH, refusal.sent)
+            self.throttle.refused(LaneName.BATCH, error.retry_after)
             self.held_back(error)
             raise error from None
+        self.throttle.accepted(LaneName.BATCH, len(handles))
         return handles
 
     def held_back(self, error: ResourceExhausted) -> None:

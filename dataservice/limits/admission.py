@@ -17,6 +17,13 @@ dequeued: the workers measure that (the p90 of answered requests, per
 operation) and say it every second (:func:`publish_service_times`); an
 estimate the workers stopped renewing more than ``SERVICE_STALE_MS`` ago is not
 relied on, and without one the queue alone decides, as at a cold start.
+
+A queue that stands is also held to a target wait (``admission.target_wait_ms``,
+controlled delay): once no publish has found it empty for that long, a request
+is admitted only if its expected wait is within the target. A burst into an
+idle lane may still queue up to its deadline; sustained overload keeps a
+short queue whose answers come well inside their deadlines, and the rest is
+refused at publish instead of timing out in the queue.
 """
 
 from __future__ import annotations
@@ -94,6 +101,7 @@ class AdmissionRefused(Refusal):
 class LaneAdmission:
     max_messages: int
     max_bytes: int
+    target_wait_ms: int
     default_deadline_ms: int
     max_deadline_ms: int
     stats_key: str
@@ -107,6 +115,7 @@ def lane_admissions(config: Config) -> dict[str, dict[str, Any]]:
             LaneAdmission(
                 max_messages=lane.admission.max_messages,
                 max_bytes=lane.admission.max_bytes,
+                target_wait_ms=lane.admission.target_wait_ms or 0,
                 default_deadline_ms=lane.default_deadline_ms,
                 max_deadline_ms=lane.max_deadline_ms,
                 stats_key=admission_key(lane.queue),
@@ -171,6 +180,7 @@ def admit(
         lane.max_deadline_ms + 60_000,
         SERVICE_PREFIX + operation if operation in OPERATIONS else "",
         SERVICE_STALE_MS,
+        lane.target_wait_ms,
     ]
     caller = message.get("headers", {}).get(CALLER_HEADER)
     paced = pacing.get(caller) if pacing and isinstance(caller, str) else None

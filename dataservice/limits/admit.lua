@@ -7,10 +7,12 @@
 --            rate     completions per second while the queue was busy
 --            rate_at  when the current measuring window began (server time, ms)
 --            done_at  `done` when the current window began
+--            offered  every publish this script has seen, admitted or refused
 --            refused:<reason>  publishes refused for that reason (the workers' metrics read them)
 --            service:<operation>  how long an answered request of that operation took
 --                     once dequeued (ms, p90, the workers' service.lua)
 --            service_at  when the workers last said so (server time, ms)
+--            empty_at  when a publish last found the queue empty (server time, ms)
 -- ARGV[1]  the message, as kombu stores it in the list
 -- ARGV[2]  the request envelope's size in bytes
 -- ARGV[3]  the most messages that may wait in the queue
@@ -21,22 +23,26 @@
 -- ARGV[8]  the hash field of the request's operation's service time
 --          ('service:read', ...); '' when the operation is not known
 -- ARGV[9]  how old a service time may be (ms) before it is not relied on
+-- ARGV[10] the queue's target wait (ms; 0: none): once the queue has not been
+--          empty for this long (a standing queue, not a burst), a request is
+--          admitted only if its expected wait in the queue is within it
 -- KEYS[3]  optional: the caller's publish pacing (GCRA theoretical arrival time, µs),
 --          ds:pace:<caller>, a key of the caller's own
--- ARGV[10] with KEYS[3]: the caller's emission interval (µs per request: 1e6 / rate)
--- ARGV[11] with KEYS[3]: the caller's burst (requests)
+-- ARGV[11] with KEYS[3]: the caller's emission interval (µs per request: 1e6 / rate)
+-- ARGV[12] with KEYS[3]: the caller's burst (requests)
 --
 -- Returns {''} when the message was pushed, or {reason, retry_after_ms} with a
 -- dataservice.refusals.Reason value: 'queue_full' (messages), 'queue_bytes',
 -- 'queue_too_long' (the queue ahead of it and its own service time would take
--- longer than its deadline) or 'rate_limited' (the caller is over its rate:
+-- longer than its deadline, or the standing queue is past its target wait) or
+-- 'rate_limited' (the caller is over its rate:
 -- the workers would refuse it).
 --#include gcra.lua
 
 local depth = redis.call('LLEN', KEYS[1])
 local service_field = ARGV[8] ~= '' and ARGV[8] or 'service:'
 local h = redis.call('HMGET', KEYS[2], 'bytes', 'done', 'rate', 'rate_at', 'done_at',
-  'service_at', service_field)
+  'service_at', service_field, 'empty_at')
 -- Workers only subtract; a negative balance (a completion counted twice after
 -- a redelivery) must not become room beyond the bound.
 local bytes = math.max(tonumber(h[1]) or 0, 0)
@@ -54,7 +60,14 @@ local service = 0
 if now - (tonumber(h[6]) or 0) <= tonumber(ARGV[9]) then
   service = tonumber(h[7]) or 0
 end
+local target = tonumber(ARGV[10])
+local empty_at = tonumber(h[8])
+if depth == 0 or empty_at == nil then
+  empty_at = now
+  redis.call('HSET', KEYS[2], 'empty_at', now)
+end
 
+redis.call('HINCRBY', KEYS[2], 'offered', 1)
 redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[7]))
 if rate_at == nil then
   redis.call('HSET', KEYS[2], 'rate_at', now, 'done_at', done)
@@ -92,9 +105,15 @@ end
 -- Only a queue that was measured draining says how long it takes; an empty
 -- one lets the request start at once (the workers refuse one that cannot run).
 if rate > 0 and depth > 0 then
-  local finish = depth * 1000 / rate + service
-  if finish > remaining then
-    return refuse('queue_too_long', math.min(cap, math.max(10, math.ceil(finish - remaining))))
+  local wait = depth * 1000 / rate
+  if wait + service > remaining then
+    return refuse('queue_too_long', math.min(cap, math.max(10, math.ceil(wait + service - remaining))))
+  end
+  -- A queue that stands (not one burst draining) only adds waiting to every
+  -- request behind it: past its target, what joins it is refused at once,
+  -- retryably, and the queue stays short enough that estimates hold.
+  if target > 0 and now - empty_at > target and wait > target then
+    return refuse('queue_too_long', math.min(cap, math.max(10, math.ceil(wait - target))))
   end
 end
 
@@ -103,7 +122,7 @@ end
 -- own pacing key); this only keeps a well-behaved caller's excess off the queue.
 if KEYS[3] then
   local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local new_tat, retry_ms = gcra_check(KEYS[3], now_us, tonumber(ARGV[10]), tonumber(ARGV[11]))
+  local new_tat, retry_ms = gcra_check(KEYS[3], now_us, tonumber(ARGV[11]), tonumber(ARGV[12]))
   if not new_tat then
     return refuse('rate_limited', retry_ms)
   end

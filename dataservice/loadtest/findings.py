@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 # queries run (a few ms), so its count can include connections from a moment
 # the bound has not yet credited: 6 processes x 20/s x 5 ms is under one.
 RAMP_TOLERANCE = 2
+# Overload that fails fast: at most this share of interactive attempts time out,
+# and refused callers hear so within this long (p99).
+TIMEOUT_SHARE = 0.05
+FAST_REFUSAL_MS = 50.0
 
 
 def build_report(
@@ -124,6 +128,12 @@ def _verdicts(
     deadline_ms = run.timeouts[LaneName.INTERACTIVE] * 1000
     p99 = lanes[interactive]["p99_ms"]
     verdicts["interactive_p99_within_deadline"] = p99 is not None and p99 <= deadline_ms
+    # Overload fails fast: few callers wait out their deadline, and a refusal
+    # reaches its caller at once (its retries inside the call included).
+    timeouts = lanes[interactive]["timeout_rate"]
+    verdicts["interactive_timeouts_within_share"] = timeouts <= TIMEOUT_SHARE
+    refused_p99 = lanes[interactive]["refused_p99_ms"]
+    verdicts["interactive_refusals_fast"] = refused_p99 is None or refused_p99 <= FAST_REFUSAL_MS
     verdicts["goodput_over_capacity"] = {
         lane.value: round(lanes[lane.value]["goodput_per_s"] / run.capacity[lane], 3)
         if run.capacity[lane]

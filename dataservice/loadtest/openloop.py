@@ -32,6 +32,8 @@ from dataservice.enums import LaneName
 from dataservice.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 
 LAG_TOLERANCE_S = 0.010
+# How long a closed-loop caller pauses after a refusal before its next request.
+REFUSED_PAUSE_S = 0.010
 # Share of reads in each lane's mix; the rest are writes (upserts of seeded ids).
 READ_SHARE = {LaneName.INTERACTIVE: 0.9, LaneName.BATCH: 0.5}
 
@@ -235,6 +237,10 @@ def closed_loop_capacity(
         while not stop.is_set():
             op = "read" if rng.random() < READ_SHARE[lane] else "write"
             outcome, _ = attempt(adapter, lane, op, rng.choice(ids), payload, timeouts[lane])
+            if outcome is Outcome.REJECTED:
+                # As a caller told to come back would: a refused loop that spun
+                # at once would only burn the CPU the service runs on.
+                time.sleep(REFUSED_PAUSE_S)
             now = time.monotonic()
             if outcome is Outcome.OK and window[0] <= now < window[1]:
                 with lock:

@@ -46,6 +46,9 @@ def lane_stats(
     span = max(end - start, 1e-9)
     counts = {o.value: sum(1 for r in mine if r.outcome is o) for o in Outcome}
     ok_ms = [r.latency_ms for r in mine if r.outcome is Outcome.OK]
+    # How long a caller waited to learn it was refused: a refusal is only
+    # useful if it is fast (retries inside the call included).
+    refused_ms = [r.latency_ms for r in mine if r.outcome is Outcome.REJECTED]
     attempts = len(mine)
     return {
         "window_s": [round(start, 2), round(end, 2)],
@@ -62,6 +65,8 @@ def lane_stats(
         "p95_ms": _r(percentile(ok_ms, 95)),
         "p99_ms": _r(percentile(ok_ms, 99)),
         "max_ms": _r(max(ok_ms) if ok_ms else None),
+        "refused_p50_ms": _r(percentile(refused_ms, 50)),
+        "refused_p99_ms": _r(percentile(refused_ms, 99)),
     }
 
 

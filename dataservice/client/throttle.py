@@ -1,0 +1,160 @@
+"""Client-side adaptive throttling: a process stops sending what the service
+would only refuse.
+
+Per lane, over the last ``client.throttle.window_ms``, the process counts the
+requests its callers made and those the service accepted (admitted at
+publish: an answer comes too late, often a window later, to tell the throttle
+that the service is accepting again). While the service accepts
+most of what it is sent, nothing changes. Once it refuses more, each request
+is refused here, before it is sent, with probability::
+
+    max(0, (requests - k * accepts) / (requests + 1))
+
+(the rule of Google's SRE book, "Handling Overload"), so the process sends
+about ``k`` times what the service accepts however much its callers offer. A
+refusal here is the service's own error, ``ResourceExhausted`` (reason
+``throttled``), with the retry-after the service last gave on that lane.
+
+Retries follow the same accounting: a refused call is tried again only while
+the lane is not being throttled and its retries in the window stay within
+``RETRY_BUDGET`` of its requests, so under overload a caller learns at once
+and its retries cannot multiply the overload. The window is short (seconds,
+not minutes), so a service that recovers is noticed within about one window.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dataservice.config import ThrottleConfig
+from dataservice.enums import LaneName
+from dataservice.errors import ResourceExhausted
+from dataservice.refusals import LIMIT_MESSAGES, Reason
+
+# Each window is counted in this many slices, so old counts leave it smoothly.
+SLICES = 10
+# Retries at most this share of a lane's requests in the window (SRE's per-client
+# retry budget), and this many whatever the volume, so a quiet caller may retry.
+RETRY_BUDGET = 0.1
+RETRY_FLOOR = 5
+# The retry-after of a local refusal before the service has given one (s).
+DEFAULT_RETRY_AFTER_S = 0.1
+
+
+@dataclass(slots=True)
+class _Slice:
+    start: float = 0.0
+    requests: int = 0
+    accepts: int = 0
+    retries: int = 0
+
+
+class _LaneWindow:
+    """Requests, accepts and retries over a sliding window of ``SLICES`` slices."""
+
+    def __init__(self, window_s: float) -> None:
+        self._slice_s = window_s / SLICES
+        self._slices = [_Slice() for _ in range(SLICES)]
+        self.retry_after_s = DEFAULT_RETRY_AFTER_S
+
+    def current(self, now: float) -> _Slice:
+        start = now - now % self._slice_s
+        slot = self._slices[int(now / self._slice_s) % SLICES]
+        if slot.start != start:
+            slot.start, slot.requests, slot.accepts, slot.retries = start, 0, 0, 0
+        return slot
+
+    def totals(self, now: float) -> tuple[int, int, int]:
+        oldest = now - self._slice_s * SLICES
+        live = [s for s in self._slices if s.start > oldest]
+        return (
+            sum(s.requests for s in live),
+            sum(s.accepts for s in live),
+            sum(s.retries for s in live),
+        )
+
+
+class Throttle:
+    """One process's throttle, per lane; every client in the process shares it."""
+
+    def __init__(
+        self,
+        config: ThrottleConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.config = config
+        self._clock = clock
+        self._rng = rng
+        self._lock = threading.Lock()
+        self._lanes = {lane: _LaneWindow(config.window_ms / 1000) for lane in LaneName}
+
+    def rejection_probability(self, lane: LaneName) -> float:
+        """The share of new requests refused here now."""
+        with self._lock:
+            requests, accepts, _ = self._lanes[lane].totals(self._clock())
+        return self._probability(requests, accepts)
+
+    def _probability(self, requests: int, accepts: int) -> float:
+        if not self.config.enabled:
+            return 0.0
+        return max(0.0, (requests - self.config.k * accepts) / (requests + 1))
+
+    def request(self, lane: LaneName, n: int = 1) -> None:
+        """Count ``n`` requests about to be sent, or refuse them all here
+        (counted too: the rule needs what the callers asked for)."""
+        now = self._clock()
+        with self._lock:
+            window = self._lanes[lane]
+            requests, accepts, _ = window.totals(now)
+            window.current(now).requests += n
+            refuse = self._rng() < self._probability(requests, accepts)
+            retry_after = window.retry_after_s
+        if refuse:
+            raise ResourceExhausted(
+                LIMIT_MESSAGES[Reason.THROTTLED],
+                retry_after=retry_after,
+                reason=Reason.THROTTLED,
+            )
+
+    def accepted(self, lane: LaneName, n: int = 1) -> None:
+        """``n`` requests were accepted by the service."""
+        with self._lock:
+            self._lanes[lane].current(self._clock()).accepts += n
+
+    def refused(self, lane: LaneName, retry_after_s: float) -> None:
+        """The service refused a request for load: its retry-after is the one to give."""
+        with self._lock:
+            self._lanes[lane].retry_after_s = max(0.001, retry_after_s)
+
+    def may_retry(self, lane: LaneName) -> bool:
+        """Whether a refused call may try again now (and, if so, count the retry)."""
+        now = self._clock()
+        with self._lock:
+            window = self._lanes[lane]
+            requests, accepts, retries = window.totals(now)
+            if self._probability(requests, accepts) > 0:
+                return False
+            budget = max(RETRY_FLOOR, RETRY_BUDGET * requests)
+            if self.config.enabled and retries + 1 > budget:
+                return False
+            window.current(now).retries += 1
+            return True
+
+
+_throttles: dict[ThrottleConfig, Throttle] = {}
+_throttles_lock = threading.Lock()
+
+
+def process_throttle(config: ThrottleConfig) -> Throttle:
+    """The process's throttle for ``config`` (clients with the same settings share one)."""
+    with _throttles_lock:
+        throttle = _throttles.get(config)
+        if throttle is None:
+            throttle = _throttles[config] = Throttle(config)
+        return throttle
