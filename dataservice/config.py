@@ -177,20 +177,16 @@ class AuthConfig(FrozenModel):
 
 
 class RetryConfig(FrozenModel):
-    """How a client retries a retryable answer, inside the request's one deadline."""
-
+    # How a client retries a retryable answer, inside the request's one deadline.
     max_attempts: Annotated[int, Field(gt=0, le=20)]
     backoff_base_ms: PositiveInt
     backoff_max_ms: PositiveInt
 
 
 class ThrottleConfig(FrozenModel):
-    """Client-side adaptive throttling (dataservice/client/throttle.py), per process and lane."""
-
+    # Per client and lane: about k x what the service accepts over window_ms is sent.
     enabled: bool = True
-    # The process sends about k times what the service accepts (the SRE rule uses 2).
     k: Annotated[float, Field(ge=1.0, le=10.0)] = 2.0
-    # Requests and accepts are counted over this long: a recovery is noticed within it.
     window_ms: Annotated[int, Field(ge=100, le=60_000)] = 1000
 
 

@@ -257,3 +257,57 @@ def test_refusals_at_publish_are_counted_by_reason_and_scraped_from_the_broker(
         QUEUES.unwatch(watch)
     # Unwatched, the queues are left out rather than reported as empty.
     assert REGISTRY.get_sample_value("dataservice_queue_messages", {"lane": "interactive"}) is None
+
+
+@pytest.fixture
+def targeted(settings: Settings, tmp_path: Path) -> Iterator[tuple[Settings, Config, redis.Redis]]:
+    """The batch lane with a standing-queue target of 500 ms; nothing consumes it."""
+    require(redis_reachable(UNSERVED_REDIS_URL), "Redis at 127.0.0.1:6379")
+    with bounded_admission(
+        settings,
+        UNSERVED_REDIS_URL,
+        tmp_path,
+        batch={"max_messages": 10_000, "max_bytes": 1 << 24, "target_wait_ms": 500},
+    ) as bounded:
+        yield bounded
+
+
+def test_a_standing_queue_is_held_to_its_target_wait_and_a_burst_is_not(
+    targeted: tuple[Settings, Config, redis.Redis],
+) -> None:
+    settings, config, broker = targeted
+    key = admission_key(config.lanes.batch.queue)
+    with Client("tests", settings, config) as client:
+        client.submit_many([ReadOp("s", f"k{n}") for n in range(20)], timeout=600)
+        # 20 ahead at 10 a second: 2 s of queue, four times the target ...
+        broker.hset(key, mapping={"rate": 10, "rate_at": _deadline(0), "empty_at": _deadline(0)})
+        # ... yet the queue was empty a moment ago: a burst, admitted up to its deadline.
+        client.submit(ReadOp("s", "burst"), timeout=60)
+        # The same queue, not empty for a second: it stands, and past its target
+        # what would join it is refused at once, with the time to drain to the target.
+        broker.hset(key, "empty_at", _deadline(-1))
+        with pytest.raises(ResourceExhausted) as caught:
+            client.submit(ReadOp("s", "standing"), timeout=60)
+        assert caught.value.reason == "queue_too_long"
+        assert 1.4 <= caught.value.retry_after <= 1.8
+        # Drained to within the target (4 ahead at 10 a second), it admits again.
+        broker.ltrim(config.lanes.batch.queue, 0, 3)
+        client.submit(ReadOp("s", "short"), timeout=60)
+    assert broker.llen(config.lanes.batch.queue) == 5
+    # Every publish was seen by the broker's script, the refused one included.
+    assert int(broker.hget(key, "offered") or 0) == 20 + 1 + 1 + 1
+
+
+def test_without_measurements_the_bounds_alone_decide_as_before(
+    targeted: tuple[Settings, Config, redis.Redis],
+) -> None:
+    """A cold start: no drain rate and no service time yet, so neither the
+    deadline estimate nor the target refuses anything, however long the queue."""
+    settings, config, broker = targeted
+    key = admission_key(config.lanes.batch.queue)
+    with Client("tests", settings, config) as client:
+        client.submit_many([ReadOp("s", f"k{n}") for n in range(200)], timeout=600)
+        broker.hset(key, "empty_at", _deadline(-60))
+        client.submit(ReadOp("s", "late-joiner"), timeout=1)
+    assert broker.llen(config.lanes.batch.queue) == 201
+    assert broker.hget(key, "rate") is None

@@ -10,7 +10,7 @@ message with a new request id; a write or delete keeps its idempotency key
 across attempts (the client always sets one), so a retry never applies a
 change twice. A lane too full to serve the call in time (``queue_full``,
 ``queue_bytes``, ``queue_too_long``) is not retried: the caller hears at once.
-The process's throttle (:mod:`.throttle`) may refuse a call before it is
+The client's throttle (:mod:`.throttle`) may refuse a call before it is
 sent (``throttled``), and decides whether a refused one may try again.
 """
 
@@ -54,8 +54,9 @@ R = TypeVar("R", Record, WriteResult, DeleteResult, Page)
 
 # Refusals a call does not retry itself: the lane cannot serve it within its
 # deadline now (a later attempt would have less time still), or this
-# process's throttle says the service is refusing most of what it is sent.
-# The caller hears at once, with the retry-after, and decides.
+# client's throttle says the service is refusing most of what it is sent.
+# The caller hears at once, with the retry-after, and decides. (With the
+# throttle off, the client retries them as it did before it had one.)
 FINAL_REFUSALS = frozenset(
     {Reason.QUEUE_FULL, Reason.QUEUE_BYTES, Reason.QUEUE_TOO_LONG, Reason.THROTTLED}
 )
@@ -179,9 +180,11 @@ class Client:
             try:
                 return self._attempt(operation, deadline, key)
             except RetryableError as exc:
-                if exc.reason in FINAL_REFUSALS or attempt >= retry.max_attempts:
+                throttle = self._publisher.throttle
+                final = throttle.config.enabled and exc.reason in FINAL_REFUSALS
+                if final or attempt >= retry.max_attempts:
                     raise
-                if not self._publisher.throttle.may_retry(LaneName.INTERACTIVE):
+                if not throttle.may_retry(LaneName.INTERACTIVE):
                     raise
                 cap_ms = min(retry.backoff_max_ms, retry.backoff_base_ms << (attempt - 1))
                 delay_ms = exc.retry_after * 1000 + random.uniform(0, cap_ms)

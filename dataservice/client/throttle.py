@@ -1,7 +1,8 @@
-"""Client-side adaptive throttling: a process stops sending what the service
+"""Client-side adaptive throttling: a client stops sending what the service
 would only refuse.
 
-Per lane, over the last ``client.throttle.window_ms``, the process counts the
+Per lane, over the last ``client.throttle.window_ms``, each ``Client`` (a
+process usually has one; its threads share it) counts the
 requests its callers made and those the service accepted (admitted at
 publish: an answer comes too late, often a window later, to tell the throttle
 that the service is accepting again). While the service accepts
@@ -10,7 +11,7 @@ is refused here, before it is sent, with probability::
 
     max(0, (requests - k * accepts) / (requests + 1))
 
-(the rule of Google's SRE book, "Handling Overload"), so the process sends
+(the rule of Google's SRE book, "Handling Overload"), so the client sends
 about ``k`` times what the service accepts however much its callers offer. A
 refusal here is the service's own error, ``ResourceExhausted`` (reason
 ``throttled``), with the retry-after the service last gave on that lane.
@@ -79,7 +80,7 @@ class _LaneWindow:
 
 
 class Throttle:
-    """One process's throttle, per lane; every client in the process shares it."""
+    """One client's throttle, per lane, shared by the threads that use the client."""
 
     def __init__(
         self,
@@ -145,16 +146,3 @@ class Throttle:
                 return False
             window.current(now).retries += 1
             return True
-
-
-_throttles: dict[ThrottleConfig, Throttle] = {}
-_throttles_lock = threading.Lock()
-
-
-def process_throttle(config: ThrottleConfig) -> Throttle:
-    """The process's throttle for ``config`` (clients with the same settings share one)."""
-    with _throttles_lock:
-        throttle = _throttles.get(config)
-        if throttle is None:
-            throttle = _throttles[config] = Throttle(config)
-        return throttle

@@ -104,6 +104,8 @@ def _both(interactive: float, batch: float) -> dict[LaneName, tuple[Segment, ...
 
 
 SLOW_DB_EXTRA_MS = 50
+# The step scenario's overload, a multiple of the interactive capacity.
+STEP_FACTOR = 3.0
 # A connection proxy's outage: about 7,600 connections of demand met a proxy
 # that could open about 3,360, so callers are offered that multiple of what the
 # service serves.
@@ -126,6 +128,23 @@ SCENARIOS: dict[str, Scenario] = {
             "both lanes offered 3x capacity",
             _both(3.0, 3.0),
             notes=("peak throughput = the closed-loop capacity probe's goodput",),
+        ),
+        Scenario(
+            "step",
+            f"interactive offered 1x capacity, {STEP_FACTOR:g}x from 1/3 of the run, 1x again "
+            "from 2/3; batch at 50% throughout",
+            {
+                LaneName.INTERACTIVE: (
+                    (0.0, 1 / 3, 1.0),
+                    (1 / 3, 2 / 3, STEP_FACTOR),
+                    (2 / 3, 1.0, 1.0),
+                ),
+                LaneName.BATCH: ((0.0, 1.0, 0.5),),
+            },
+            notes=(
+                "refusals should start within 2 s of the step up and stop within 2 s "
+                "of the step down",
+            ),
         ),
         Scenario(
             "overlap",

@@ -190,6 +190,8 @@ REASON_CODES: dict[Reason, StatusCode] = {
     Reason.QUEUE_FULL: StatusCode.RESOURCE_EXHAUSTED,
     Reason.QUEUE_BYTES: StatusCode.RESOURCE_EXHAUSTED,
     Reason.QUEUE_TOO_LONG: StatusCode.RESOURCE_EXHAUSTED,
+    # The client's own (never sent): the code a caller sees is the same.
+    Reason.THROTTLED: StatusCode.RESOURCE_EXHAUSTED,
 }
 
 _STAGES: dict[type[Refusal], TimeoutStage] = {

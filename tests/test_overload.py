@@ -1,0 +1,70 @@
+"""Acceptance: overload fails fast. Reduced size: one replica per lane, 200 ms
+in the database per operation (interactive capacity 7 permits / 0.2 s = 35/s),
+the client's throttle and admission's standing-queue target as shipped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dataservice.loadtest.findings import FAST_REFUSAL_MS, TIMEOUT_SHARE
+from dataservice.loadtest.recovery import SHARE
+from dataservice.loadtest.sampler import Sample
+from dataservice.localservices import mysql_reachable, redis_reachable
+from tests.conftest import require
+from tests.loadtest_support import run_scenario
+from tests.test_loadtest import DELAY_MS, TEST_TARGET, assert_within_share
+
+RATE = 7 * 1000 / DELAY_MS
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def services() -> None:
+    require(redis_reachable(TEST_TARGET.redis_url), "Redis at 127.0.0.1:6379")
+    require(mysql_reachable("127.0.0.1", 3306), "MariaDB at 127.0.0.1:3306")
+
+
+def run(scenario: str, out: Path, duration_s: float) -> tuple[dict[str, Any], list[Sample]]:
+    return run_scenario(
+        scenario, out, TEST_TARGET, replicas=1, duration_s=duration_s, rate=RATE,
+        db_delay_ms=DELAY_MS, records=200,
+    )  # fmt: skip
+
+
+def test_three_times_capacity_is_served_at_capacity_and_the_rest_refused_at_once(
+    tmp_path: Path,
+) -> None:
+    report, samples = run("overload", tmp_path, 12.0)
+    interactive = report["lanes"]["interactive"]
+    assert interactive["timeout_rate"] <= TIMEOUT_SHARE, interactive
+    assert interactive["refused_p99_ms"] <= FAST_REFUSAL_MS, interactive
+    assert interactive["p99_ms"] <= 1000 * report["config"]["timeouts_s"]["interactive"]
+    assert interactive["goodput_per_s"] >= 0.9 * RATE, interactive
+    assert interactive["rejected"] > 0
+    assert_within_share(report, samples)
+
+
+def test_a_step_to_three_times_and_back_starts_and_stops_refusing_within_two_seconds(
+    tmp_path: Path,
+) -> None:
+    duration = 15.0
+    report, samples = run("step", tmp_path, duration)
+    series = report["series"]["interactive"]
+    up, down = int(duration / 3), int(2 * duration / 3)
+    refused, offered, goodput = series["rejected"], series["offered"], series["goodput"]
+    # Before the step nothing is refused; within 2 s of it, refusals are under way.
+    assert sum(refused[:up]) == 0, refused
+    assert sum(refused[up : up + 2]) > 0.3 * sum(offered[up : up + 2]), refused
+    # Within 2 s of the step down, the overload's refusals are over: at most a
+    # trickle while a queue stands at exactly the capacity (see docs/operations.md).
+    for second in range(down + 2, int(duration)):
+        assert refused[second] <= 0.1 * offered[second], (second, refused)
+    # Goodput, over 2 s windows after the first 2 s, stays at 0.9 of the capacity.
+    end = int(duration)
+    windows = [(goodput[t] + goodput[t + 1]) / 2 for t in range(2, end - 1)]
+    assert min(windows) >= SHARE * RATE, goodput
+    assert_within_share(report, samples)
