@@ -184,7 +184,9 @@ class Client:
                 final = throttle.config.enabled and exc.reason in FINAL_REFUSALS
                 if final or attempt >= retry.max_attempts:
                     raise
-                if not throttle.may_retry(LaneName.INTERACTIVE):
+                # The caller's own rate is the pacer's to hold back, not overload.
+                rate = exc.reason == Reason.RATE_LIMITED
+                if not rate and not throttle.may_retry(LaneName.INTERACTIVE):
                     raise
                 cap_ms = min(retry.backoff_max_ms, retry.backoff_base_ms << (attempt - 1))
                 delay_ms = exc.retry_after * 1000 + random.uniform(0, cap_ms)
@@ -197,7 +199,12 @@ class Client:
         try:
             return self._publisher.send(operation, deadline, key).result()
         except ResourceExhausted as exc:
-            if exc.reason != Reason.THROTTLED:
-                self._publisher.throttle.refused(LaneName.INTERACTIVE, exc.retry_after)
+            throttle = self._publisher.throttle
+            if exc.reason == Reason.RATE_LIMITED:
+                # Its own rate, held back by the pacer: neither overload nor a
+                # recovery, so counted as accepted, which leaves the rule as it was.
+                throttle.accepted(LaneName.INTERACTIVE)
+            elif exc.reason != Reason.THROTTLED:
+                throttle.refused(LaneName.INTERACTIVE, exc.retry_after)
             self._publisher.held_back(exc)
             raise

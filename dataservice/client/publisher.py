@@ -57,8 +57,8 @@ class Publisher:
 
         A refusal is raised as ``ResourceExhausted``; the caller, which also
         sees the service's refusals, passes either to :meth:`held_back`."""
-        PACER.take(self.caller, self._rate)
         self.throttle.request(LaneName.INTERACTIVE)
+        PACER.take(self.caller, self._rate)
         envelope = self._envelope(operation, deadline_ms, key)
         try:
             self.transport.publish(
@@ -102,7 +102,9 @@ class Publisher:
             )
         except AdmissionRefused as refusal:
             error = refused(refusal, tuple(handles[: refusal.sent]))
-            self.throttle.accepted(LaneName.BATCH, refusal.sent)
+            # The caller's own rate is the pacer's business, not overload: neutral.
+            neutral = refusal.reason is Reason.RATE_LIMITED
+            self.throttle.accepted(LaneName.BATCH, len(handles) if neutral else refusal.sent)
             self.throttle.refused(LaneName.BATCH, error.retry_after)
             self.held_back(error)
             raise error from None

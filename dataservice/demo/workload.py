@@ -16,8 +16,8 @@ from rich.table import Table
 
 from dataservice.client import Client
 from dataservice.enums import LaneName
-from dataservice.errors import DataServiceError
-from dataservice.types import ReadOp, Record, WriteOp, WriteResult
+from dataservice.errors import DataServiceError, ResourceExhausted
+from dataservice.types import Operation, ReadOp, Record, WriteOp, WriteResult
 
 SCOPE = "demo"
 CALLERS = 8
@@ -67,6 +67,24 @@ def _timed(fn: Callable[[], object]) -> tuple[object, float]:
     return result, (time.perf_counter() - start) * 1000
 
 
+# A batch job told to come back (the caller's rate, a full lane) tries again
+# after the retry-after it was given, this many times at most.
+BATCH_ATTEMPTS = 5
+
+
+def _submitted(client: Client, operation: Operation) -> object:
+    """``operation`` submitted on the batch lane and its result, as a batch job
+    keeps within the service's backpressure: a refused submit waits its retry-after."""
+    for attempt in range(1, BATCH_ATTEMPTS + 1):
+        try:
+            return client.submit(operation).result()
+        except ResourceExhausted as exc:
+            if attempt == BATCH_ATTEMPTS:
+                raise
+            time.sleep(exc.retry_after)
+    raise AssertionError("unreachable")
+
+
 def _one_record(client: Client, lane: LaneName, object_id: str, report: LaneReport) -> None:
     payload = payload_for(object_id)
     try:
@@ -75,9 +93,9 @@ def _one_record(client: Client, lane: LaneName, object_id: str, report: LaneRepo
             read, read_ms = _timed(lambda: client.read(SCOPE, object_id))
         else:
             written, write_ms = _timed(
-                lambda: client.submit(WriteOp(SCOPE, object_id, payload)).result()
+                lambda: _submitted(client, WriteOp(SCOPE, object_id, payload))
             )
-            read, read_ms = _timed(lambda: client.submit(ReadOp(SCOPE, object_id)).result())
+            read, read_ms = _timed(lambda: _submitted(client, ReadOp(SCOPE, object_id)))
     except DataServiceError as exc:
         name = type(exc).__name__
         report.errors[name] = report.errors.get(name, 0) + 1
