@@ -27,8 +27,8 @@ def test_nothing_is_refused_while_the_service_accepts_what_it_is_sent() -> None:
     throttle = Throttle(ThrottleConfig(), clock=clock, rng=lambda: 0.0)
     for _ in range(1000):
         clock.now += 0.01
-        throttle.request(LANE)
-        throttle.accepted(LANE)
+        throttle.check(LANE)
+        throttle.outcome(LANE, 1, 1)
     assert throttle.rejection_probability(LANE) == 0.0
 
 
@@ -39,24 +39,17 @@ def test_at_three_times_what_is_accepted_a_third_is_refused_here() -> None:
     # 300 requests a second counted, 100 of them accepted: (300 - 2 x 100) / 301.
     for n in range(300):
         clock.now += 1 / 300
-        throttle.request(LANE)
-        if n % 3 == 0:
-            throttle.accepted(LANE)
+        throttle.check(LANE)
+        throttle.outcome(LANE, 1, int(n % 3 == 0))
     assert throttle.rejection_probability(LANE) == pytest.approx(100 / 301, abs=0.02)
 
 
 def test_a_local_refusal_is_the_services_error_with_its_last_retry_after() -> None:
     clock = Clock()
     throttle = Throttle(ThrottleConfig(), clock=clock, rng=lambda: 0.0)
-    throttle.refused(LANE, 0.25)
-    for _ in range(10):
-        clock.now += 0.001
-        try:
-            throttle.request(LANE)
-        except ResourceExhausted:
-            break
+    throttle.outcome(LANE, 1, 0, 0.25)
     with pytest.raises(ResourceExhausted) as caught:
-        throttle.request(LANE)
+        throttle.check(LANE)
     assert caught.value.reason == Reason.THROTTLED
     assert caught.value.retry_after == 0.25
 
@@ -70,13 +63,13 @@ def test_about_k_times_what_is_accepted_is_sent_and_a_recovery_is_seen_within_a_
     for n in range(3000):
         clock.now += 1 / 300
         try:
-            throttle.request(LANE)
+            throttle.check(LANE)
         except ResourceExhausted:
             continue
         sent += 1
-        if accepted < (n + 1) / 3:
-            accepted += 1
-            throttle.accepted(LANE)
+        taken = accepted < (n + 1) / 3
+        accepted += taken
+        throttle.outcome(LANE, 1, int(taken))
     assert sent <= 2.2 * accepted, (sent, accepted)
     assert sent >= 1.6 * accepted, (sent, accepted)
     # Recovered: everything sent is accepted; within one window nothing is refused.
@@ -89,15 +82,16 @@ def test_retries_stop_while_throttling_and_stay_within_their_budget() -> None:
     throttle = Throttle(ThrottleConfig(), clock=clock, rng=lambda: 1.0)
     for _ in range(100):
         clock.now += 0.001
-        throttle.request(LANE)
-        throttle.accepted(LANE)
+        throttle.check(LANE)
+        throttle.outcome(LANE, 1, 1)
     # 100 requests in the window: 10 retries (10 %), at least RETRY_FLOOR.
     allowed = sum(throttle.may_retry(LANE) for _ in range(50))
     assert allowed == max(RETRY_FLOOR, 10)
     # The service refusing most of what is sent: no retry at all.
     for _ in range(400):
         clock.now += 0.0005
-        throttle.request(LANE)
+        throttle.check(LANE)
+        throttle.outcome(LANE, 1, 0)
     assert throttle.rejection_probability(LANE) > 0
     assert not throttle.may_retry(LANE)
 
@@ -107,6 +101,7 @@ def test_disabled_it_never_refuses_and_leaves_retries_to_the_retry_settings() ->
     throttle = Throttle(ThrottleConfig(enabled=False), clock=clock, rng=lambda: 0.0)
     for _ in range(1000):
         clock.now += 0.0001
-        throttle.request(LANE)
+        throttle.check(LANE)
+        throttle.outcome(LANE, 1, 0)
     assert throttle.rejection_probability(LANE) == 0.0
     assert all(throttle.may_retry(LANE) for _ in range(100))

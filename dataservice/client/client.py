@@ -199,12 +199,5 @@ class Client:
         try:
             return self._publisher.send(operation, deadline, key).result()
         except ResourceExhausted as exc:
-            throttle = self._publisher.throttle
-            if exc.reason == Reason.RATE_LIMITED:
-                # Its own rate, held back by the pacer: neither overload nor a
-                # recovery, so counted as accepted, which leaves the rule as it was.
-                throttle.accepted(LaneName.INTERACTIVE)
-            elif exc.reason != Reason.THROTTLED:
-                throttle.refused(LaneName.INTERACTIVE, exc.retry_after)
             self._publisher.held_back(exc)
             raise

@@ -57,7 +57,7 @@ class Publisher:
 
         A refusal is raised as ``ResourceExhausted``; the caller, which also
         sees the service's refusals, passes either to :meth:`held_back`."""
-        self.throttle.request(LaneName.INTERACTIVE)
+        self.throttle.check(LaneName.INTERACTIVE)
         PACER.take(self.caller, self._rate)
         envelope = self._envelope(operation, deadline_ms, key)
         try:
@@ -70,10 +70,12 @@ class Publisher:
                 operation=envelope.WhichOneof("operation") or "",
             )
         except AdmissionRefused as refusal:
-            raise refused(refusal) from None
+            error = refused(refusal)
+            self._counted(LaneName.INTERACTIVE, error, 0)
+            raise error from None
         # Accepted once admitted: an answer comes about a window later, too
         # late for the throttle to see the service accepting again in time.
-        self.throttle.accepted(LaneName.INTERACTIVE)
+        self.throttle.outcome(LaneName.INTERACTIVE, 1, 1)
         return Handle(self.transport, self.caller, envelope.request_id, deadline_ms)
 
     def send_batch(self, operations: Sequence[Operation], deadline_ms: int) -> list[Handle]:
@@ -82,7 +84,7 @@ class Publisher:
         # Admission paces a batch at publish (and says how many it took); here
         # only a standing rate refusal holds it back.
         PACER.take(self.caller, None)
-        self.throttle.request(LaneName.BATCH, len(prepared))
+        self.throttle.check(LaneName.BATCH, len(prepared))
         handles = [
             Handle(self.transport, self.caller, env.request_id, deadline_ms) for env in prepared
         ]
@@ -102,14 +104,19 @@ class Publisher:
             )
         except AdmissionRefused as refusal:
             error = refused(refusal, tuple(handles[: refusal.sent]))
-            # The caller's own rate is the pacer's business, not overload: neutral.
-            neutral = refusal.reason is Reason.RATE_LIMITED
-            self.throttle.accepted(LaneName.BATCH, len(handles) if neutral else refusal.sent)
-            self.throttle.refused(LaneName.BATCH, error.retry_after)
+            self._counted(LaneName.BATCH, error, refusal.sent)
             self.held_back(error)
             raise error from None
-        self.throttle.accepted(LaneName.BATCH, len(handles))
+        self.throttle.outcome(LaneName.BATCH, len(handles), len(handles))
         return handles
+
+    def _counted(self, lane: LaneName, error: ResourceExhausted, accepted: int) -> None:
+        """Tell the throttle what admission did with a publish it refused part-way."""
+        if error.reason == Reason.RATE_LIMITED:
+            # The caller's own rate is the pacer's to hold back, not overload.
+            self.throttle.outcome(lane, accepted, accepted)
+        else:
+            self.throttle.outcome(lane, accepted + 1, accepted, error.retry_after)
 
     def held_back(self, error: ResourceExhausted) -> None:
         """After the service refused the caller for its rate, hold it back here."""

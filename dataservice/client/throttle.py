@@ -106,32 +106,35 @@ class Throttle:
             return 0.0
         return max(0.0, (requests - self.config.k * accepts) / (requests + 1))
 
-    def request(self, lane: LaneName, n: int = 1) -> None:
-        """Count ``n`` requests about to be sent, or refuse them all here
-        (counted too: the rule needs what the callers asked for)."""
+    def check(self, lane: LaneName, n: int = 1) -> None:
+        """Pass ``n`` requests about to be sent, or refuse them all here (then
+        counted: the rule needs what the callers asked for)."""
         now = self._clock()
         with self._lock:
             window = self._lanes[lane]
             requests, accepts, _ = window.totals(now)
+            if self._rng() >= self._probability(requests, accepts):
+                return
             window.current(now).requests += n
-            refuse = self._rng() < self._probability(requests, accepts)
             retry_after = window.retry_after_s
-        if refuse:
-            raise ResourceExhausted(
-                LIMIT_MESSAGES[Reason.THROTTLED],
-                retry_after=retry_after,
-                reason=Reason.THROTTLED,
-            )
+        raise ResourceExhausted(
+            LIMIT_MESSAGES[Reason.THROTTLED], retry_after=retry_after, reason=Reason.THROTTLED
+        )
 
-    def accepted(self, lane: LaneName, n: int = 1) -> None:
-        """``n`` requests were accepted by the service."""
+    def outcome(
+        self, lane: LaneName, sent: int, accepted: int, retry_after_s: float | None = None
+    ) -> None:
+        """Admission answered ``sent`` requests, accepting ``accepted``; a
+        refusal's retry-after is the one to give locally from now on. Counted
+        only once answered: a publish still in flight is neither, and other
+        threads' checks must not take it for a refusal."""
         with self._lock:
-            self._lanes[lane].current(self._clock()).accepts += n
-
-    def refused(self, lane: LaneName, retry_after_s: float) -> None:
-        """The service refused a request for load: its retry-after is the one to give."""
-        with self._lock:
-            self._lanes[lane].retry_after_s = max(0.001, retry_after_s)
+            window = self._lanes[lane]
+            slot = window.current(self._clock())
+            slot.requests += sent
+            slot.accepts += accepted
+            if retry_after_s is not None:
+                window.retry_after_s = max(0.001, retry_after_s)
 
     def may_retry(self, lane: LaneName) -> bool:
         """Whether a refused call may try again now (and, if so, count the retry)."""
