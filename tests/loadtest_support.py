@@ -19,16 +19,11 @@ from tests.conftest import SHIPPED_CONFIG
 def run_scenario(
     scenario: str, out: Path, target: env.Target, **options: Any
 ) -> tuple[dict[str, Any], list[Sample]]:
-    """The run's report and the database samples it took (``options``: of RunOptions)."""
+    """The run's report and the database samples it took (``options``: of RunOptions;
+    the shipped configuration unless ``base_config`` says otherwise)."""
+    options.setdefault("base_config", SHIPPED_CONFIG)
     run = Run(
-        RunOptions(
-            scenario=SCENARIOS[scenario],
-            out=out,
-            base_config=SHIPPED_CONFIG,
-            live=False,
-            target=target,
-            **options,
-        ),
+        RunOptions(scenario=SCENARIOS[scenario], out=out, live=False, target=target, **options),
         Console(file=io.StringIO()),
     )
     report = run.execute()

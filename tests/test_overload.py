@@ -8,12 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
+import yaml
 
+from dataservice.keys import admission_key
 from dataservice.loadtest.findings import FAST_REFUSAL_MS, TIMEOUT_SHARE
 from dataservice.loadtest.recovery import SHARE
 from dataservice.loadtest.sampler import Sample
 from dataservice.localservices import mysql_reachable, redis_reachable
-from tests.conftest import require
+from tests.conftest import SHIPPED_CONFIG, require
 from tests.loadtest_support import run_scenario
 from tests.test_loadtest import DELAY_MS, TEST_TARGET, assert_within_share
 
@@ -68,3 +71,40 @@ def test_a_step_to_three_times_and_back_starts_and_stops_refusing_within_two_sec
     windows = [(goodput[t] + goodput[t + 1]) / 2 for t in range(2, end - 1)]
     assert min(windows) >= SHARE * RATE, goodput
     assert_within_share(report, samples)
+
+
+def broker_counts(redis_url: str, queue: str) -> tuple[int, int]:
+    """(publishes the broker's admission script saw, those it admitted) on ``queue``."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        stored = client.hgetall(admission_key(queue))
+        fields = {k.decode(): int(float(v)) for k, v in stored.items()}
+    finally:
+        client.close()
+    refused = sum(v for k, v in fields.items() if k.startswith("refused:"))
+    return fields.get("offered", 0), fields.get("offered", 0) - refused
+
+
+def test_throttled_clients_send_about_k_times_what_is_accepted_and_unthrottled_ones_all_and_retries(
+    tmp_path: Path,
+) -> None:
+    """Counted at the broker (admission's own count of publishes), not by the client."""
+    unthrottled = tmp_path / "unthrottled.yml"
+    data = yaml.safe_load(SHIPPED_CONFIG.read_text(encoding="utf-8"))
+    data["client"]["throttle"]["enabled"] = False
+    unthrottled.write_text(yaml.safe_dump(data), encoding="utf-8")
+    k = float(data["client"]["throttle"]["k"])
+    counts = {}
+    for name, config in (("on", SHIPPED_CONFIG), ("off", unthrottled)):
+        report, _ = run_scenario(
+            "overload", tmp_path / name, TEST_TARGET, replicas=1, duration_s=10.0, rate=RATE,
+            db_delay_ms=DELAY_MS, records=200, base_config=config,
+        )  # fmt: skip
+        attempts = report["lanes"]["interactive"]["attempts"]
+        counts[name] = (attempts, *broker_counts(TEST_TARGET.redis_url, "interactive"))
+    attempts, offered, admitted = counts["on"]
+    assert offered <= k * admitted * 1.1, counts
+    assert offered < 0.9 * attempts, counts
+    attempts, offered, admitted = counts["off"]
+    # Every attempt reached the broker, and its retries besides.
+    assert offered > attempts, counts
