@@ -76,23 +76,17 @@ def _interpolate(node: Any) -> Any:
     return node
 
 
-def _load(interpolate: bool) -> dict[str, Any]:
-    document = yaml.safe_load(COMPOSE_FILE.read_text(encoding="utf-8"))
-    assert isinstance(document, dict), f"{COMPOSE_FILE} is not a mapping"
-    loaded: dict[str, Any] = _interpolate(document) if interpolate else document
-    return loaded
-
-
-COMPOSE = _load(interpolate=True)
-SERVICES: dict[str, dict[str, Any]] = COMPOSE.get("services") or {}
-# As written, before substitution: where a value comes from.
-RAW_SERVICES: dict[str, dict[str, Any]] = _load(interpolate=False).get("services") or {}
-
-
 def load_yaml(path: Path) -> dict[str, Any]:
     document = yaml.safe_load(path.read_text(encoding="utf-8"))
     assert isinstance(document, dict), f"{path} is not a mapping"
     return document
+
+
+_RAW = load_yaml(COMPOSE_FILE)
+COMPOSE: dict[str, Any] = _interpolate(_RAW)
+SERVICES: dict[str, dict[str, Any]] = COMPOSE.get("services") or {}
+# As written, before substitution: where a value comes from.
+RAW_SERVICES: dict[str, dict[str, Any]] = _RAW.get("services") or {}
 
 
 def argv(value: str | list[Any]) -> list[str]:
@@ -206,9 +200,8 @@ def resolve(line: list[str]) -> tuple[str, Any, list[str]]:
     return " ".join(path), node, rest
 
 
-def parse(line: list[str]) -> tuple[str, dict[str, Any]]:
-    """The subcommand path and its parsed parameters; fails the test on a bad command line."""
-    path, node, rest = resolve(line)
+def check_options(path: str, node: click.Command, rest: list[str]) -> None:
+    """Every option in ``rest`` is one ``node`` (the command at ``path``) has."""
     known_options = {opt for param in node.params for opt in param.opts + param.secondary_opts}
     for token in rest:
         if token.startswith("-"):
@@ -216,6 +209,12 @@ def parse(line: list[str]) -> tuple[str, dict[str, Any]]:
             assert option in known_options, (
                 f"`{path}` has no option {option}; it has {sorted(known_options)}"
             )
+
+
+def parse(line: list[str]) -> tuple[str, dict[str, Any]]:
+    """The subcommand path and its parsed parameters; fails the test on a bad command line."""
+    path, node, rest = resolve(line)
+    check_options(path, node, rest)
     try:
         context = node.make_context(path, list(rest))
     except _USAGE_ERRORS as exc:

@@ -52,11 +52,9 @@ def run(scenario: str, out: Path, **options: Any) -> tuple[dict[str, Any], list[
         "rate": RATE,
         "db_delay_ms": DELAY_MS,
         "records": 200,
-        "target": TEST_TARGET,
     }
-    settings.update(options)
-    target = settings.pop("target")
-    return run_scenario(scenario, out, target, **settings)
+    target = options.pop("target", TEST_TARGET)
+    return run_scenario(scenario, out, target, **{**settings, **options})
 
 
 def assert_within_share(report: dict[str, Any], samples: list[Sample]) -> None:

@@ -5,7 +5,6 @@ command line of the CLI."""
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from pathlib import Path
@@ -14,12 +13,11 @@ import pytest
 
 from dataservice.loadtest.scenarios import SCENARIOS
 from dataservice.metrics import REGISTRY
-from tests.compose_file import resolve
-from tests.test_compose_monitoring import SYMPTOMS
+from tests.compose_file import check_options, resolve
+from tests.test_compose_monitoring import DASHBOARD, SYMPTOMS
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNBOOK = ROOT / "docs" / "runbook.md"
-DASHBOARD = ROOT / "compose" / "grafana" / "dashboards" / "dataservice.json"
 
 
 def _text() -> str:
@@ -34,7 +32,7 @@ def _spans() -> list[str]:
 def test_one_section_per_symptom_and_a_dashboard_panel_for_each() -> None:
     sections = re.findall(r"^## (.+)$", _text(), re.M)
     assert tuple(sections) == SYMPTOMS
-    panels = {panel["title"] for panel in json.loads(DASHBOARD.read_text())["panels"]}
+    panels = {panel["title"] for panel in DASHBOARD["panels"]}
     assert set(SYMPTOMS) <= panels
 
 
@@ -75,8 +73,4 @@ def _command_lines() -> list[list[str]]:
 
 @pytest.mark.parametrize("line", _command_lines(), ids=" ".join)
 def test_every_command_the_runbook_gives_is_a_command_of_the_cli(line: list[str]) -> None:
-    path, command, rest = resolve(line)
-    options = {opt for param in command.params for opt in param.opts + param.secondary_opts}
-    for token in rest:
-        if token.startswith("-"):
-            assert token.split("=", 1)[0] in options, f"`{path}` has no option {token}"
+    check_options(*resolve(line))

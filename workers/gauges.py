@@ -54,7 +54,7 @@ class LaneGauges:
             opened.inc()
 
         event.listen(engine, "connect", _opened)
-        CACHE_READ_PERCENT.labels(name).set_function(lambda: _read_percent(controls))
+        CACHE_READ_PERCENT.labels(name).set_function(lambda: controls.current().read_percent)
         CACHE_GENERATION.labels(name).set_function(lambda: controls.current().generation)
         CACHE_BYPASS.labels(name).set_function(lambda: int(controls.current().bypass))
         self._watch = QueueWatch(
@@ -64,8 +64,3 @@ class LaneGauges:
 
     def close(self) -> None:
         QUEUES.unwatch(self._watch)
-
-
-def _read_percent(controls: RolloutControls) -> int:
-    rollout = controls.current()
-    return 0 if rollout.bypass or rollout.read is None else rollout.percent

@@ -37,13 +37,16 @@ class Rollout:
     rotated_at_ms: int  # Unix ms of the last rotation, 0 if never
     source: Source  # "redis", or "defaults": queues.yml, nothing in Redis yet
 
+    @property
+    def read_percent(self) -> int:
+        """The share of reads that look in the cache: 0 under bypass or with no read format."""
+        return 0 if self.bypass or self.read is None else self.percent
+
     def read_format(self, request_id: str) -> CacheFormat | None:
         """The format this request reads, or None (bypass, no read format, or
         outside the percentage). The same request id gets the same answer on
         every replica, and one inside a percentage stays inside a larger one."""
-        if self.bypass or self.read is None:
-            return None
-        if zlib.crc32(request_id.encode()) % 100 >= self.percent:
+        if zlib.crc32(request_id.encode()) % 100 >= self.read_percent:
             return None
         return self.read
 

@@ -184,9 +184,7 @@ class Client:
                 final = throttle.config.enabled and exc.reason in FINAL_REFUSALS
                 if final or attempt >= retry.max_attempts:
                     raise
-                # The caller's own rate is the pacer's to hold back, not overload.
-                rate = exc.reason == Reason.RATE_LIMITED
-                if not rate and not throttle.may_retry(LaneName.INTERACTIVE):
+                if not throttle.may_retry(LaneName.INTERACTIVE, exc.reason):
                     raise
                 cap_ms = min(retry.backoff_max_ms, retry.backoff_base_ms << (attempt - 1))
                 delay_ms = exc.retry_after * 1000 + random.uniform(0, cap_ms)

@@ -71,7 +71,7 @@ class Publisher:
             )
         except AdmissionRefused as refusal:
             error = refused(refusal)
-            self._counted(LaneName.INTERACTIVE, error, 0)
+            self.throttle.refused(LaneName.INTERACTIVE, error)
             raise error from None
         # Accepted once admitted: an answer comes about a window later, too
         # late for the throttle to see the service accepting again in time.
@@ -104,19 +104,11 @@ class Publisher:
             )
         except AdmissionRefused as refusal:
             error = refused(refusal, tuple(handles[: refusal.sent]))
-            self._counted(LaneName.BATCH, error, refusal.sent)
+            self.throttle.refused(LaneName.BATCH, error, refusal.sent)
             self.held_back(error)
             raise error from None
         self.throttle.outcome(LaneName.BATCH, len(handles), len(handles))
         return handles
-
-    def _counted(self, lane: LaneName, error: ResourceExhausted, accepted: int) -> None:
-        """Tell the throttle what admission did with a publish it refused part-way."""
-        if error.reason == Reason.RATE_LIMITED:
-            # The caller's own rate is the pacer's to hold back, not overload.
-            self.throttle.outcome(lane, accepted, accepted)
-        else:
-            self.throttle.outcome(lane, accepted + 1, accepted, error.retry_after)
 
     def held_back(self, error: ResourceExhausted) -> None:
         """After the service refused the caller for its rate, hold it back here."""

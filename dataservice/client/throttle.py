@@ -109,6 +109,8 @@ class Throttle:
     def check(self, lane: LaneName, n: int = 1) -> None:
         """Pass ``n`` requests about to be sent, or refuse them all here (then
         counted: the rule needs what the callers asked for)."""
+        if not self.config.enabled:
+            return
         now = self._clock()
         with self._lock:
             window = self._lanes[lane]
@@ -128,6 +130,8 @@ class Throttle:
         refusal's retry-after is the one to give locally from now on. Counted
         only once answered: a publish still in flight is neither, and other
         threads' checks must not take it for a refusal."""
+        if not self.config.enabled:
+            return
         with self._lock:
             window = self._lanes[lane]
             slot = window.current(self._clock())
@@ -136,8 +140,20 @@ class Throttle:
             if retry_after_s is not None:
                 window.retry_after_s = max(0.001, retry_after_s)
 
-    def may_retry(self, lane: LaneName) -> bool:
-        """Whether a refused call may try again now (and, if so, count the retry)."""
+    def refused(self, lane: LaneName, error: ResourceExhausted, accepted: int = 0) -> None:
+        """Admission refused a publish after accepting ``accepted`` of its messages.
+        A refusal for the caller's own rate is the pacer's to hold back, not
+        overload: only what was accepted counts."""
+        if error.reason == Reason.RATE_LIMITED:
+            self.outcome(lane, accepted, accepted)
+        else:
+            self.outcome(lane, accepted + 1, accepted, error.retry_after)
+
+    def may_retry(self, lane: LaneName, reason: str = "") -> bool:
+        """Whether a call refused for ``reason`` may try again now (and, if so,
+        count the retry); the caller's own rate always may (see :meth:`refused`)."""
+        if reason == Reason.RATE_LIMITED:
+            return True
         now = self._clock()
         with self._lock:
             window = self._lanes[lane]

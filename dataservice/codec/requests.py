@@ -11,10 +11,11 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from typing import get_args
 
 from google.protobuf.message import DecodeError
 
-from dataservice.config import Limits
+from dataservice.config import Limits, OperationName
 from dataservice.errors import InvalidArgument
 from dataservice.identifiers import (
     CALLER_RE,
@@ -29,6 +30,8 @@ from dataservice.proto import pb
 # under 200 bytes, under 270 characters of base64; twice that is plenty.
 MAX_CURSOR_CHARS = 512
 READ_MODES = frozenset({pb.READ_MODE_ALLOW_CACHED, pb.READ_MODE_PRIMARY})
+# Every operation a request may carry, as the oneof and the callers' allowlists name them.
+OPERATIONS = frozenset(get_args(OperationName))
 MUTATIONS = frozenset({"write", "delete"})
 
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import redis
 
+from dataservice.codec.requests import OPERATIONS
 from dataservice.config import Config
 from dataservice.keys import admission_key, pace_key
 from dataservice.limits.scripts import LuaScript
@@ -53,7 +54,6 @@ CALLER_HEADER = "ds_caller"
 # The request's operation, for its service time (advisory too: a caller that
 # names another only misleads admission about its own request).
 OPERATION_HEADER = "ds_op"
-OPERATIONS = frozenset({"read", "write", "delete", "list"})
 # A service time the workers have not renewed for this long is not relied on.
 SERVICE_STALE_MS = 5000
 SERVICE_PREFIX = "service:"

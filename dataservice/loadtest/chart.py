@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dataservice.enums import LaneName
+from dataservice.loadtest.report import FINE_BIN_S
 
 INSTALL_HINT = "pip install 'dataservice[loadtest]'"
 COLOURS = {LaneName.INTERACTIVE.value: "tab:blue", LaneName.BATCH.value: "tab:orange"}
@@ -33,7 +34,7 @@ def _load(axis: Any, report: dict[str, Any], lane: str) -> None:
     axis.plot(t, series[lane]["goodput"], color=colour, label="goodput (per s)")
     config, recovery = report["config"], report.get("recovery")
     before = config["capacity_per_s"][lane]
-    end = report["config"]["duration_s"]
+    end = config["duration_s"]
     if recovery is not None and lane in recovery["lanes"]:
         at, figures = recovery["at_s"], recovery["lanes"][lane]
         rolling = recovery["rolling_goodput"]
@@ -66,21 +67,14 @@ def _load(axis: Any, report: dict[str, Any], lane: str) -> None:
 def _refusals(axis: Any, report: dict[str, Any]) -> None:
     series = report["series"]
     for lane, colour in COLOURS.items():
-        axis.plot(series["t"], series[lane]["rejected"], color=colour, label=f"{lane} rejected")
-        axis.plot(
-            series["t"],
-            series[lane]["timeout"],
-            color=colour,
-            linestyle="--",
-            label=f"{lane} timeout",
-        )
-        axis.plot(
-            series["t"],
-            series[lane]["unavailable"],
-            color=colour,
-            linestyle=":",
-            label=f"{lane} unavailable",
-        )
+        for outcome, style in (("rejected", "-"), ("timeout", "--"), ("unavailable", ":")):
+            axis.plot(
+                series["t"],
+                series[lane][outcome],
+                color=colour,
+                linestyle=style,
+                label=f"{lane} {outcome}",
+            )
     axis.set_ylabel("refused / timed out per s")
     axis.legend(fontsize="x-small", ncol=3, loc="upper right")
 
@@ -133,8 +127,8 @@ def _database(axis: Any, report: dict[str, Any], db: dict[str, Any]) -> None:
 def _new_connections(axis: Any, report: dict[str, Any], db: dict[str, Any]) -> None:
     fine = db.get("new_connections_per_100ms", [])
     axis.plot(
-        [n / 10 for n in range(len(fine))],
-        [10 * n for n in fine],
+        [n * FINE_BIN_S for n in range(len(fine))],
+        [n / FINE_BIN_S for n in fine],
         color="tab:purple",
         drawstyle="steps-post",
         label="new connections/s (per 100 ms)",

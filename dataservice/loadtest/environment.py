@@ -34,6 +34,8 @@ ROOT_URL = "mysql+mysqldb://root@127.0.0.1:3306/"
 REDIS_BASE = "redis://127.0.0.1:6379"
 SCOPE = "load"
 PAYLOAD_BYTES = 1024
+# What the generator writes: PAYLOAD_BYTES of every byte value in turn.
+PAYLOAD = bytes(range(256)) * (PAYLOAD_BYTES // 256)
 # A process that exited may still show in PROCESSLIST for a moment while the
 # server notices the closed socket; its share is counted this much longer.
 EXIT_GRACE_S = 0.5

@@ -11,6 +11,7 @@ from dataservice.loadtest import report as rep
 from dataservice.loadtest.openloop import OpenLoop
 from dataservice.loadtest.recovery import recovery_report
 from dataservice.loadtest.sampler import Sampler
+from dataservice.loadtest.scenarios import KILL
 
 if TYPE_CHECKING:
     from dataservice.loadtest.runner import Run
@@ -150,8 +151,8 @@ def _verdicts(
         config.database.connect_rate_per_s,
         RAMP_TOLERANCE,
     )
-    if "kill all connections" in run.events:
-        kill_t = run.events["kill all connections"]
+    if KILL in run.events:
+        kill_t = run.events[KILL]
         processes = len(run.fleet.pids())
         verdicts["killed_connections"] = run.killed
         verdicts["reconnect"] = rep.reconnect_ramp(

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.errors import ConfigError
-from dataservice.loadtest.delay import DELAY_TABLE, DelayTable
+from dataservice.loadtest.delay import DelayTable
 from dataservice.loadtest.scenarios import Scenario
 
 # The batch lane's callers wait this long (its lane default of 300 s does not fit a short run).
@@ -32,11 +32,6 @@ def lane_timeouts(config: Config, scenario: Scenario) -> dict[LaneName, float]:
         else config.lanes.interactive.default_deadline_ms
     )
     return {LaneName.INTERACTIVE: interactive_ms / 1000, LaneName.BATCH: BATCH_TIMEOUT_S}
-
-
-def delay_table_for(scenario: Scenario) -> str | None:
-    """The delay table the run's configuration names, when the scenario changes speed."""
-    return DELAY_TABLE if scenario.slow_down_at is not None else None
 
 
 class SlowDown:
@@ -58,6 +53,11 @@ class SlowDown:
         if scenario.slow_down_at is None:
             return None
         return cls(scenario, delay_ms, root_url, database)
+
+    @property
+    def table(self) -> str:
+        """The delay table the run's configuration names (database.injected_delay_table)."""
+        return self._table.table
 
     def create(self) -> None:
         self._table.create(self.before_ms)

@@ -20,6 +20,7 @@ from typing import Any
 
 from dataservice.health import liveness
 from dataservice.health_cli import DEFAULT_MAX_AGE_S
+from dataservice.loadtest.report import sample_hz
 from dataservice.settings import Settings
 
 TARGET_HZ = 4.0
@@ -102,7 +103,7 @@ class LivenessWatch:
             "max_age_s": self.max_age_s,
             "check_timeout_s": CHECK_TIMEOUT_S,
             "samples": len(samples),
-            "sample_hz": round((len(samples) - 1) / span, 1) if span > 0 else 0.0,
+            "sample_hz": sample_hz(len(samples), span),
             "red_samples": sum(1 for s in samples if not s.ok),
             "green_throughout": bool(samples) and all(s.ok for s in samples),
             "oldest_alive_file_age_s": round(max(ages), 2) if ages else None,

@@ -31,7 +31,6 @@ import base64
 import logging
 import os
 import re
-import socket
 import sys
 import threading
 from pathlib import Path
@@ -46,7 +45,7 @@ from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.errors import DeadlineExceeded
 from dataservice.identifiers import TABLE
-from dataservice.processes import WorkerProcess, worker_environ
+from dataservice.processes import WorkerProcess, node_name, worker_environ
 from dataservice.store.schema import records
 from dataservice.store.sessions import injected_sleep
 
@@ -198,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     app = make_app(args.url)
     worker = app.Worker(
-        hostname=f"naive-{args.queue}-{os.getpid()}@{socket.gethostname()}",
+        hostname=node_name(f"naive-{args.queue}"),
         queues=[args.queue],
         pool="threads",
         concurrency=args.concurrency,

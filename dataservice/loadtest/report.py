@@ -15,6 +15,11 @@ from dataservice.loadtest.openloop import Outcome, RequestRecord
 from dataservice.loadtest.sampler import Sample
 
 
+def sample_hz(count: int, span_s: float) -> float:
+    """How often ``count`` samples over ``span_s`` seconds were taken."""
+    return round((count - 1) / span_s, 1) if span_s > 0 else 0.0
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     """Linear-interpolated percentile (q in 0..100); None without samples."""
     if not values:
@@ -147,7 +152,7 @@ def database_stats(samples: Sequence[Sample], seconds: int) -> dict[str, Any]:
     fine = new_connections_fine(samples)
     return {
         "samples": len(samples),
-        "sample_hz": round((len(samples) - 1) / span, 1) if span > 0 else 0.0,
+        "sample_hz": sample_hz(len(samples), span),
         "peak_connections": max(s.connections for s in samples),
         "peak_active": max(s.active for s in samples),
         "peak_share_connections": max(s.share_connections for s in samples),

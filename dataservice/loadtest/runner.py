@@ -20,7 +20,7 @@ from dataservice.enums import LaneName
 from dataservice.loadtest import changes as ch
 from dataservice.loadtest import environment as env
 from dataservice.loadtest import naive
-from dataservice.loadtest.incidents import Capacity, SlowDown, delay_table_for, lane_timeouts
+from dataservice.loadtest.incidents import Capacity, SlowDown, lane_timeouts
 from dataservice.loadtest.liveness import not_applicable
 from dataservice.loadtest.measure import measure
 from dataservice.loadtest.openloop import Adapter, closed_loop_capacity
@@ -83,8 +83,7 @@ def probe_capacity(
 ) -> Capacity:
     """The closed-loop probe: twice each lane's permits in callers, back to back."""
     callers = {lane: 2 * o.replicas * config.lanes[lane].permits for lane in LaneName}
-    payload = bytes(range(256)) * (env.PAYLOAD_BYTES // 256)
-    return closed_loop_capacity(adapter, callers, timeouts, ids, payload, 1.0, o.calibrate_s)
+    return closed_loop_capacity(adapter, callers, timeouts, ids, env.PAYLOAD, 1.0, o.calibrate_s)
 
 
 class Run:
@@ -94,11 +93,14 @@ class Run:
         self.target = options.target or env.TARGETS[options.system]
         options.out.mkdir(parents=True, exist_ok=True)
         self.delay_ms = delay = options.db_delay_ms + options.scenario.extra_delay_ms
-        self.config_path, self.config = env.scenario_config(
-            options.base_config, options.out, delay, delay_table_for(options.scenario)
-        )
         self.slow_down = SlowDown.of(
             options.scenario, delay, options.root_url, self.target.database
+        )
+        self.config_path, self.config = env.scenario_config(
+            options.base_config,
+            options.out,
+            delay,
+            self.slow_down.table if self.slow_down is not None else None,
         )
         self.settings = env.service_settings(
             self.target,
@@ -165,7 +167,6 @@ class Run:
             ids = env.prepare_database(self.target, self.config, o.records, o.root_url)
             if self.slow_down is not None:
                 self.slow_down.create()
-        payload = bytes(range(256)) * (env.PAYLOAD_BYTES // 256)
         adapter = self.adapter()
         try:
             self.stream.start_consumer(self.settings, self.config, o.root_url, self.target.database)
@@ -176,7 +177,7 @@ class Run:
                 self._capacity_after(adapter, ids)
                 capacity, source = find_capacity(o, self.config, adapter, self.timeouts, ids)
             self.capacity, self.capacity_source = capacity, source
-            return measure(self, adapter, ids, payload, capacity)
+            return measure(self, adapter, ids, env.PAYLOAD, capacity)
         finally:
             if self.slow_down is not None:
                 self.slow_down.close()

@@ -91,7 +91,8 @@ def ensure_binlog(
     # server's tools resolve a relative data directory against their own.
     state_dir.mkdir(parents=True, exist_ok=True)
     directory = binlog_mariadb_dir(state_dir.resolve())
-    server = PrivateMariaDB(directory, port or _kept_port(env_file) or BINLOG_PORT, binlog=True)
+    kept = read_env(env_file)
+    server = PrivateMariaDB(directory, port or _kept_port(kept) or BINLOG_PORT, binlog=True)
     started = not _running(server)
     if started:
         if mysql_reachable("127.0.0.1", server.port):
@@ -102,15 +103,14 @@ def ensure_binlog(
                 )
             server = PrivateMariaDB(directory, free_port(), binlog=True)
         server.start(detach=True)
-    port = server.port
     database = configured.database or "dataservice"
     admin_url = server.url(database)
     upgrade(admin_url, config)
-    password = _kept_password(env_file, port) or new_password()
+    password = _kept_password(kept, server.port) or new_password()
     create_changes_user(admin_url, DEFAULT_USER, password, database)
     consumer_url = changes_url(admin_url, DEFAULT_USER, password)
     _write_env(env_file, {DATABASE_VARIABLE: admin_url, CHANGES_VARIABLE: consumer_url})
-    return PrivateBinlog(port, admin_url, consumer_url, env_file, started)
+    return PrivateBinlog(server.port, admin_url, consumer_url, env_file, started)
 
 
 def _running(server: PrivateMariaDB) -> bool:
@@ -136,15 +136,15 @@ def read_env(path: Path) -> dict[str, str]:
     return values
 
 
-def _kept_port(env_file: Path) -> int | None:
+def _kept_port(kept: dict[str, str]) -> int | None:
     """The port of the private server an earlier run wrote down, if any."""
-    url = read_env(env_file).get(DATABASE_VARIABLE)
+    url = kept.get(DATABASE_VARIABLE)
     return make_url(url).port if url else None
 
 
-def _kept_password(env_file: Path, port: int) -> str | None:
+def _kept_password(kept: dict[str, str], port: int) -> str | None:
     """The consumer's password from an earlier run on the same port, so it stays the same."""
-    url = read_env(env_file).get(CHANGES_VARIABLE)
+    url = kept.get(CHANGES_VARIABLE)
     if not url:
         return None
     previous = make_url(url)

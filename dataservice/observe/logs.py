@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
 from typing import IO, Any
 
@@ -26,20 +27,13 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        line: dict[str, Any] = {
-            "ts": utc(record.created),
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
         fields = getattr(record, "fields", None)
-        if isinstance(fields, dict):
-            line.update(fields)
+        extra: dict[str, Any] = dict(fields) if isinstance(fields, dict) else {}
         if record.exc_info:
-            line["exc"] = self.formatException(record.exc_info)
+            extra["exc"] = self.formatException(record.exc_info)
         elif record.exc_text:
-            line["exc"] = record.exc_text
-        return json.dumps(line, separators=(",", ":"), ensure_ascii=False, default=str)
+            extra["exc"] = record.exc_text
+        return json_line(record.created, record.levelname, record.name, record.getMessage(), extra)
 
 
 class _Timestamps:
@@ -68,9 +62,14 @@ def _leave_logging_alone(**_: Any) -> None:
 
 
 class _Configured:
-    """What :func:`configure_logging` set up last."""
+    """What :func:`configure_logging` set up last: the JSON handler request
+    lines share, and their writer once a request has ended (processes that
+    answer none, the change consumer or Flower, never start its thread)."""
 
-    request_lines: RequestLines | None = None
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.handler: logging.StreamHandler[IO[str]] | None = None
+        self.lines: RequestLines | None = None
 
 
 _configured = _Configured()
@@ -78,14 +77,27 @@ _configured = _Configured()
 
 def request_lines() -> RequestLines | None:
     """Where request lines go in batches, once JSON logging is configured here."""
-    return _configured.request_lines
+    lines = _configured.lines
+    if lines is not None or _configured.handler is None:
+        return lines
+    with _configured.lock:
+        if _configured.lines is None and _configured.handler is not None:
+            _configured.lines = RequestLines(_configured.handler)
+        return _configured.lines
 
 
 def stop_request_lines() -> None:
     """Write what waits and send request lines through ``logging`` again."""
-    if _configured.request_lines is not None:
-        _configured.request_lines.close()
-        _configured.request_lines = None
+    with _configured.lock:
+        lines, _configured.lines, _configured.handler = _configured.lines, None, None
+    if lines is not None:
+        lines.close()
+
+
+def json_line(created: float, level: str, logger: str, msg: str, fields: dict[str, Any]) -> str:
+    """One log line as JSON: ``ts``, ``level``, ``logger``, ``msg``, then ``fields``."""
+    line = {"ts": utc(created), "level": level, "logger": logger, "msg": msg, **fields}
+    return json.dumps(line, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 def configure_logging(
@@ -106,4 +118,4 @@ def configure_logging(
     logging.captureWarnings(True)
     signals.setup_logging.connect(_leave_logging_alone, weak=False)
     if config.format == "json":
-        _configured.request_lines = RequestLines(handler)
+        _configured.handler = handler

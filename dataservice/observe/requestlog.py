@@ -9,16 +9,16 @@ key: the fields are built here, from a closed list.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Literal
 
 from prometheus_client import Histogram
 
+from dataservice.codec.requests import OPERATIONS
 from dataservice.metrics.requests import REQUEST_SECONDS
 from dataservice.observe.lines import RequestLines
-from dataservice.observe.logs import request_lines, utc
+from dataservice.observe.logs import json_line, request_lines
 from dataservice.observe.trace import Trace
 
 log = logging.getLogger("dataservice.requests")
@@ -26,7 +26,6 @@ log = logging.getLogger("dataservice.requests")
 Mode = Literal["all", "failures", "none"]
 # Status of a request dropped without an answer (late at dequeue, or a replay).
 DROPPED = "DROPPED"
-_OPERATIONS = frozenset({"read", "write", "delete", "list"})
 # A caller name is only trusted once verified; an unverified one is cut short.
 _MAX_CALLER = 64
 
@@ -39,9 +38,12 @@ class RequestLog:
         self._lines = lines
         self._histograms: dict[str, Histogram] = {}
 
-    def finish(self, trace: Trace, status: str, reason: str = "") -> None:
-        elapsed_s = trace.elapsed_s()
-        operation = trace.operation if trace.operation in _OPERATIONS else "unknown"
+    def finish(
+        self, trace: Trace, status: str, reason: str = "", elapsed_s: float | None = None
+    ) -> None:
+        """``elapsed_s``: the trace's time, when the caller has just measured it."""
+        elapsed_s = trace.elapsed_s() if elapsed_s is None else elapsed_s
+        operation = trace.operation if trace.operation in OPERATIONS else "unknown"
         histogram = self._histograms.get(operation)
         if histogram is None:
             histogram = self._histograms[operation] = REQUEST_SECONDS.labels(self._lane, operation)
@@ -65,5 +67,4 @@ class RequestLog:
             log.info("request", extra={"fields": fields})
             return
         # The line JsonFormatter would write, without a record and a handler per request.
-        head = {"ts": utc(time.time()), "level": "INFO", "logger": log.name, "msg": "request"}
-        lines.write(json.dumps({**head, **fields}, separators=(",", ":"), ensure_ascii=False))
+        lines.write(json_line(time.time(), "INFO", log.name, "request", fields))

@@ -42,7 +42,6 @@ class Trace:
         "_histograms",
         "caller",
         "dropped",
-        "lane",
         "operation",
         "request_id",
         "stages",
@@ -50,7 +49,6 @@ class Trace:
     )
 
     def __init__(self, lane: str, request_id: str) -> None:
-        self.lane = lane
         self.request_id = request_id
         self.caller = ""
         self.operation = ""

@@ -47,8 +47,9 @@ class RecentDurations(Generic[K]):
             if samples is None:
                 samples = self._samples[kind] = deque(maxlen=WINDOW)
             samples.append(duration_ms)
-            ordered = sorted(samples)
-            self._p90[kind] = ordered[min(len(ordered) - 1, int(QUANTILE * len(ordered)))]
+            # Worked out when asked: service times are recorded per request
+            # and read once a second.
+            self._p90.pop(kind, None)
             self._last[kind] = self._clock()
             self._recorded += 1
 
@@ -61,12 +62,22 @@ class RecentDurations(Generic[K]):
         if self._clock() - last > MAX_AGE_S:
             with self._lock:
                 if self._last.get(kind) == last:
-                    del self._samples[kind], self._p90[kind], self._last[kind]
+                    del self._samples[kind], self._last[kind]
+                    self._p90.pop(kind, None)
             return 0.0
-        return self._p90.get(kind, 0.0)
+        cached = self._p90.get(kind)
+        if cached is not None:
+            return cached
+        with self._lock:
+            samples = self._samples.get(kind)
+            if not samples:
+                return 0.0
+            ordered = sorted(samples)
+            value = self._p90[kind] = ordered[min(len(ordered) - 1, int(QUANTILE * len(ordered)))]
+            return value
 
     def snapshot(self) -> tuple[int, dict[K, float]]:
         """How many durations were recorded so far, and each kind's current p90."""
         with self._lock:
-            kinds = list(self._p90)
+            kinds = list(self._samples)
         return self._recorded, {kind: p for kind in kinds if (p := self.p90(kind)) > 0}

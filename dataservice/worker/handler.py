@@ -44,9 +44,6 @@ from dataservice.worker.steps import Admitted, Opened, Reply
 
 log = logging.getLogger(__name__)
 
-# Limits refuse by the hundred under a flood; the counter tells the story.
-_ROUTINE_REFUSALS = frozenset({Reason.RATE_LIMITED, Reason.CONCURRENCY_LIMITED})
-
 
 def _unverified_expiry(now: int, deadline_ms: int | None, lane: LaneConfig, grace_ms: int) -> int:
     """Until the envelope is verified, the message's deadline header (not

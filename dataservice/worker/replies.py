@@ -81,6 +81,8 @@ class Replies:
         if trace is None:
             return
         status = reply.code.name if reply is not None else status or DROPPED
+        elapsed_s = trace.elapsed_s()
         if status == StatusCode.OK.name and trace.operation:
-            self.service_times.record(trace.operation, trace.elapsed_s() * 1000)
-        self._log.finish(trace, status, reply.reason if reply is not None else trace.dropped)
+            self.service_times.record(trace.operation, elapsed_s * 1000)
+        reason = reply.reason if reply is not None else trace.dropped
+        self._log.finish(trace, status, reason, elapsed_s)
