@@ -38,20 +38,22 @@ class JsonFormatter(logging.Formatter):
 
 class _Timestamps:
     """UTC to the millisecond, ``2026-12-01T18:30:02.114Z``; the seconds are
-    formatted once a second (strftime per line showed in the profile)."""
+    formatted once a second (strftime per line showed in the profile). The
+    second and its text are one tuple, replaced whole: threads share it, and
+    two separate fields could pair one second's number with another's text."""
 
-    __slots__ = ("_seconds", "_text")
+    __slots__ = ("_current",)
 
     def __init__(self) -> None:
-        self._seconds = -1
-        self._text = ""
+        self._current: tuple[int, str] = (-1, "")
 
     def __call__(self, created: float) -> str:
         seconds = int(created)
-        if seconds != self._seconds:
-            self._text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
-            self._seconds = seconds
-        return f"{self._text}.{int((created - seconds) * 1000):03d}Z"
+        current = self._current
+        if current[0] != seconds:
+            current = (seconds, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)))
+            self._current = current
+        return f"{current[1]}.{int((created - seconds) * 1000):03d}Z"
 
 
 utc = _Timestamps()
