@@ -30,6 +30,7 @@ from dataservice import Client
 from dataservice.broker import celery_settings
 from dataservice.callers import write_callers_file
 from dataservice.changes.user import changes_url, create_changes_user
+from dataservice.client import throttle
 from dataservice.client.transport import Transport
 from dataservice.config import Config
 from dataservice.enums import LaneName
@@ -41,6 +42,14 @@ from dataservice.supervisor import Supervisor
 from tests.binlog import BinlogDatabase
 from tests.support import TEST_CALLERS, on_redis, with_test_callers
 from workers.app import LaneRuntime, register_task
+
+
+@pytest.fixture(autouse=True)
+def fresh_throttles() -> None:
+    """A caller's throttle is shared by its clients in the process: one test's
+    overload must not hold back the next test's first requests."""
+    throttle._shared.clear()
+
 
 if TYPE_CHECKING:
     from bench._cachefleet import CountingDatabase

@@ -272,6 +272,13 @@ def targeted(settings: Settings, tmp_path: Path) -> Iterator[tuple[Settings, Con
         yield bounded
 
 
+def answered(broker: redis.Redis, queue: str, keep: int) -> None:
+    """As if workers took all but ``keep`` of the queue's messages and answered them."""
+    taken = broker.llen(queue) - keep
+    broker.ltrim(queue, 0, keep - 1)
+    broker.hincrby(admission_key(queue), "done", taken)
+
+
 def test_a_standing_queue_is_held_to_its_target_wait_and_a_burst_is_not(
     targeted: tuple[Settings, Config, redis.Redis],
 ) -> None:
@@ -284,18 +291,51 @@ def test_a_standing_queue_is_held_to_its_target_wait_and_a_burst_is_not(
         # ... yet the queue was empty a moment ago: a burst, admitted up to its deadline.
         client.submit(ReadOp("s", "burst"), timeout=60)
         # The same queue, not empty for a second: it stands, and past its target
-        # what would join it is refused at once, with the time to drain to the target.
+        # what would join it is refused at once, with the time to drain to half
+        # the target (21 ahead: 2.1 s, less 0.25 s).
         broker.hset(key, "empty_at", _deadline(-1))
         with pytest.raises(ResourceExhausted) as caught:
             client.submit(ReadOp("s", "standing"), timeout=60)
         assert caught.value.reason == "queue_too_long"
-        assert 1.4 <= caught.value.retry_after <= 1.8
-        # Drained to within the target (4 ahead at 10 a second), it admits again.
-        broker.ltrim(config.lanes.batch.queue, 0, 3)
+        assert 1.6 <= caught.value.retry_after <= 2.0
+        # Drained to within the target (4 ahead at 10 a second) but not within
+        # half of it: shedding goes on, so an overload's end leaves room.
+        answered(broker, config.lanes.batch.queue, keep=4)
+        with pytest.raises(ResourceExhausted):
+            client.submit(ReadOp("s", "still-shedding"), timeout=60)
+        # Within half the target (2 ahead), it admits again, and goes on
+        # admitting up to the target (3 ahead).
+        answered(broker, config.lanes.batch.queue, keep=2)
         client.submit(ReadOp("s", "short"), timeout=60)
-    assert broker.llen(config.lanes.batch.queue) == 5
-    # Every publish was seen by the broker's script, the refused one included.
-    assert int(broker.hget(key, "offered") or 0) == 20 + 1 + 1 + 1
+        client.submit(ReadOp("s", "again"), timeout=60)
+    assert broker.llen(config.lanes.batch.queue) == 4
+    # Every publish was seen by the broker's script, the refused ones included.
+    assert int(broker.hget(key, "offered") or 0) == 20 + 1 + 1 + 1 + 2
+
+
+def test_what_the_workers_prefetched_waits_too(
+    targeted: tuple[Settings, Config, redis.Redis],
+) -> None:
+    """The list is empty, but 25 admitted requests are not done: at 10 a second
+    and 1 s each, 10 run and the rest wait in the workers' prefetch (held to as
+    many again as run: 10, and one more), so a request with 1.5 s left cannot
+    finish and is refused; the list alone would have let it in."""
+    settings, config, broker = targeted
+    key = admission_key(config.lanes.batch.queue)
+    now = _deadline(0)
+    broker.hset(
+        key,
+        mapping={"rate": 10, "rate_at": now, "admitted": 25, "done": 0, "done_at": 0,
+                 "service:read": 1000, "service_at": now},
+    )  # fmt: skip
+    with Client("tests", settings, config) as client:
+        with pytest.raises(ResourceExhausted) as caught:
+            client.submit(ReadOp("s", "behind-the-prefetch"), timeout=1.5)
+        assert caught.value.reason == "queue_too_long"
+        # Answered all but what runs: nothing waits, and it is admitted.
+        broker.hset(key, "done", 15)
+        client.submit(ReadOp("s", "nothing-waits"), timeout=1.5)
+    assert broker.llen(config.lanes.batch.queue) == 1
 
 
 def test_without_measurements_the_bounds_alone_decide_as_before(

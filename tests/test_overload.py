@@ -54,26 +54,28 @@ def test_three_times_capacity_is_served_at_capacity_and_the_rest_refused_at_once
 def test_a_step_to_three_times_and_back_starts_and_stops_refusing_within_two_seconds(
     tmp_path: Path,
 ) -> None:
+    """1x is the capacity the closed-loop probe measures (as at full size), not
+    the nominal 35/s: a nominal figure a little above what the machine drains
+    would make 1x an overload of its own, rightly refused."""
     duration = 15.0
-    report, samples = run("step", tmp_path, duration)
+    report, samples = run_scenario(
+        "step", tmp_path, TEST_TARGET, replicas=1, duration_s=duration, db_delay_ms=DELAY_MS,
+        records=200,
+    )  # fmt: skip
+    capacity = report["config"]["capacity_per_s"]["interactive"]
     series = report["series"]["interactive"]
     up, down = int(duration / 3), int(2 * duration / 3)
     refused, offered, goodput = series["rejected"], series["offered"], series["goodput"]
     # Before the step nothing is refused; within 2 s of it, refusals are under way.
     assert sum(refused[:up]) == 0, refused
     assert sum(refused[up : up + 2]) > 0.3 * sum(offered[up : up + 2]), refused
-    # Within 2 s of the step down, the overload's refusals are over: at most a
-    # trickle while a queue stands at exactly the capacity (see docs/operations.md).
-    for second in range(down + 2, int(duration)):
-        assert refused[second] <= 0.1 * offered[second], (second, refused)
-    # Goodput stays at 0.9 of the capacity in each phase (after the first 2 s):
-    # the overload costs the lane nothing, and neither does its end. (Per phase,
-    # not per second: one replica answers in lumps of its 7 permits, so a single
-    # second on a busy machine says more about the machine than the lane; the
-    # full-size runs in bench/RESULTS.md give the lowest 2 s window.)
-    for start, stop in ((2, up), (up, down), (down, int(duration))):
-        mean = sum(goodput[start:stop]) / (stop - start)
-        assert mean >= SHARE * RATE, (start, stop, goodput)
+    # From 2 s after the step down, nothing is refused at all.
+    assert sum(refused[down + 2 :]) == 0, (down, refused)
+    # After the first 2 s, goodput over every 2 s window is at least 0.9 of the
+    # capacity: neither the overload nor its end costs the lane anything.
+    for start in range(2, int(duration) - 1):
+        assert goodput[start] + goodput[start + 1] >= 2 * SHARE * capacity, (start, goodput)
+    assert report["lanes"]["interactive"]["timeout_rate"] <= TIMEOUT_SHARE, report["lanes"]
     assert_within_share(report, samples)
 
 

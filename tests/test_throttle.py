@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dataservice.client.throttle import RETRY_FLOOR, Throttle
+from dataservice.client.throttle import MAX_REJECTION, MIN_REQUESTS, RETRY_FLOOR, Throttle
 from dataservice.config import ThrottleConfig
 from dataservice.enums import LaneName
 from dataservice.errors import ResourceExhausted
@@ -47,7 +47,7 @@ def test_at_three_times_what_is_accepted_a_third_is_refused_here() -> None:
 def test_a_local_refusal_is_the_services_error_with_its_last_retry_after() -> None:
     clock = Clock()
     throttle = Throttle(ThrottleConfig(), clock=clock, rng=lambda: 0.0)
-    throttle.outcome(LANE, 1, 0, 0.25)
+    throttle.outcome(LANE, MIN_REQUESTS, 0, 0.25)
     with pytest.raises(ResourceExhausted) as caught:
         throttle.check(LANE)
     assert caught.value.reason == Reason.THROTTLED
@@ -75,6 +75,19 @@ def test_about_k_times_what_is_accepted_is_sent_and_a_recovery_is_seen_within_a_
     # Recovered: everything sent is accepted; within one window nothing is refused.
     clock.now += config.window_ms / 1000
     assert throttle.rejection_probability(LANE) == 0.0
+
+
+def test_a_quiet_caller_is_never_throttled_and_nobody_entirely() -> None:
+    clock = Clock()
+    throttle = Throttle(ThrottleConfig(), clock=clock, rng=lambda: 0.0)
+    # A few refusals: too few requests to say anything about the service.
+    throttle.outcome(LANE, MIN_REQUESTS - 1, 0)
+    throttle.check(LANE)
+    assert throttle.rejection_probability(LANE) == 0.0
+    # Everything refused: at most MAX_REJECTION is refused here, so what is
+    # still sent can find the service accepting again.
+    throttle.outcome(LANE, 1000, 0)
+    assert throttle.rejection_probability(LANE) == MAX_REJECTION
 
 
 def test_retries_stop_while_throttling_and_stay_within_their_budget() -> None:

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 from dataservice.auth import sign
 from dataservice.callers import CallerKey
+from dataservice.client import throttle
 from dataservice.client.handle import Handle, now_ms
 from dataservice.client.pacer import PACER
-from dataservice.client.throttle import Throttle
 from dataservice.client.transport import Transport, refused
 from dataservice.codec import request_envelope
 from dataservice.config import Config
@@ -39,7 +39,7 @@ class Publisher:
         self._key = key
         self._config = config
         self._rate = None if policy is None else policy.rate
-        self.throttle = Throttle(config.client.throttle)
+        self.throttle = throttle.for_caller(caller, config.client.throttle)
 
     def deadline(self, lane: LaneName, timeout: float | None) -> int:
         """The absolute deadline (Unix ms) of a call with ``timeout`` seconds on ``lane``."""

@@ -1,8 +1,10 @@
 """Client-side adaptive throttling: a client stops sending what the service
 would only refuse.
 
-Per lane, over the last ``client.throttle.window_ms``, each ``Client`` (a
-process usually has one; its threads share it) counts the
+Per lane, over the last ``client.throttle.window_ms``, a process counts for
+each caller (every ``Client`` of that caller in the process, and all their
+threads, share one throttle: spread over several clients, each would see too
+few requests to tell a recovered service from a refusing one) the
 requests its callers made and those the service accepted (admitted at
 publish: an answer comes too late, often a window later, to tell the throttle
 that the service is accepting again). While the service accepts
@@ -12,7 +14,14 @@ is refused here, before it is sent, with probability::
     max(0, (requests - k * accepts) / (requests + 1))
 
 (the rule of Google's SRE book, "Handling Overload"), so the client sends
-about ``k`` times what the service accepts however much its callers offer. A
+about ``k`` times what the service accepts however much its callers offer.
+Two bounds keep the rule from doing harm: below ``MIN_REQUESTS`` in the
+window nothing is refused here (so quiet a caller cannot multiply an
+overload, and one refusal must not hold back half of its next requests), and
+never more than ``MAX_REJECTION`` of the requests (a service that sheds
+everything for a moment still receives a share, accepts it once it can, and
+the throttle sees that within its window instead of starving itself of the
+accepts it needs to let go). A
 refusal here is the service's own error, ``ResourceExhausted`` (reason
 ``throttled``), with the retry-after the service last gave on that lane.
 
@@ -42,6 +51,9 @@ SLICES = 10
 # retry budget), and this many whatever the volume, so a quiet caller may retry.
 RETRY_BUDGET = 0.1
 RETRY_FLOOR = 5
+# See the module's docstring.
+MIN_REQUESTS = 10
+MAX_REJECTION = 0.9
 # The retry-after of a local refusal before the service has given one (s).
 DEFAULT_RETRY_AFTER_S = 0.1
 
@@ -80,7 +92,7 @@ class _LaneWindow:
 
 
 class Throttle:
-    """One client's throttle, per lane, shared by the threads that use the client."""
+    """A throttle per lane, shared by the threads that use it (see :func:`for_caller`)."""
 
     def __init__(
         self,
@@ -102,9 +114,10 @@ class Throttle:
         return self._probability(requests, accepts)
 
     def _probability(self, requests: int, accepts: int) -> float:
-        if not self.config.enabled:
+        if not self.config.enabled or requests < MIN_REQUESTS:
             return 0.0
-        return max(0.0, (requests - self.config.k * accepts) / (requests + 1))
+        rule = (requests - self.config.k * accepts) / (requests + 1)
+        return min(MAX_REJECTION, max(0.0, rule))
 
     def check(self, lane: LaneName, n: int = 1) -> None:
         """Pass ``n`` requests about to be sent, or refuse them all here (then
@@ -165,3 +178,17 @@ class Throttle:
                 return False
             window.current(now).retries += 1
             return True
+
+
+_shared: dict[tuple[str, ThrottleConfig], Throttle] = {}
+_shared_lock = threading.Lock()
+
+
+def for_caller(caller: str, config: ThrottleConfig) -> Throttle:
+    """The throttle every client of ``caller`` in this process shares (one per
+    configuration: a client configured otherwise keeps its own accounting)."""
+    with _shared_lock:
+        throttle = _shared.get((caller, config))
+        if throttle is None:
+            throttle = _shared[(caller, config)] = Throttle(config)
+        return throttle

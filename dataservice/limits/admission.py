@@ -18,9 +18,12 @@ operation) and say it every second (:func:`publish_service_times`); an
 estimate the workers stopped renewing more than ``SERVICE_STALE_MS`` ago is not
 relied on, and without one the queue alone decides, as at a cold start.
 
+What waits is the lane's admitted requests not yet done, less those running
+(drain rate x service time): the workers' prefetch waits as much as the list.
 A queue that stands is also held to a target wait (``admission.target_wait_ms``,
-controlled delay): once no publish has found it empty for that long, a request
-is admitted only if its expected wait is within the target. A burst into an
+controlled delay): once no publish has found nothing waiting for that long, a
+request is admitted only if its expected wait is within the target, and after
+a refusal for it, until the wait is back within half of it. A burst into an
 idle lane may still queue up to its deadline; sustained overload keeps a
 short queue whose answers come well inside their deadlines, and the rest is
 refused at publish instead of timing out in the queue.

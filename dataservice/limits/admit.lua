@@ -4,6 +4,8 @@
 -- KEYS[2]  the lane's admission hash:
 --            bytes    envelope bytes queued or in flight (workers subtract on completion)
 --            done     completed requests (workers add on completion)
+--            admitted requests pushed (this script): admitted - done are the
+--                     lane's requests queued, prefetched by a worker or running
 --            rate     completions per second while the queue was busy
 --            rate_at  when the current measuring window began (server time, ms)
 --            done_at  `done` when the current window began
@@ -12,7 +14,9 @@
 --            service:<operation>  how long an answered request of that operation took
 --                     once dequeued (ms, p90, the workers' service.lua)
 --            service_at  when the workers last said so (server time, ms)
---            empty_at  when a publish last found the queue empty (server time, ms)
+--            empty_at  when a publish last found nothing waiting (server time, ms)
+--            shedding  1 from a refusal for the target wait until the queue is
+--                     back within half of it (or empty)
 -- ARGV[1]  the message, as kombu stores it in the list
 -- ARGV[2]  the request envelope's size in bytes
 -- ARGV[3]  the most messages that may wait in the queue
@@ -25,7 +29,9 @@
 -- ARGV[9]  how old a service time may be (ms) before it is not relied on
 -- ARGV[10] the queue's target wait (ms; 0: none): once the queue has not been
 --          empty for this long (a standing queue, not a burst), a request is
---          admitted only if its expected wait in the queue is within it
+--          admitted only if its expected wait in the queue is within it; once
+--          one is refused for it, none is admitted until the expected wait is
+--          back within half of it
 -- KEYS[3]  optional: the caller's publish pacing (GCRA theoretical arrival time, µs),
 --          ds:pace:<caller>, a key of the caller's own
 -- ARGV[11] with KEYS[3]: the caller's emission interval (µs per request: 1e6 / rate)
@@ -42,7 +48,7 @@
 local depth = redis.call('LLEN', KEYS[1])
 local service_field = ARGV[8] ~= '' and ARGV[8] or 'service:'
 local h = redis.call('HMGET', KEYS[2], 'bytes', 'done', 'rate', 'rate_at', 'done_at',
-  'service_at', service_field, 'empty_at')
+  'service_at', service_field, 'empty_at', 'shedding', 'admitted')
 -- Workers only subtract; a negative balance (a completion counted twice after
 -- a redelivery) must not become room beyond the bound.
 local bytes = math.max(tonumber(h[1]) or 0, 0)
@@ -61,10 +67,25 @@ if now - (tonumber(h[6]) or 0) <= tonumber(ARGV[9]) then
   service = tonumber(h[7]) or 0
 end
 local target = tonumber(ARGV[10])
+-- What waits is more than the list: each worker prefetches as many messages as
+-- it has threads. Ahead of a new request are the lane's admitted requests not
+-- yet done, less those running (the drain rate times the service time, by
+-- Little's law). A count that drifted (a message purged, never done) is held
+-- to what the workers can hold besides the list: as many again as run.
+local running = 0
+if rate > 0 and service > 0 then running = rate * service / 1000 end
+local ahead = math.max(depth, (tonumber(h[10]) or 0) - done)
+ahead = math.min(ahead, depth + 2 * running + 1)
+local waiting = math.max(depth, ahead - running)
 local empty_at = tonumber(h[8])
-if depth == 0 or empty_at == nil then
+local shedding = h[9] == '1'
+if waiting < 1 or empty_at == nil then
   empty_at = now
   redis.call('HSET', KEYS[2], 'empty_at', now)
+  if shedding then
+    shedding = false
+    redis.call('HDEL', KEYS[2], 'shedding')
+  end
 end
 
 redis.call('HINCRBY', KEYS[2], 'offered', 1)
@@ -104,16 +125,24 @@ if bytes + size > tonumber(ARGV[4]) then
 end
 -- Only a queue that was measured draining says how long it takes; an empty
 -- one lets the request start at once (the workers refuse one that cannot run).
-if rate > 0 and depth > 0 then
-  local wait = depth * 1000 / rate
+if rate > 0 and waiting >= 1 then
+  local wait = waiting * 1000 / rate
   if wait + service > remaining then
     return refuse('queue_too_long', math.min(cap, math.max(10, math.ceil(wait + service - remaining))))
   end
   -- A queue that stands (not one burst draining) only adds waiting to every
   -- request behind it: past its target, what joins it is refused at once,
-  -- retryably, and the queue stays short enough that estimates hold.
-  if target > 0 and now - empty_at > target and wait > target then
-    return refuse('queue_too_long', math.min(cap, math.max(10, math.ceil(wait - target))))
+  -- retryably, and the queue stays short enough that estimates hold. Shedding
+  -- goes on until the wait is back within half the target: an overload that
+  -- ends leaves the queue with room, not full to its target, where a load at
+  -- exactly the capacity would keep it and have every peak refused.
+  if target > 0 and now - empty_at > target then
+    local resume = target / 2
+    if wait > target or (shedding and wait > resume) then
+      if not shedding then redis.call('HSET', KEYS[2], 'shedding', 1) end
+      return refuse('queue_too_long', math.min(cap, math.max(10, math.ceil(wait - resume))))
+    end
+    if shedding then redis.call('HDEL', KEYS[2], 'shedding') end
   end
 end
 
@@ -131,4 +160,5 @@ end
 
 redis.call('LPUSH', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[2], 'bytes', bytes + size)
+redis.call('HINCRBY', KEYS[2], 'admitted', 1)
 return {''}
