@@ -291,19 +291,19 @@ def test_a_standing_queue_is_held_to_its_target_wait_and_a_burst_is_not(
         # ... yet the queue was empty a moment ago: a burst, admitted up to its deadline.
         client.submit(ReadOp("s", "burst"), timeout=60)
         # The same queue, not empty for a second: it stands, and past its target
-        # what would join it is refused at once, with the time to drain to half
-        # the target (21 ahead: 2.1 s, less 0.25 s).
+        # what would join it is refused at once, with the time to drain to three
+        # quarters of the target (21 ahead: 2.1 s, less 0.375 s).
         broker.hset(key, "empty_at", _deadline(-1))
         with pytest.raises(ResourceExhausted) as caught:
             client.submit(ReadOp("s", "standing"), timeout=60)
         assert caught.value.reason == "queue_too_long"
         assert 1.6 <= caught.value.retry_after <= 2.0
         # Drained to within the target (4 ahead at 10 a second) but not within
-        # half of it: shedding goes on, so an overload's end leaves room.
+        # three quarters of it: shedding goes on, so an overload's end leaves room.
         answered(broker, config.lanes.batch.queue, keep=4)
         with pytest.raises(ResourceExhausted):
             client.submit(ReadOp("s", "still-shedding"), timeout=60)
-        # Within half the target (2 ahead), it admits again, and goes on
+        # Within three quarters of the target (2 ahead), it admits again, and goes on
         # admitting up to the target (3 ahead).
         answered(broker, config.lanes.batch.queue, keep=2)
         client.submit(ReadOp("s", "short"), timeout=60)

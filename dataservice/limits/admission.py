@@ -23,7 +23,7 @@ What waits is the lane's admitted requests not yet done, less those running
 A queue that stands is also held to a target wait (``admission.target_wait_ms``,
 controlled delay): once no publish has found nothing waiting for that long, a
 request is admitted only if its expected wait is within the target, and after
-a refusal for it, until the wait is back within half of it. A burst into an
+a refusal for it, until the wait is back within three quarters of it. A burst into an
 idle lane may still queue up to its deadline; sustained overload keeps a
 short queue whose answers come well inside their deadlines, and the rest is
 refused at publish instead of timing out in the queue.

@@ -16,7 +16,7 @@
 --            service_at  when the workers last said so (server time, ms)
 --            empty_at  when a publish last found nothing waiting (server time, ms)
 --            shedding  1 from a refusal for the target wait until the queue is
---                     back within half of it (or empty)
+--                     back within three quarters of it (or empty)
 -- ARGV[1]  the message, as kombu stores it in the list
 -- ARGV[2]  the request envelope's size in bytes
 -- ARGV[3]  the most messages that may wait in the queue
@@ -31,7 +31,7 @@
 --          empty for this long (a standing queue, not a burst), a request is
 --          admitted only if its expected wait in the queue is within it; once
 --          one is refused for it, none is admitted until the expected wait is
---          back within half of it
+--          back within three quarters of it
 -- KEYS[3]  optional: the caller's publish pacing (GCRA theoretical arrival time, µs),
 --          ds:pace:<caller>, a key of the caller's own
 -- ARGV[11] with KEYS[3]: the caller's emission interval (µs per request: 1e6 / rate)
@@ -133,11 +133,13 @@ if rate > 0 and waiting >= 1 then
   -- A queue that stands (not one burst draining) only adds waiting to every
   -- request behind it: past its target, what joins it is refused at once,
   -- retryably, and the queue stays short enough that estimates hold. Shedding
-  -- goes on until the wait is back within half the target: an overload that
-  -- ends leaves the queue with room, not full to its target, where a load at
-  -- exactly the capacity would keep it and have every peak refused.
+  -- goes on until the wait is back within three quarters of the target: an
+  -- overload that ends leaves the queue with room, not full to its target,
+  -- where a load at exactly the capacity would keep it and have every peak
+  -- refused. (Not less: a client's throttle reads a spell of refusing
+  -- everything as the service refusing most of what it is sent.)
   if target > 0 and now - empty_at > target then
-    local resume = target / 2
+    local resume = target * 3 / 4
     if wait > target or (shedding and wait > resume) then
       if not shedding then redis.call('HSET', KEYS[2], 'shedding', 1) end
       return refuse('queue_too_long', math.min(cap, math.max(10, math.ceil(wait - resume))))
