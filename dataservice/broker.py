@@ -28,18 +28,23 @@ removed from the URL it sees, so they are read one way only.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import redis
 from celery import Celery
 from kombu.entity import Exchange, Queue
 from kombu.serialization import register
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual as kombu_virtual
 from kombu.utils.json import dumps
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
+from dataservice.bounded import BoundedConnection, BoundedSSLConnection
 from dataservice.config import Config
 from dataservice.limits.admission import (
     SIZE_HEADER,
@@ -177,6 +182,24 @@ class RedisTransport(kombu_redis.Transport):
     Channel = _Channel
 
 
+class _CallerChannel(_Channel):
+    """A caller's channel: its Redis calls keep to the bound of the publish they
+    serve (:mod:`dataservice.bounded`), and redis-py retries none of them (its
+    back-off would sleep past any deadline; the client retries within it)."""
+
+    connection_class = BoundedConnection
+    connection_class_ssl = BoundedSSLConnection
+
+    def _get_client(self) -> Any:
+        return functools.partial(redis.Redis, retry=Retry(NoBackoff(), 0))
+
+
+class CallerRedisTransport(RedisTransport):
+    """The transport of clients (publishers that hold deadlines), not of workers."""
+
+    Channel = _CallerChannel
+
+
 def direct_queue(name: str) -> Queue:
     """A queue bound to a direct exchange of its own name (the lanes', the consumers')."""
     return Queue(name, Exchange(name, type="direct"), routing_key=name)
@@ -227,9 +250,18 @@ def celery_settings(settings: Settings, config: Config) -> dict[str, Any]:
     }
 
 
-def celery_app(name: str, settings: Settings, config: Config) -> Celery:
+def celery_app(name: str, settings: Settings, config: Config, *, caller: bool = False) -> Celery:
     """A Celery app on the service's broker, with the shared settings (not the
-    process's current app: several may live in one process)."""
+    process's current app: several may live in one process); a ``caller``'s
+    publishes keep to their deadlines (:class:`CallerRedisTransport`)."""
     app = Celery(name, set_as_current=False)
     app.conf.update(celery_settings(settings, config))
+    if caller and app.conf.broker_transport:
+        app.conf.broker_transport = f"{__name__}:CallerRedisTransport"
+        # A lost connection is made again on the next publish, once: kombu's
+        # default would sleep between attempts, past any deadline.
+        app.conf.broker_transport_options = {
+            **app.conf.broker_transport_options,
+            "max_retries": 0,
+        }
     return app

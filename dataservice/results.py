@@ -16,7 +16,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
+from dataservice.bounded import SLACK_S, BoundedPool, connection_class, within
 from dataservice.errors import Unavailable
 from dataservice.keys import result_key
 from dataservice.limits.scripts import LuaScript
@@ -74,6 +77,21 @@ class ResultStore:
         )
         return cls(redis.Redis(connection_pool=pool))
 
+    @classmethod
+    def for_callers(cls, url: str, *, max_waiters: int = 64) -> ResultStore:
+        """The store a client waits on: every wait keeps to the caller's
+        deadline (:mod:`dataservice.bounded`), nothing is retried by redis-py."""
+        pool = BoundedPool.from_url(
+            url,
+            connection_class=connection_class(url),
+            max_connections=max_waiters,
+            timeout=_POOL_WAIT_S,
+            socket_timeout=_WAIT_SLICE_S + 3,
+            socket_connect_timeout=2,
+            health_check_interval=30,
+        )
+        return cls(redis.Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0)))
+
     def put(
         self,
         caller: str,
@@ -121,17 +139,23 @@ class ResultStore:
         """Take the answer, waiting up to ``timeout_s``; None if it did not come."""
         key = result_key(caller, request_id)
         until = time.monotonic() + timeout_s
-        with _backend_errors():
-            if timeout_s <= 0:
-                value = self._redis.lpop(key)
-                return value if isinstance(value, bytes) else None
-            while (left := until - time.monotonic()) > 0:
-                popped = self._redis.blpop(
-                    [key], timeout=max(min(left, _WAIT_SLICE_S), _MIN_WAIT_S)
-                )
-                if popped is not None:
-                    value = popped[1]
+        with _backend_errors(), within(timeout_s + SLACK_S):
+            try:
+                if timeout_s <= 0:
+                    value = self._redis.lpop(key)
                     return value if isinstance(value, bytes) else None
+                while (left := until - time.monotonic()) > 0:
+                    popped = self._redis.blpop(
+                        [key], timeout=max(min(left, _WAIT_SLICE_S), _MIN_WAIT_S)
+                    )
+                    if popped is not None:
+                        value = popped[1]
+                        return value if isinstance(value, bytes) else None
+            except redis.TimeoutError:
+                # Out of time, the wait simply ended without an answer; with
+                # time left, the backend failed to answer a live call.
+                if time.monotonic() < until:
+                    raise
         return None
 
     def ready(self, caller: str, request_id: str) -> bool:

@@ -16,6 +16,8 @@ skipped otherwise.
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +42,7 @@ from dataservice.settings import Settings
 from dataservice.store.migrate import upgrade
 from dataservice.supervisor import Supervisor
 from tests.binlog import BinlogDatabase
+from tests.private_redis import PrivateRedis
 from tests.support import TEST_CALLERS, on_redis, with_test_callers
 from workers.app import LaneRuntime, register_task
 
@@ -286,3 +289,16 @@ def binlog_database(config: Config) -> Iterator[BinlogDatabase]:
         yield BinlogDatabase(server, TEST_DATABASE, admin_url, consumer_url)
     finally:
         server.stop()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    """A redis-server of the test's own, on a free port; gone after the test."""
+    require(shutil.which("redis-server") is not None, "redis-server")
+    server = PrivateRedis(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.signal(signal.SIGCONT)
+        server.signal(signal.SIGKILL)

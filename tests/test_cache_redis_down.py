@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import signal
 import threading
 import time
@@ -37,10 +36,8 @@ from bench._cachefleet import CountingDatabase, burst, replicas
 from bench._fleet import Replicas
 from dataservice import Client, DataServiceError, RetryableError
 from dataservice.config import Config
-from dataservice.localservices import free_port, start_redis
-from dataservice.localservices.probes import binary
 from dataservice.settings import Settings
-from tests.conftest import require
+from tests.private_redis import PrivateRedis
 from tests.support import scraped, scraped_sample, with_retry
 
 REPLICAS = 2
@@ -52,54 +49,6 @@ UP_S, STALL_S, DOWN_S = 2.0, 3.0, 3.0
 # refill of the emptied cache.
 RECOVERY_S = 5.0
 MIN_SUCCESS_RATE = 0.95
-
-
-class CacheRedis:
-    """The cache's redis-server (``start_redis``: daemonized, nothing saved),
-    to stall, kill and start again on the same port."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        start_redis(self.directory, self.port)
-
-    def signal(self, signum: int) -> None:
-        pid = int((self.directory / "redis" / "redis.pid").read_text())
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            return
-        # Killed, it must let go of its port before it starts again there.
-        deadline = time.monotonic() + 10
-        while signum == signal.SIGKILL and not _dead(pid):
-            assert time.monotonic() < deadline, f"redis-server (pid {pid}) outlived SIGKILL"
-            time.sleep(0.01)
-
-
-def _dead(pid: int) -> bool:
-    """Gone, or a zombie (its sockets closed) that nobody has reaped yet."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
-
-
-@pytest.fixture
-def cache_redis(tmp_path: Path) -> Iterator[CacheRedis]:
-    try:
-        binary("redis-server")
-    except DataServiceError:
-        require(False, "redis-server")
-    server = CacheRedis(tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.signal(signal.SIGKILL)
 
 
 @dataclass
@@ -173,22 +122,22 @@ class Outage:
 
 
 def _outage(
-    cache_redis: CacheRedis, ports: list[int], database: CountingDatabase, scope: str
+    private_redis: PrivateRedis, ports: list[int], database: CountingDatabase, scope: str
 ) -> Outage:
     """Stall the cache's Redis, kill it, start it again; what each step cost."""
     stalled = time.monotonic()
     reads_before, failures_before = database.reads(scope), _failures(ports)
     fallbacks_before = sum(_failures(ports, "limits"))
-    cache_redis.signal(signal.SIGSTOP)
+    private_redis.signal(signal.SIGSTOP)
     time.sleep(STALL_S)
     killed = time.monotonic()
-    cache_redis.signal(signal.SIGKILL)
+    private_redis.signal(signal.SIGKILL)
     time.sleep(DOWN_S)
     reads = database.reads(scope) - reads_before
     failures = [a - b for a, b in zip(_failures(ports), failures_before, strict=True)]
     fallbacks = sum(_failures(ports, "limits")) - fallbacks_before
     back, hits_back = time.monotonic(), _hits(ports)
-    cache_redis.start()
+    private_redis.start()
     while _hits(ports) < hits_back + 20:
         assert time.monotonic() - back < RECOVERY_S, "the cache did not serve again in time"
         time.sleep(0.05)
@@ -197,11 +146,11 @@ def _outage(
 
 @pytest.fixture
 def fleet(
-    replica_settings: Settings, cache_redis: CacheRedis, config: Config, tmp_path: Path
+    replica_settings: Settings, private_redis: PrivateRedis, config: Config, tmp_path: Path
 ) -> Iterator[tuple[Settings, Replicas]]:
     # The broker and results stay where they are; only the cache (and the
     # limits beside it) move to the test's own Redis.
-    settings = dataclasses.replace(replica_settings, redis_url=cache_redis.url)
+    settings = dataclasses.replace(replica_settings, redis_url=private_redis.url)
     with replicas(settings, config, tmp_path, REPLICAS) as started:
         yield settings, started
 
@@ -210,7 +159,7 @@ def fleet(
 @pytest.mark.timeout(180)
 def test_reads_survive_the_cache_redis_stalling_and_dying_and_the_cache_comes_back(
     fleet: tuple[Settings, Replicas],
-    cache_redis: CacheRedis,
+    private_redis: PrivateRedis,
     config: Config,
     counting_database: CountingDatabase,
 ) -> None:
@@ -233,7 +182,7 @@ def test_reads_survive_the_cache_redis_stalling_and_dying_and_the_cache_comes_ba
         for thread in threads:
             thread.start()
         time.sleep(UP_S)
-        outage = _outage(cache_redis, ports, counting_database, scope)
+        outage = _outage(private_redis, ports, counting_database, scope)
         time.sleep(1.0)
     finally:
         load.stop.set()

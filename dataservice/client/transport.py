@@ -9,17 +9,20 @@ producer pool. Answers come back through
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
 import redis
+from kombu.exceptions import LimitExceeded
 from kombu.exceptions import OperationalError as BrokerError
 
+from dataservice.bounded import SLACK_S, left, within
 from dataservice.broker import celery_app
 from dataservice.client.message import task_message
 from dataservice.config import Config
 from dataservice.enums import LaneName
-from dataservice.errors import ResourceExhausted, Unavailable
+from dataservice.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from dataservice.limits.admission import (
     CALLER_HEADER,
     DEADLINE_HEADER,
@@ -47,11 +50,11 @@ def refused(refusal: AdmissionRefused, accepted: tuple[object, ...] = ()) -> Res
 class Transport:
     def __init__(self, settings: Settings, config: Config, *, max_waiters: int = 64) -> None:
         self.config = config
-        self._app = celery_app("dataservice-client", settings, config)
+        self._app = celery_app("dataservice-client", settings, config, caller=True)
         # Publishing must never hang a caller past its deadline on a dead broker.
         self._app.conf.broker_connection_timeout = 2
         self._app.conf.broker_connection_max_retries = 0
-        self.results = ResultStore.from_url(
+        self.results = ResultStore.for_callers(
             settings.result_backend_url,
             max_waiters=max_waiters,
         )
@@ -81,8 +84,16 @@ class Transport:
         sent = 0
         refusal = None
         queue = self.config.lanes[lane].queue
+        items = list(items)
+        # Every Redis call of the publish, and the wait for a producer, keeps to
+        # the earliest deadline among the items.
+        deadline_ms = min((item[2] for item in items), default=0)
+        left_s = (deadline_ms - time.time() * 1000) / 1000
         try:
-            with self._app.producer_or_acquire() as producer:
+            with (
+                within(max(left_s, 0.0) + SLACK_S),
+                self._app.producer_pool.acquire(block=True, timeout=left()) as producer,
+            ):
                 channel = producer.channel
                 for body, request_id, deadline_ms, operation in items:
                     headers: dict[str, Any] = {DEADLINE_HEADER: deadline_ms}
@@ -99,7 +110,9 @@ class Transport:
                         refusal = refused_here
                         break
                     sent += 1
-        except (BrokerError, redis.RedisError):
+        except (BrokerError, redis.RedisError, LimitExceeded):
+            if time.time() * 1000 >= deadline_ms:
+                raise DeadlineExceeded("the deadline passed before the broker answered") from None
             raise Unavailable(
                 "the broker is unreachable", retry_after=RETRY_BROKER_DOWN_S
             ) from None
