@@ -85,8 +85,9 @@ def test_no_call_outlasts_its_timeout_while_redis_is_paused(
             for thread in threads:
                 thread.start()
             time.sleep(1.0)
-            paused = time.monotonic()
             admin.execute_command("CLIENT", "PAUSE", PAUSE_MS, "ALL")
+            # Calls that began from here on found Redis paused.
+            paused = time.monotonic()
             resumed = paused + PAUSE_MS / 1000
             time.sleep(PAUSE_MS / 1000 + RECOVERY_S + 1.0)
         finally:

@@ -21,10 +21,11 @@ relied on, and without one the queue alone decides, as at a cold start.
 What waits is the lane's admitted requests not yet done, less those running
 (drain rate x service time): the workers' prefetch waits as much as the list.
 A queue that stands is also held to a target wait (``admission.target_wait_ms``,
-controlled delay): once no publish has found nothing waiting for that long, a
-request is admitted only if its expected wait is within the target, and after
-a refusal for it, until the wait is back within three quarters of it. A burst into an
-idle lane may still queue up to its deadline; sustained overload keeps a
+controlled delay): once no publish has found nothing waiting for
+``STANDING_AFTER_MS``, a request is admitted only if its expected wait is within
+the target, and after a refusal for it, until the wait is back within three
+quarters of it. A burst into an idle lane (arriving within that interval) may
+still queue up to its deadline; sustained overload keeps a
 short queue whose answers come well inside their deadlines, and the rest is
 refused at publish instead of timing out in the queue.
 """
@@ -59,6 +60,9 @@ CALLER_HEADER = "ds_caller"
 OPERATION_HEADER = "ds_op"
 # A service time the workers have not renewed for this long is not relied on.
 SERVICE_STALE_MS = 5000
+# A queue that has had something waiting for this long stands: not one burst
+# but arrivals outrunning the drain (controlled delay's interval).
+STANDING_AFTER_MS = 100
 SERVICE_PREFIX = "service:"
 
 _ADMIT = LuaScript("admit.lua")
@@ -184,6 +188,7 @@ def admit(
         SERVICE_PREFIX + operation if operation in OPERATIONS else "",
         SERVICE_STALE_MS,
         lane.target_wait_ms,
+        STANDING_AFTER_MS,
     ]
     caller = message.get("headers", {}).get(CALLER_HEADER)
     paced = pacing.get(caller) if pacing and isinstance(caller, str) else None

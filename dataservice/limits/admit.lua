@@ -27,15 +27,16 @@
 -- ARGV[8]  the hash field of the request's operation's service time
 --          ('service:read', ...); '' when the operation is not known
 -- ARGV[9]  how old a service time may be (ms) before it is not relied on
--- ARGV[10] the queue's target wait (ms; 0: none): once the queue has not been
---          empty for this long (a standing queue, not a burst), a request is
---          admitted only if its expected wait in the queue is within it; once
+-- ARGV[10] the queue's target wait (ms; 0: none): once something has waited
+--          for longer than ARGV[11] (a standing queue, not one burst), a request
+--          is admitted only if its expected wait in the queue is within it; once
 --          one is refused for it, none is admitted until the expected wait is
 --          back within three quarters of it
+-- ARGV[11] how long a queue must have stood before the target applies (ms)
 -- KEYS[3]  optional: the caller's publish pacing (GCRA theoretical arrival time, µs),
 --          ds:pace:<caller>, a key of the caller's own
--- ARGV[11] with KEYS[3]: the caller's emission interval (µs per request: 1e6 / rate)
--- ARGV[12] with KEYS[3]: the caller's burst (requests)
+-- ARGV[12] with KEYS[3]: the caller's emission interval (µs per request: 1e6 / rate)
+-- ARGV[13] with KEYS[3]: the caller's burst (requests)
 --
 -- Returns {''} when the message was pushed, or {reason, retry_after_ms} with a
 -- dataservice.refusals.Reason value: 'queue_full' (messages), 'queue_bytes',
@@ -138,7 +139,7 @@ if rate > 0 and waiting >= 1 then
   -- where a load at exactly the capacity would keep it and have every peak
   -- refused. (Not less: a client's throttle reads a spell of refusing
   -- everything as the service refusing most of what it is sent.)
-  if target > 0 and now - empty_at > target then
+  if target > 0 and now - empty_at > tonumber(ARGV[11]) then
     local resume = target * 3 / 4
     if wait > target or (shedding and wait > resume) then
       if not shedding then redis.call('HSET', KEYS[2], 'shedding', 1) end
@@ -153,7 +154,7 @@ end
 -- own pacing key); this only keeps a well-behaved caller's excess off the queue.
 if KEYS[3] then
   local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local new_tat, retry_ms = gcra_check(KEYS[3], now_us, tonumber(ARGV[11]), tonumber(ARGV[12]))
+  local new_tat, retry_ms = gcra_check(KEYS[3], now_us, tonumber(ARGV[12]), tonumber(ARGV[13]))
   if not new_tat then
     return refuse('rate_limited', retry_ms)
   end
