@@ -28,7 +28,7 @@ import redis
 # What a bounded call may take beyond its caller's deadline: a blocking
 # command's reply, due just as the time runs out, must not race the socket's
 # own timeout, and a reply on its way is worth its few milliseconds.
-SLACK_S = 0.05
+SLACK_S = 0.02
 # The shortest wait a call is given: a socket timeout of 0 would mean
 # non-blocking, not "no time left".
 _FLOOR_S = 0.001

@@ -172,6 +172,12 @@ class _Channel(kombu_redis.Channel):
         if client:
             yield client
             return
+        if self._pool is None and self.connection.client is None:
+            # Closing after the broker went away (kombu restores what was
+            # delivered): there is nothing left to build a client from. As a
+            # connection error, the worker's consumer reconnects; anything
+            # else would end the worker.
+            raise redis.ConnectionError("the broker connection is closed")
         # kombu replaces its pool on disconnect; a client on the old one is stale.
         if self._shared_client is None or self._shared_client.connection_pool is not self.pool:
             self._shared_client = self._create_client()

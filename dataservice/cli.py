@@ -18,6 +18,7 @@ from dataservice.errors import DataServiceError
 from dataservice.flower_cli import flower as flower_command
 from dataservice.health_cli import health as health_command
 from dataservice.inspect_cli import app as inspect_app
+from dataservice.loadtest.faults import FAULTS
 from dataservice.loadtest.scenarios import SCENARIOS
 from dataservice.observe.logs import configure_logging
 from dataservice.run_cli import run as run_command
@@ -187,6 +188,11 @@ def loadtest(
         help="The MariaDB server to run on, as an account that may create databases and "
         "users (default: the configured database's server and account).",
     ),
+    fault: str | None = typer.Option(
+        None,
+        help=f"Inject a fault mid-run, on a Redis and a MariaDB of the run's own: one of "
+        f'{", ".join(FAULTS)} (see docs/operations.md, "Faults").',
+    ),
 ) -> None:
     """Offer a scenario's open-loop load to isolated replicas; write a JSON report and a chart."""
     from rich.console import Console
@@ -212,6 +218,7 @@ def loadtest(
         live=live,
         base_config=settings.config_path,
         root_url=server or server_url(settings.database_url),
+        fault=fault,
     )
     raise typer.Exit(code)
 

@@ -31,6 +31,7 @@ from workers.fastpath import redelivered, serve_inline
 from workers.gauges import LaneGauges
 from workers.inline import InlineReads
 from workers.purger import OutcomePurger
+from workers.reconnect import reconnect_promptly
 from workers.servicetimes import ServiceTimesPublisher
 
 log = logging.getLogger(__name__)
@@ -213,6 +214,7 @@ def create_app(
 ) -> tuple[Celery, LaneRuntime]:
     """A Celery app whose task serves ``lane``, and the runtime behind it."""
     app = celery_app("dataservice", settings, config)
+    reconnect_promptly(app)
     runtime = LaneRuntime(settings, config, lane, threads)
     register_task(app, runtime)
     return app, runtime

@@ -85,16 +85,18 @@ class Transport:
         refusal = None
         queue = self.config.lanes[lane].queue
         items = list(items)
-        # Every Redis call of the publish, and the wait for a producer, keeps to
-        # the earliest deadline among the items.
+        # Every Redis call of the publish, and the wait for a connection, keeps
+        # to the earliest deadline among the items.
         deadline_ms = min((item[2] for item in items), default=0)
         left_s = (deadline_ms - time.time() * 1000) / 1000
         try:
+            # Only a channel is needed (admission pushes the message): a pooled
+            # connection, waited for no longer than the deadline allows.
             with (
                 within(max(left_s, 0.0) + SLACK_S),
-                self._app.producer_pool.acquire(block=True, timeout=left()) as producer,
+                self._app.pool.acquire(block=True, timeout=left()) as connection,
             ):
-                channel = producer.channel
+                channel = connection.default_channel
                 for body, request_id, deadline_ms, operation in items:
                     headers: dict[str, Any] = {DEADLINE_HEADER: deadline_ms}
                     if caller:
@@ -105,8 +107,8 @@ class Transport:
                     try:
                         channel.admit(queue, message)
                     except AdmissionRefused as refused_here:
-                        # Raised once the producer is back in its pool: an
-                        # exception inside would make kombu discard it.
+                        # Raised once the connection is back in its pool,
+                        # outside the block that holds it.
                         refusal = refused_here
                         break
                     sent += 1

@@ -13,6 +13,7 @@ from dataservice.errors import DataServiceError
 from dataservice.loadtest import report as rep
 from dataservice.loadtest.chart import write_chart
 from dataservice.loadtest.display import summary_tables
+from dataservice.loadtest.faults import FAULTS, Fault
 from dataservice.loadtest.runner import Run, RunOptions
 from dataservice.loadtest.scenarios import SCENARIOS
 
@@ -32,12 +33,16 @@ def run_loadtest(
     live: bool,
     base_config: Path,
     root_url: str,
+    fault: str | None = None,
 ) -> int:
     if scenario not in SCENARIOS:
         console.print(f"error: unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
         return 2
     if system not in SYSTEMS:
         console.print(f"error: unknown system {system!r}; one of {', '.join(SYSTEMS)}")
+        return 2
+    if fault is not None and fault not in FAULTS:
+        console.print(f"error: unknown fault {fault!r}; one of {', '.join(FAULTS)}")
         return 2
     out = out or Path(".state/loadtest") / time.strftime("%Y%m%dT%H%M%S")
     systems = ("service", "naive") if system == "both" else (system,)
@@ -55,6 +60,7 @@ def run_loadtest(
             db_delay_ms=db_delay_ms,
             live=live,
             root_url=root_url,
+            fault=Fault(fault) if fault is not None else None,
             # Both systems get the same offered load: the service's capacity
             # (and face the same slower database, measured once).
             capacity=capacity,

@@ -53,10 +53,12 @@ class Target:
     password: str
     database: str
     redis_db: int
+    # The Redis server (a fault run's own, or the shared one).
+    redis_base: str = REDIS_BASE
 
     @property
     def redis_url(self) -> str:
-        return f"{REDIS_BASE}/{self.redis_db}"
+        return f"{self.redis_base}/{self.redis_db}"
 
     def database_url(self, root_url: str = ROOT_URL) -> str:
         root = make_url(root_url)

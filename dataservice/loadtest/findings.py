@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from dataservice.budget import check_budget
 from dataservice.enums import LaneName
 from dataservice.loadtest import report as rep
+from dataservice.loadtest.invariants import fault_report
 from dataservice.loadtest.openloop import OpenLoop
 from dataservice.loadtest.recovery import recovery_report
 from dataservice.loadtest.sampler import Sampler
@@ -92,6 +93,11 @@ def build_report(
     if recovery is not None:
         report["recovery"] = recovery
     report["verdicts"] = _verdicts(run, report, loop, sampler, series, seconds)
+    if o.fault is not None:
+        report["fault"] = fault_report(
+            o.fault.value, run.events, loop.records, run.timeouts, series, seconds
+        )
+        report["verdicts"].update(report["fault"]["verdicts"])
     return report
 
 

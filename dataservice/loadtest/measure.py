@@ -46,7 +46,7 @@ def measure(
         t0,
         o.max_callers,
     )
-    pending = scenario.events(o.duration_s)
+    pending = scenario.events(o.duration_s) | run.fault_events()
     cpu_before = time.process_time()
     live = Live(_table(run, loop, sampler), console=run.console, auto_refresh=False)
     try:

@@ -6,6 +6,7 @@ and only its own Redis db numbers and databases are reset.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass, field
 from functools import partial
@@ -20,6 +21,7 @@ from dataservice.enums import LaneName
 from dataservice.loadtest import changes as ch
 from dataservice.loadtest import environment as env
 from dataservice.loadtest import naive
+from dataservice.loadtest.faults import FAULT_BEGINS, FAULT_ENDS, Fault, PrivateServers
 from dataservice.loadtest.incidents import Capacity, SlowDown, lane_timeouts
 from dataservice.loadtest.liveness import not_applicable
 from dataservice.loadtest.measure import measure
@@ -50,6 +52,8 @@ class RunOptions:
     capacity_after: dict[LaneName, float] | None = None
     # Another user, database and Redis db (tests use their own, so a manual run never clashes).
     target: env.Target | None = None
+    # Inject this fault mid-run, on a Redis and a MariaDB of the run's own.
+    fault: Fault | None = None
 
 
 def capacities_from_rate(rate: float, config: Config) -> dict[LaneName, float]:
@@ -88,9 +92,14 @@ def probe_capacity(
 
 class Run:
     def __init__(self, options: RunOptions, console: Console) -> None:
-        self.o = options
         self.console = console
         self.target = options.target or env.TARGETS[options.system]
+        self.servers: PrivateServers | None = None
+        if options.fault is not None:
+            self.servers = PrivateServers()
+            options = dataclasses.replace(options, root_url=self.servers.root_url)
+            self.target = dataclasses.replace(self.target, redis_base=self.servers.redis_base)
+        self.o = options
         options.out.mkdir(parents=True, exist_ok=True)
         self.delay_ms = delay = options.db_delay_ms + options.scenario.extra_delay_ms
         self.slow_down = SlowDown.of(
@@ -160,7 +169,21 @@ class Run:
             )
         return naive.NaiveAdapter(self.target.redis_url, self.config)
 
+    def fault_events(self) -> dict[str, float]:
+        """When the run's fault begins and ends, if it has one."""
+        return {} if self.o.fault is None else self.o.fault.events(self.o.duration_s)
+
     def execute(self) -> dict[str, Any]:
+        if self.servers is None:
+            return self._execute()
+        with self.console.status("starting a private Redis and MariaDB"):
+            self.servers.start()
+        try:
+            return self._execute()
+        finally:
+            self.servers.stop()
+
+    def _execute(self) -> dict[str, Any]:
         o = self.o
         env.flush_redis(self.target.redis_url)
         with self.console.status(f"{o.system}: preparing {self.target.database}"):
@@ -210,3 +233,7 @@ class Run:
             self.killed = kill_connections(self.o.root_url, self.target.user)
         elif name == SLOW_DOWN and self.slow_down is not None:
             self.slow_down.slow()
+        elif name == FAULT_BEGINS and self.servers is not None and self.o.fault is not None:
+            self.servers.begin(self.o.fault)
+        elif name == FAULT_ENDS and self.servers is not None and self.o.fault is not None:
+            self.servers.end(self.o.fault)

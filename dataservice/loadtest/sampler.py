@@ -23,6 +23,8 @@ import MySQLdb
 from sqlalchemy.engine import make_url
 
 TARGET_HZ = 50.0
+# After losing the server, try again this often.
+RECONNECT_S = 0.2
 
 _PROCESSES = "SELECT ID, COMMAND, STATE FROM information_schema.PROCESSLIST WHERE USER = %s"
 _TOTALS = "SELECT TOTAL_CONNECTIONS FROM information_schema.USER_STATISTICS WHERE USER = %s"
@@ -47,6 +49,9 @@ def connect_root(root_url: str) -> Any:
         password=url.password or "",
         autocommit=True,
         connect_timeout=2,
+        # A stalled server must cost the sampler a gap, not its thread.
+        read_timeout=2,
+        write_timeout=2,
     )
 
 
@@ -65,6 +70,8 @@ class Sampler:
     # of the run: says what the database was doing when something stalled.
     states: dict[int, Counter[str]] = field(default_factory=dict)
     error: str | None = None
+    # Times the server stopped answering and the sampler connected again.
+    gaps: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -92,44 +99,70 @@ class Sampler:
         return int(row[0]) if row else 0
 
     def _run(self) -> None:
-        try:
-            conn = connect_root(self.root_url)
-        except MySQLdb.Error as exc:
-            self.error = f"sampler cannot connect: {type(exc).__name__}"
-            return
-        try:
-            cursor = conn.cursor()
-            base = self._total(cursor)
-            next_tick = time.monotonic()
-            while not self._stop.is_set():
-                now = time.monotonic()
-                cursor.execute(_PROCESSES, (self.user,))
-                rows = cursor.fetchall()
-                opened = self._total(cursor) - base
-                active_share, conn_share = self.share(now)
-                self.samples.append(
-                    Sample(
-                        t=now - self.t0,
-                        connections=len(rows),
-                        active=sum(1 for _, command, _ in rows if command == "Query"),
-                        opened_total=opened,
-                        share_active=active_share,
-                        share_connections=conn_share,
-                    )
+        """Sample until stopped; a lost server (a fault run stops or restarts it)
+        leaves a gap and a reconnection, its totals carried across a restart."""
+        connected = False
+        base = carried = 0
+        while not self._stop.is_set():
+            try:
+                conn = connect_root(self.root_url)
+            except MySQLdb.Error as exc:
+                if not connected:
+                    self.error = f"sampler cannot connect: {type(exc).__name__}"
+                    return
+                self._stop.wait(RECONNECT_S)
+                continue
+            try:
+                cursor = conn.cursor()
+                if not connected:
+                    base, carried = self._total(cursor), 0
+                elif self._restarted(cursor):
+                    # It counts its connections from zero again.
+                    base, carried = 0, self.samples[-1].opened_total if self.samples else 0
+                connected = True
+                self._sample(cursor, base, carried)
+            except MySQLdb.Error:
+                self.gaps += 1
+                self._stop.wait(RECONNECT_S)
+            finally:
+                conn.close()
+
+    def _restarted(self, cursor: Any) -> bool:
+        cursor.execute("SHOW GLOBAL STATUS LIKE 'Uptime'")
+        row = cursor.fetchone()
+        last = self.samples[-1].t if self.samples else 0.0
+        since_last = time.monotonic() - self.t0 - last
+        return row is not None and int(row[1]) <= since_last + 1
+
+    def _sample(self, cursor: Any, base: int, carried: int) -> None:
+        """Sample on one connection until stopped (returns) or it fails (raises);
+        ``carried``: new connections counted before this one."""
+        next_tick = time.monotonic()
+        while not self._stop.is_set():
+            now = time.monotonic()
+            cursor.execute(_PROCESSES, (self.user,))
+            rows = cursor.fetchall()
+            opened = carried + self._total(cursor) - base
+            active_share, conn_share = self.share(now)
+            self.samples.append(
+                Sample(
+                    t=now - self.t0,
+                    connections=len(rows),
+                    active=sum(1 for _, command, _ in rows if command == "Query"),
+                    opened_total=opened,
+                    share_active=active_share,
+                    share_connections=conn_share,
                 )
-                second = self.states.setdefault(math.floor(now - self.t0), Counter())
-                second.update(str(state or "-") for _, command, state in rows if command == "Query")
-                next_tick += self.interval_s
-                delay = next_tick - time.monotonic()
-                if delay > 0:
-                    self._stop.wait(delay)
-                else:
-                    # Behind (a busy machine): sample again at once, do not bunch up.
-                    next_tick = time.monotonic()
-        except MySQLdb.Error as exc:
-            self.error = f"sampler failed: {type(exc).__name__}"
-        finally:
-            conn.close()
+            )
+            second = self.states.setdefault(math.floor(now - self.t0), Counter())
+            second.update(str(state or "-") for _, command, state in rows if command == "Query")
+            next_tick += self.interval_s
+            delay = next_tick - time.monotonic()
+            if delay > 0:
+                self._stop.wait(delay)
+            else:
+                # Behind (a busy machine): sample again at once, do not bunch up.
+                next_tick = time.monotonic()
 
 
 def kill_connections(root_url: str, user: str) -> int:
