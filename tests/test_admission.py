@@ -338,6 +338,25 @@ def test_what_the_workers_prefetched_waits_too(
     assert broker.llen(config.lanes.batch.queue) == 1
 
 
+def test_a_window_with_the_list_empty_only_raises_the_drain_rate(
+    targeted: tuple[Settings, Config, redis.Redis],
+) -> None:
+    """After a stall the measured rate is low; while the workers keep up, the
+    list stays empty, and what they drained (20 in 1.1 s) is a floor to raise
+    it to. A lower figure from such a window would not lower it."""
+    settings, config, broker = targeted
+    key = admission_key(config.lanes.batch.queue)
+    now = _deadline(0)
+    broker.hset(key, mapping={"rate": 2, "rate_at": now - 1100, "done_at": 0, "done": 20})
+    with Client("tests", settings, config) as client:
+        client.submit(ReadOp("s", "after-the-stall"), timeout=60)
+        assert 16 <= float(broker.hget(key, "rate") or 0) <= 20
+        broker.hset(key, mapping={"rate_at": _deadline(0) - 1100, "done_at": 20, "done": 21})
+        broker.ltrim(config.lanes.batch.queue, 1, 0)
+        client.submit(ReadOp("s", "quiet"), timeout=60)
+    assert 16 <= float(broker.hget(key, "rate") or 0) <= 20
+
+
 def test_without_measurements_the_bounds_alone_decide_as_before(
     targeted: tuple[Settings, Config, redis.Redis],
 ) -> None:

@@ -94,12 +94,16 @@ redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[7]))
 if rate_at == nil then
   redis.call('HSET', KEYS[2], 'rate_at', now, 'done_at', done)
 elseif now - rate_at >= 1000 then
-  -- Only a busy window measures what the lane can drain; an idle one says
-  -- nothing about capacity, so it keeps the last measurement.
+  -- A busy window (a queue in the list) measures what the lane can drain. A
+  -- window with less to do drained what it was given: a floor, never a
+  -- ceiling, so it only raises the estimate (after a stall had brought it
+  -- down, nothing else would: the list stays empty while the workers keep up).
+  local measured = (done - done_at) * 1000 / (now - rate_at)
   if depth > 0 then
-    local measured = (done - done_at) * 1000 / (now - rate_at)
     if rate > 0 then rate = (rate + measured) / 2 else rate = measured end
     if rate < 0.01 then rate = 0 end
+  elseif measured > rate then
+    rate = measured
   end
   redis.call('HSET', KEYS[2], 'rate', tostring(rate), 'rate_at', now, 'done_at', done)
 end

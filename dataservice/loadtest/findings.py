@@ -95,7 +95,7 @@ def build_report(
     report["verdicts"] = _verdicts(run, report, loop, sampler, series, seconds)
     if o.fault is not None:
         report["fault"] = fault_report(
-            o.fault.value, run.events, loop.records, run.timeouts, series, seconds
+            o.fault.value, run.events, loop.records, run.timeouts, series, seconds, o.duration_s
         )
         report["verdicts"].update(report["fault"]["verdicts"])
     return report

@@ -3,7 +3,8 @@
 - No caller waits longer than its timeout plus ``CALLER_MARGIN_S``, during the
   fault or after it (each request's latency against its lane's timeout).
 - The service serves again: interactive goodput is back to 0.9 of what it was
-  before the fault within ``RECOVERY_BOUND_S`` of the fault's end.
+  before the fault within ``RECOVERY_BOUND_S`` of the fault's end, and stays
+  there (its mean from then to the end of the load, not one lucky second).
 
 (The database share is the run's own verdict, sampled from PROCESSLIST.)
 """
@@ -20,6 +21,19 @@ from dataservice.loadtest.report import recovery_s
 
 CALLER_MARGIN_S = 0.1
 RECOVERY_BOUND_S = 5.0
+HELD_SHARE = 0.9
+
+
+def _held(series: dict[str, Any], began: float, recovered_at: float, end: float) -> float | None:
+    """Interactive goodput from recovery to the end of the load, as a share of
+    its mean before the fault."""
+    goodput = series[LaneName.INTERACTIVE.value]["goodput"]
+    before = goodput[1 : int(began)]
+    after = goodput[int(recovered_at) : int(end)]
+    if not before or not after or sum(before) == 0:
+        return None
+    ratio = (sum(after) / len(after)) / (sum(before) / len(before))
+    return round(float(ratio), 2)
 
 
 def slowest_per_second(
@@ -45,12 +59,16 @@ def fault_report(
     timeouts: Mapping[LaneName, float],
     series: dict[str, Any],
     seconds: int,
+    duration_s: float,
 ) -> dict[str, Any]:
     """The fault's figures and the invariants' verdicts."""
     ended = events.get(FAULT_ENDS)
     worst = max(records, key=lambda r: r.latency_ms - timeouts[r.lane] * 1000, default=None)
     over_ms = None if worst is None else worst.latency_ms - timeouts[worst.lane] * 1000
     recovered = None if ended is None else recovery_s(series, LaneName.INTERACTIVE, ended, seconds)
+    held = None
+    if ended is not None and recovered is not None:
+        held = _held(series, events.get(FAULT_BEGINS, 0.0), ended + recovered, duration_s)
     return {
         "fault": fault,
         "began_s": events.get(FAULT_BEGINS),
@@ -66,8 +84,12 @@ def fault_report(
         },
         "slowest_past_timeout_ms_per_s": slowest_per_second(records, timeouts, seconds),
         "recovery_s": recovered,
+        "goodput_after_recovery": held,
         "verdicts": {
             "no_caller_past_its_timeout": over_ms is not None and over_ms <= CALLER_MARGIN_S * 1000,
-            "serves_again_within_bound": recovered is not None and recovered <= RECOVERY_BOUND_S,
+            "serves_again_within_bound": recovered is not None
+            and recovered <= RECOVERY_BOUND_S
+            and held is not None
+            and held >= HELD_SHARE,
         },
     }
