@@ -186,7 +186,8 @@ def burst(
             try:
                 record = client.read(scope, object_id, mode=mode, timeout=timeout_s)
             except DataServiceError as exc:
-                error = type(exc).__name__
+                reason = getattr(exc, "reason", "")
+                error = f"{type(exc).__name__}({reason})" if reason else type(exc).__name__
             outcome = Outcome(object_id, began, time.monotonic(), record, error)
             with lock:
                 outcomes.append(outcome)

@@ -286,8 +286,13 @@ def test_a_standing_queue_is_held_to_its_target_wait_and_a_burst_is_not(
     key = admission_key(config.lanes.batch.queue)
     with Client("tests", settings, config) as client:
         client.submit_many([ReadOp("s", f"k{n}") for n in range(20)], timeout=600)
-        # 20 ahead at 10 a second: 2 s of queue, four times the target ...
-        broker.hset(key, mapping={"rate": 10, "rate_at": _deadline(0), "empty_at": _deadline(0)})
+        # 20 ahead at 10 a second (measured busy just now): 2 s of queue, four
+        # times the target ...
+        now = _deadline(0)
+        broker.hset(
+            key,
+            mapping={"rate": 10, "rate_at": now, "busy_at": now, "empty_at": now},
+        )
         # ... yet the queue was empty a moment ago: a burst, admitted up to its deadline.
         client.submit(ReadOp("s", "burst"), timeout=60)
         # The same queue, not empty for a second: it stands, and past its target
@@ -311,6 +316,27 @@ def test_a_standing_queue_is_held_to_its_target_wait_and_a_burst_is_not(
     assert broker.llen(config.lanes.batch.queue) == 4
     # Every publish was seen by the broker's script, the refused ones included.
     assert int(broker.hget(key, "offered") or 0) == 20 + 1 + 1 + 1 + 2
+
+
+def test_a_burst_into_a_lane_not_measured_busy_lately_queues_up_to_its_deadline(
+    targeted: tuple[Settings, Config, redis.Redis],
+) -> None:
+    """The same standing queue, but the rate (a floor, from a quiet lane) was
+    last measured busy 5 s ago: the target does not apply, the deadline does."""
+    settings, config, broker = targeted
+    key = admission_key(config.lanes.batch.queue)
+    with Client("tests", settings, config) as client:
+        client.submit_many([ReadOp("s", f"k{n}") for n in range(20)], timeout=600)
+        now = _deadline(0)
+        broker.hset(
+            key,
+            mapping={"rate": 10, "rate_at": now, "busy_at": now - 5000, "empty_at": now - 1000},
+        )
+        client.submit(ReadOp("s", "burst"), timeout=60)
+        with pytest.raises(ResourceExhausted) as caught:
+            client.submit(ReadOp("s", "too-late"), timeout=1)
+        assert caught.value.reason == "queue_too_long"
+    assert broker.llen(config.lanes.batch.queue) == 21
 
 
 def test_what_the_workers_prefetched_waits_too(

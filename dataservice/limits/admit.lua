@@ -8,6 +8,7 @@
 --                     lane's requests queued, prefetched by a worker or running
 --            rate     completions per second while the queue was busy
 --            rate_at  when the current measuring window began (server time, ms)
+--            busy_at  when a window last measured the lane busy (a queue in the list)
 --            done_at  `done` when the current window began
 --            offered  every publish this script has seen, admitted or refused
 --            refused:<reason>  publishes refused for that reason (the workers' metrics read them)
@@ -49,7 +50,7 @@
 local depth = redis.call('LLEN', KEYS[1])
 local service_field = ARGV[8] ~= '' and ARGV[8] or 'service:'
 local h = redis.call('HMGET', KEYS[2], 'bytes', 'done', 'rate', 'rate_at', 'done_at',
-  'service_at', service_field, 'empty_at', 'shedding', 'admitted')
+  'service_at', service_field, 'empty_at', 'shedding', 'admitted', 'busy_at')
 -- Workers only subtract; a negative balance (a completion counted twice after
 -- a redelivery) must not become room beyond the bound.
 local bytes = math.max(tonumber(h[1]) or 0, 0)
@@ -68,6 +69,8 @@ if now - (tonumber(h[6]) or 0) <= tonumber(ARGV[9]) then
   service = tonumber(h[7]) or 0
 end
 local target = tonumber(ARGV[10])
+-- Two measuring windows.
+local BUSY_RECENT_MS = 2000
 -- What waits is more than the list: each worker prefetches as many messages as
 -- it has threads. Ahead of a new request are the lane's admitted requests not
 -- yet done, less those running (the drain rate times the service time, by
@@ -78,6 +81,10 @@ if rate > 0 and service > 0 then running = rate * service / 1000 end
 local ahead = math.max(depth, (tonumber(h[10]) or 0) - done)
 ahead = math.min(ahead, depth + 2 * running + 1)
 local waiting = math.max(depth, ahead - running)
+-- The rate says what the lane drains only if it was measured busy lately; a
+-- lane idle until a burst knows only a floor, and its burst may queue up to
+-- its deadline (the deadline check still applies).
+local busy_at = tonumber(h[11]) or 0
 local empty_at = tonumber(h[8])
 local shedding = h[9] == '1'
 if waiting < 1 or empty_at == nil then
@@ -102,6 +109,8 @@ elseif now - rate_at >= 1000 then
   if depth > 0 then
     if rate > 0 then rate = (rate + measured) / 2 else rate = measured end
     if rate < 0.01 then rate = 0 end
+    busy_at = now
+    redis.call('HSET', KEYS[2], 'busy_at', now)
   elseif measured > rate then
     rate = measured
   end
@@ -143,7 +152,7 @@ if rate > 0 and waiting >= 1 then
   -- where a load at exactly the capacity would keep it and have every peak
   -- refused. (Not less: a client's throttle reads a spell of refusing
   -- everything as the service refusing most of what it is sent.)
-  if target > 0 and now - empty_at > tonumber(ARGV[11]) then
+  if target > 0 and now - empty_at > tonumber(ARGV[11]) and now - busy_at <= BUSY_RECENT_MS then
     local resume = target * 3 / 4
     if wait > target or (shedding and wait > resume) then
       if not shedding then redis.call('HSET', KEYS[2], 'shedding', 1) end
