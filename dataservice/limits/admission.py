@@ -22,11 +22,11 @@ What waits is the lane's admitted requests not yet done, less those running
 (drain rate x service time): the workers' prefetch waits as much as the list.
 A queue that stands is also held to a target wait (``admission.target_wait_ms``,
 controlled delay): once no publish has found nothing waiting for
-``STANDING_AFTER_MS``, a request is admitted only if its expected wait is within
-the target, and after a refusal for it, until the wait is back within three
-quarters of it. A burst into an idle lane (arriving within that interval) may
-still queue up to its deadline; sustained overload keeps a
-short queue whose answers come well inside their deadlines, and the rest is
+``STANDING_AFTER_MS``, in a lane measured busy lately, a request is admitted
+only if its expected wait is within the target, and after a refusal for it,
+until the wait is back within three quarters of it. A burst into an idle lane
+may still queue up to its deadline; sustained overload keeps a short queue
+whose answers come well inside their deadlines, and the rest is
 refused at publish instead of timing out in the queue.
 """
 
