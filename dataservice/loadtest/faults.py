@@ -74,7 +74,11 @@ class PrivateServers:
         os.chmod(self._tmp.name, 0o755)
         self.directory = Path(self._tmp.name)
         self.redis_port = free_port()
-        self.mariadb = PrivateMariaDB(self.directory / "mariadb", free_port())
+        # Per-user connection totals from the first connection, and again after
+        # a restart (SET GLOBAL does not survive one): a reconnect storm counts.
+        self.mariadb = PrivateMariaDB(
+            self.directory / "mariadb", free_port(), options=("--userstat=1",)
+        )
 
     @property
     def redis_base(self) -> str:

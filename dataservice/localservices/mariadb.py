@@ -27,10 +27,14 @@ class PrivateMariaDB:
     and metadata, as the change-stream reader needs.
     """
 
-    def __init__(self, directory: Path, port: int, *, binlog: bool = False) -> None:
+    def __init__(
+        self, directory: Path, port: int, *, binlog: bool = False, options: tuple[str, ...] = ()
+    ) -> None:
         self.directory = directory
         self.port = port
         self.binlog = binlog
+        # More mariadbd options, given on every start.
+        self.options = options
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -81,6 +85,7 @@ class PrivateMariaDB:
             f"--pid-file={self.directory / 'mariadb.pid'}",
             f"--log-error={self.log}", "--innodb-buffer-pool-size=64M", "--max-connections=500",
         ]  # fmt: skip
+        args += self.options
         if self.binlog:
             args += [
                 f"--log-bin={self.datadir / 'binlog'}", "--binlog-format=ROW",
