@@ -262,7 +262,12 @@ def celery_app(name: str, settings: Settings, config: Config, *, caller: bool = 
     publishes keep to their deadlines (:class:`CallerRedisTransport`)."""
     app = Celery(name, set_as_current=False)
     app.conf.update(celery_settings(settings, config))
-    if caller and app.conf.broker_transport:
+    if not caller:
+        return app
+    # Publishing must never hang a caller past its deadline on a dead broker.
+    app.conf.broker_connection_timeout = 2
+    app.conf.broker_connection_max_retries = 0
+    if app.conf.broker_transport:
         app.conf.broker_transport = f"{__name__}:CallerRedisTransport"
         # A lost connection is made again on the next publish, once: kombu's
         # default would sleep between attempts, past any deadline.

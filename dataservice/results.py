@@ -64,32 +64,24 @@ class ResultStore:
         self._redis = client
 
     @classmethod
-    def from_url(cls, url: str, *, max_waiters: int = 64) -> ResultStore:
+    def from_url(cls, url: str, *, max_waiters: int = 64, bounded: bool = False) -> ResultStore:
+        """A store on ``url``; ``bounded`` for a client, whose every wait keeps to
+        the caller's deadline (:mod:`dataservice.bounded`) and is not retried by
+        redis-py (its back-off would sleep past the deadline)."""
         # Waits are cut into slices, so the socket timeout only needs to outlast
         # one slice; a half-open connection then costs seconds, not a deadline.
-        pool = redis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=max_waiters,
-            timeout=_POOL_WAIT_S,
-            socket_timeout=_WAIT_SLICE_S + 3,
-            socket_connect_timeout=2,
-            health_check_interval=30,
-        )
-        return cls(redis.Redis(connection_pool=pool))
-
-    @classmethod
-    def for_callers(cls, url: str, *, max_waiters: int = 64) -> ResultStore:
-        """The store a client waits on: every wait keeps to the caller's
-        deadline (:mod:`dataservice.bounded`), nothing is retried by redis-py."""
-        pool = BoundedPool.from_url(
-            url,
-            connection_class=connection_class(url),
-            max_connections=max_waiters,
-            timeout=_POOL_WAIT_S,
-            socket_timeout=_WAIT_SLICE_S + 3,
-            socket_connect_timeout=2,
-            health_check_interval=30,
-        )
+        options = {
+            "max_connections": max_waiters,
+            "timeout": _POOL_WAIT_S,
+            "socket_timeout": _WAIT_SLICE_S + 3,
+            "socket_connect_timeout": 2,
+            "health_check_interval": 30,
+        }
+        if not bounded:
+            return cls(
+                redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(url, **options))
+            )
+        pool = BoundedPool.from_url(url, connection_class=connection_class(url), **options)
         return cls(redis.Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0)))
 
     def put(

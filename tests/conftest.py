@@ -37,12 +37,16 @@ from dataservice.client.transport import Transport
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.errors import ServiceSetupError
-from dataservice.localservices import TemporaryBinlogMariaDB, mysql_reachable, redis_reachable
+from dataservice.localservices import (
+    PrivateRedis,
+    TemporaryBinlogMariaDB,
+    mysql_reachable,
+    redis_reachable,
+)
 from dataservice.settings import Settings
 from dataservice.store.migrate import upgrade
 from dataservice.supervisor import Supervisor
 from tests.binlog import BinlogDatabase
-from tests.private_redis import PrivateRedis
 from tests.support import TEST_CALLERS, on_redis, with_test_callers
 from workers.app import LaneRuntime, register_task
 

@@ -36,8 +36,8 @@ from bench._cachefleet import CountingDatabase, burst, replicas
 from bench._fleet import Replicas
 from dataservice import Client, DataServiceError, RetryableError
 from dataservice.config import Config
+from dataservice.localservices import PrivateRedis
 from dataservice.settings import Settings
-from tests.private_redis import PrivateRedis
 from tests.support import scraped, scraped_sample, with_retry
 
 REPLICAS = 2

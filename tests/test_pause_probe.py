@@ -22,8 +22,8 @@ import redis
 from bench._fleet import Replicas
 from dataservice import Client, DataServiceError
 from dataservice.config import Config
+from dataservice.localservices import PrivateRedis
 from dataservice.settings import Settings
-from tests.private_redis import PrivateRedis
 from tests.support import on_redis
 
 THREADS = 6

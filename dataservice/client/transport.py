@@ -3,7 +3,7 @@
 Messages follow Celery's task protocol, so any Celery worker or tool reads
 them; the client builds each one itself (:mod:`.message`) and pushes it
 through the broker channel's admission, on a connection from Celery's
-producer pool. Answers come back through
+connection pool. Answers come back through
 :class:`~dataservice.results.ResultStore`. No Celery type leaves this module.
 """
 
@@ -51,12 +51,8 @@ class Transport:
     def __init__(self, settings: Settings, config: Config, *, max_waiters: int = 64) -> None:
         self.config = config
         self._app = celery_app("dataservice-client", settings, config, caller=True)
-        # Publishing must never hang a caller past its deadline on a dead broker.
-        self._app.conf.broker_connection_timeout = 2
-        self._app.conf.broker_connection_max_retries = 0
-        self.results = ResultStore.for_callers(
-            settings.result_backend_url,
-            max_waiters=max_waiters,
+        self.results = ResultStore.from_url(
+            settings.result_backend_url, max_waiters=max_waiters, bounded=True
         )
         self._reply_to = self._app.thread_oid
 

@@ -14,16 +14,14 @@ a deadline: only a bounded wait notices. The fault begins at ``AT`` of the run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import tempfile
-import time
 from enum import StrEnum
 from pathlib import Path
 
-from dataservice.errors import ServiceSetupError
-from dataservice.localservices import free_port, start_redis
-from dataservice.localservices.mariadb import PrivateMariaDB
+from dataservice.localservices import PrivateMariaDB, PrivateRedis, free_port
 
 AT = 0.4
 FAULT_S = 4.0
@@ -52,96 +50,55 @@ class Fault(StrEnum):
 FAULTS = tuple(f.value for f in Fault)
 
 
-def _wait_gone(pid: int, what: str) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return
-        if stat.rsplit(")", 1)[1].split()[0] == "Z":
-            return
-        time.sleep(0.01)
-    raise ServiceSetupError(f"{what} (pid {pid}) outlived SIGKILL")
-
-
 class PrivateServers:
-    """A redis-server and a mariadbd for one run, in a temporary directory."""
+    """A redis-server and a mariadbd for one run, in a temporary directory, and
+    what ``fault`` does to one of them."""
 
-    def __init__(self) -> None:
+    def __init__(self, fault: Fault) -> None:
+        self.fault = fault
         self._tmp = tempfile.TemporaryDirectory(prefix="dataservice-faults-")
         # mariadbd runs as the mysql user, which must reach its directory.
         os.chmod(self._tmp.name, 0o755)
-        self.directory = Path(self._tmp.name)
-        self.redis_port = free_port()
+        directory = Path(self._tmp.name)
+        self.redis = PrivateRedis(directory)
         # Per-user connection totals from the first connection, and again after
         # a restart (SET GLOBAL does not survive one): a reconnect storm counts.
-        self.mariadb = PrivateMariaDB(
-            self.directory / "mariadb", free_port(), options=("--userstat=1",)
-        )
-
-    @property
-    def redis_base(self) -> str:
-        return f"redis://127.0.0.1:{self.redis_port}"
+        self.mariadb = PrivateMariaDB(directory / "mariadb", free_port(), options=("--userstat=1",))
 
     @property
     def root_url(self) -> str:
         return f"mysql+mysqldb://root@127.0.0.1:{self.mariadb.port}/"
 
-    def start(self) -> PrivateServers:
-        self.start_redis()
+    def start(self) -> None:
+        self.redis.start()
         self.mariadb.start()
-        return self
 
-    def start_redis(self) -> None:
-        start_redis(self.directory, self.redis_port)
+    def _signal(self, signum: int) -> None:
+        if self.fault in (Fault.REDIS_STALL, Fault.REDIS_RESTART):
+            self.redis.signal(signum)
+        elif self.mariadb.process is not None:
+            self.mariadb.process.send_signal(signum)
+            if signum == signal.SIGKILL:
+                self.mariadb.process.wait()
 
-    def redis_pid(self) -> int:
-        return int((self.directory / "redis" / "redis.pid").read_text())
+    def begin(self) -> None:
+        stall = self.fault in (Fault.REDIS_STALL, Fault.DB_STALL)
+        self._signal(signal.SIGSTOP if stall else signal.SIGKILL)
 
-    def mariadb_pid(self) -> int:
-        assert self.mariadb.process is not None
-        return self.mariadb.process.pid
-
-    def begin(self, fault: Fault) -> None:
-        if fault is Fault.REDIS_STALL:
-            os.kill(self.redis_pid(), signal.SIGSTOP)
-        elif fault is Fault.DB_STALL:
-            os.kill(self.mariadb_pid(), signal.SIGSTOP)
-        elif fault is Fault.REDIS_RESTART:
-            pid = self.redis_pid()
-            os.kill(pid, signal.SIGKILL)
-            _wait_gone(pid, "redis-server")
-        elif fault is Fault.DB_RESTART:
-            assert self.mariadb.process is not None
-            self.mariadb.process.kill()
-            self.mariadb.process.wait()
-
-    def end(self, fault: Fault) -> None:
-        if fault is Fault.REDIS_STALL:
-            os.kill(self.redis_pid(), signal.SIGCONT)
-        elif fault is Fault.DB_STALL:
-            os.kill(self.mariadb_pid(), signal.SIGCONT)
-        elif fault is Fault.REDIS_RESTART:
-            self.start_redis()
-        elif fault is Fault.DB_RESTART:
+    def end(self) -> None:
+        if self.fault is Fault.REDIS_RESTART:
+            self.redis.start()
+        elif self.fault is Fault.DB_RESTART:
             self.mariadb.start()
+        else:
+            self._signal(signal.SIGCONT)
 
     def stop(self) -> None:
-        for pid in (self._pid_or_none(self.redis_pid), self._pid_or_none(self.mariadb_pid)):
-            if pid is not None:
-                for signum in (signal.SIGCONT, signal.SIGKILL):
-                    try:
-                        os.kill(pid, signum)
-                    except ProcessLookupError:
-                        break
+        with contextlib.suppress(OSError, ValueError):
+            self.redis.signal(signal.SIGCONT)
+            self.redis.signal(signal.SIGKILL)
         if self.mariadb.process is not None:
+            self.mariadb.process.send_signal(signal.SIGCONT)
+            self.mariadb.process.kill()
             self.mariadb.process.wait()
         self._tmp.cleanup()
-
-    @staticmethod
-    def _pid_or_none(read: object) -> int | None:
-        try:
-            return read()  # type: ignore[operator, no-any-return]
-        except (OSError, ValueError, AssertionError):
-            return None

@@ -96,9 +96,9 @@ class Run:
         self.target = options.target or env.TARGETS[options.system]
         self.servers: PrivateServers | None = None
         if options.fault is not None:
-            self.servers = PrivateServers()
+            self.servers = PrivateServers(options.fault)
             options = dataclasses.replace(options, root_url=self.servers.root_url)
-            self.target = dataclasses.replace(self.target, redis_base=self.servers.redis_base)
+            self.target = dataclasses.replace(self.target, redis_base=self.servers.redis.base)
         self.o = options
         options.out.mkdir(parents=True, exist_ok=True)
         self.delay_ms = delay = options.db_delay_ms + options.scenario.extra_delay_ms
@@ -233,7 +233,7 @@ class Run:
             self.killed = kill_connections(self.o.root_url, self.target.user)
         elif name == SLOW_DOWN and self.slow_down is not None:
             self.slow_down.slow()
-        elif name == FAULT_BEGINS and self.servers is not None and self.o.fault is not None:
-            self.servers.begin(self.o.fault)
-        elif name == FAULT_ENDS and self.servers is not None and self.o.fault is not None:
-            self.servers.end(self.o.fault)
+        elif name == FAULT_BEGINS and self.servers is not None:
+            self.servers.begin()
+        elif name == FAULT_ENDS and self.servers is not None:
+            self.servers.end()

@@ -11,7 +11,8 @@ directory, or ``--state-dir``), and keeps running until
 binary log on a free port, for tests and demos that read the change stream.
 
 Modules: :mod:`.probes` (is it answering, where is the binary),
-:mod:`.mariadb` (a server of our own), :mod:`.lifecycle` (``up`` and ``down``),
+:mod:`.mariadb` (a server of our own), :mod:`.redisserver` (a Redis of our
+own), :mod:`.lifecycle` (``up`` and ``down``),
 :mod:`.binlog` (a server with a binlog where the configured one has none) and
 ``__main__`` (the command).
 """
@@ -19,10 +20,12 @@ Modules: :mod:`.probes` (is it answering, where is the binary),
 from dataservice.localservices.lifecycle import DEFAULT_STATE_DIR, down, start_redis, up
 from dataservice.localservices.mariadb import PrivateMariaDB, TemporaryBinlogMariaDB, mariadb_dir
 from dataservice.localservices.probes import free_port, mysql_reachable, redis_reachable
+from dataservice.localservices.redisserver import PrivateRedis
 
 __all__ = [
     "DEFAULT_STATE_DIR",
     "PrivateMariaDB",
+    "PrivateRedis",
     "TemporaryBinlogMariaDB",
     "down",
     "free_port",
