@@ -77,6 +77,8 @@ def test_a_change_made_by_direct_sql_invalidates_both_formats(
         conn.execute(text("DELETE FROM records WHERE scope = :s AND object_id = 'b'"), {"s": scope})
     wait_for(lambda: cache_redis.get(tombstone_key(scope, "b")) == b"6")
     engine.dispose()
+    # The tombstone is written before the transaction is counted.
+    wait_for(lambda: counter("dataservice_changes_transactions") >= transactions + 2)
     assert counter("dataservice_changes_transactions") == transactions + 2
     assert counter("dataservice_changes_invalidated") == invalidated + 4
 
@@ -239,6 +241,8 @@ def test_a_busy_binlog_of_other_tables_keeps_the_lease_and_the_reports(
     with running_consumer(settings, quick) as consumer:
         token = holder(cache_redis)
         transactions = consumer.state.transactions
+        # Active comes a moment before the first report.
+        wait_for(lambda: stream_status(cache_redis) is not None)
         with engine.connect() as conn:
             started = time.monotonic()
             n = 0

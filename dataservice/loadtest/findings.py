@@ -75,6 +75,7 @@ def build_report(
                 1000 * run.harness_cpu_s / max(1, len(loop.records)), 2
             ),
         },
+        "machine_stalls": run.machine_stalls,
         "lanes": lanes,
         "database": database,
         "events": run.events,

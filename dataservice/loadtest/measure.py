@@ -16,6 +16,7 @@ from dataservice.loadtest.findings import build_report
 from dataservice.loadtest.liveness import LivenessWatch
 from dataservice.loadtest.openloop import Adapter, OpenLoop
 from dataservice.loadtest.sampler import Sampler
+from dataservice.loadtest.stalls import StallMeter, summary
 
 if TYPE_CHECKING:
     from dataservice.loadtest.runner import Run
@@ -49,7 +50,9 @@ def measure(
     pending = scenario.events(o.duration_s) | run.fault_events()
     cpu_before = time.process_time()
     live = Live(_table(run, loop, sampler), console=run.console, auto_refresh=False)
+    stalls = StallMeter()
     try:
+        stalls.start()
         sampler.start()
         if watch is not None:
             watch.start()
@@ -88,6 +91,8 @@ def measure(
             watch.stop()
             run.liveness = watch.report()
         run.stream.finish()
+        stalls.stop()
+        run.machine_stalls = summary(stalls.stalls, t0)
     # The generator shares the machine with the service: its CPU goes in the report.
     run.harness_cpu_s = time.process_time() - cpu_before
     return build_report(run, loop, sampler, capacity)

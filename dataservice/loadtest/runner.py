@@ -124,6 +124,7 @@ class Run:
         self.events: dict[str, float] = {}
         self.samples: list[Sample] = []
         self.harness_cpu_s = 0.0
+        self.machine_stalls: dict[str, Any] = {}
         self.killed = 0
         self.ready_s = 0.0
         # Set when the measured load starts (others may watch the run from then on).

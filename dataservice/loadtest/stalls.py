@@ -1,0 +1,94 @@
+"""Pauses of the machine itself, measured beside a run.
+
+A caller's latency includes whatever stopped the whole machine for a moment (a
+virtual machine's stolen time, memory reclaim, a burst of other work): a
+refusal that costs a millisecond of work takes 140 ms if the machine stood
+still for 140 ms of it. :class:`StallMeter` runs a process of its own that does
+nothing but sleep ``STEP_S`` at a time (``python -m dataservice.loadtest.stalls``)
+and notes every wake-up later than ``THRESHOLD_S``: what no code of the
+service's or the harness's could have caused inside that process. The report
+carries them (``machine_stalls``) so that a latency can be read against them;
+the reduced-size tests allow the worst of them on top of their bounds, and no
+more. Both processes read ``CLOCK_MONOTONIC``, one clock for the whole machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import IO, Any
+
+STEP_S = 0.005
+# Below this, a late wake-up is ordinary scheduling on a busy machine.
+THRESHOLD_S = 0.01
+
+
+@dataclass(frozen=True, slots=True)
+class Stall:
+    at: float  # monotonic seconds when the sleeper woke
+    seconds: float  # how much later than asked
+
+
+class StallMeter:
+    """The sleeper process, started and stopped around the measured part of a run."""
+
+    def __init__(self) -> None:
+        self.stalls: list[Stall] = []
+        self._process: subprocess.Popen[str] | None = None
+        self._reader: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", __name__], stdout=subprocess.PIPE, text=True
+        )
+        stdout = self._process.stdout
+        assert stdout is not None
+        self._reader = threading.Thread(target=self._read, args=(stdout,), daemon=True)
+        self._reader.name = "stall-meter"
+        self._reader.start()
+
+    def _read(self, stdout: IO[str]) -> None:
+        for line in stdout:
+            at, late = line.split()
+            self.stalls.append(Stall(float(at), float(late)))
+
+    def stop(self) -> None:
+        if self._process is None:
+            return
+        self._process.terminate()
+        self._process.wait(5)
+        if self._reader is not None:
+            self._reader.join(5)
+        if self._process.stdout is not None:
+            self._process.stdout.close()
+        self._process = None
+
+
+def summary(stalls: list[Stall], t0: float) -> dict[str, Any]:
+    """For the report: how many, the worst and the total (ms), and each one's
+    time in the run (seconds from ``t0``)."""
+    return {
+        "threshold_ms": THRESHOLD_S * 1000,
+        "count": len(stalls),
+        "max_ms": round(max((s.seconds for s in stalls), default=0.0) * 1000, 1),
+        "total_ms": round(sum(s.seconds for s in stalls) * 1000, 1),
+        "at_s": [round(s.at - t0, 2) for s in stalls[:100]],
+    }
+
+
+def main() -> None:
+    while True:
+        asked = time.monotonic() + STEP_S
+        time.sleep(STEP_S)
+        woke = time.monotonic()
+        if woke - asked >= THRESHOLD_S:
+            print(f"{woke:.6f} {woke - asked:.6f}", flush=True)
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
+        main()
