@@ -11,9 +11,12 @@ keys                                       commands            needed by
 (none)                                     PING SELECT         the connection
 (none)                                     MULTI EXEC          kombu's queue declaration
 (none)                                     TIME                ``admit.lua``
-lane queues, admission hashes and the      EVALSHA EVAL        admission
-caller's own ``ds:pace:<caller>`` (RW)
+lane queues, admission hashes, the         EVALSHA EVAL        admission
+caller's own ``ds:pace:<caller>`` and
+``ds:epoch`` (RW)
 ``ds:pace:<caller>`` (its own)             GET SET             ``admit.lua``'s pacing
+``ds:epoch``                               GET SET             ``admit.lua``; a handle's
+                                                               check for a lost request
 lane queues (write only)                   LPUSH LLEN          ``admit.lua``, declaration
 kombu's priority sub-queues (write only)   LLEN                declaration
 admission hashes                           HMGET HSET HINCRBY  ``admit.lua``
@@ -51,6 +54,7 @@ from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.errors import ServiceSetupError
 from dataservice.keys import (
+    EPOCH_KEY,
     admission_key,
     binding_key,
     pace_key,
@@ -89,11 +93,13 @@ def caller_rules(queues: Sequence[str], caller: str) -> list[str]:
         *_CALLER_KEYLESS,
         _selector(
             [f"%RW~{k}" for q in queues for k in (q, admission_key(q))]
-            + [f"%RW~{pace_key(caller)}"],
+            + [f"%RW~{pace_key(caller)}", f"%RW~{EPOCH_KEY}"],
             ["+evalsha", "+eval"],
         ),
         # admit.lua's publish pacing, on the caller's own key.
         _selector([f"%RW~{pace_key(caller)}"], ["+get", "+set"]),
+        # admit.lua sets the epoch in a Redis that has none; a handle reads it.
+        _selector([f"%RW~{EPOCH_KEY}"], ["+get", "+set"]),
         _selector([f"%W~{q}" for q in queues], ["+lpush", "+llen"]),
         _selector([f"%W~{priority_queue_pattern(q)}" for q in queues], ["+llen"]),
         _selector(

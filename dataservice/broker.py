@@ -46,6 +46,7 @@ from redis.retry import Retry
 
 from dataservice.bounded import BoundedConnection, BoundedSSLConnection
 from dataservice.config import Config
+from dataservice.keys import EPOCH_KEY
 from dataservice.limits.admission import (
     SIZE_HEADER,
     AdmissionRefused,
@@ -159,13 +160,21 @@ class _Channel(kombu_redis.Channel):
             # Not pushed; the publisher learns it from take_refusal().
             refuse(refusal)
 
-    def admit(self, queue: str, message: dict[str, Any]) -> None:
-        """Push a request message onto a lane's queue through admission, or
-        raise :class:`AdmissionRefused` (or ``redis.RedisError``)."""
+    def admit(self, queue: str, message: dict[str, Any]) -> str:
+        """Push a request message onto a lane's queue through admission and
+        return the broker's epoch, or raise :class:`AdmissionRefused` (or
+        ``redis.RedisError``)."""
         key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
         message.setdefault("headers", {})[SIZE_HEADER] = envelope_size(message)
         with self.conn_or_acquire() as client:
-            admit(client, key, self._admission[queue], dumps(message), message, self._pacing)
+            return admit(client, key, self._admission[queue], dumps(message), message, self._pacing)
+
+    def epoch(self) -> str:
+        """The broker's epoch now ('' when it has none: no request admitted
+        since it started); raises ``redis.RedisError``."""
+        with self.conn_or_acquire() as client:
+            value = client.get(EPOCH_KEY)
+        return value.decode() if isinstance(value, bytes) else ""
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:

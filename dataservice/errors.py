@@ -17,6 +17,7 @@
     │   └── RetryableError          safe to retry after ``retry_after`` seconds
     │       ├── ResourceExhausted   RESOURCE_EXHAUSTED: overloaded or rate limited
     │       └── Unavailable         UNAVAILABLE: a dependency is down
+    │           └── RequestLost     the broker's Redis restarted empty after admitting it
     ├── ServiceSetupError           a local dependency could not be started or reached
     │   └── BinlogSetupError        the database cannot feed the change stream (names each setting)
     ├── CacheDetour                 internal: a read takes another way than the cache planned
@@ -175,6 +176,15 @@ class ResourceExhausted(RetryableError):
 
 class Unavailable(RetryableError):
     code = StatusCode.UNAVAILABLE
+
+
+class RequestLost(Unavailable):
+    """The broker's Redis restarted empty (it keeps nothing on disk) after this
+    request was admitted, and no answer came after it: the request was lost
+    with the queue, or its answer with the result backend. A read can simply
+    be sent again. A write or delete may or may not have been applied: send it
+    again under the same idempotency key (the handle's ``idempotency_key``),
+    which the database remembers, and it is applied once."""
 
 
 _BY_CODE: dict[StatusCode, type[RequestError]] = {

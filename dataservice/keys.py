@@ -20,6 +20,10 @@ key                                    what it holds
                                        being served, scored by when each slot lapses
 ``ds:pace:<caller>``                   the caller's publish pacing (``admit.lua``): its
                                        own key, advisory; the gate's ``ds:rate:`` rules
+``ds:epoch``                           the broker's epoch: a random token set by the first
+                                       request admitted; a Redis that restarted empty
+                                       gets a new one (a caller waiting on a request
+                                       admitted before is told it may be lost)
 ``record:v1:<scope>:<id>#<gen>``       a cached record, JSON (``docs/cache.md``), in the
                                        namespace generation ``<gen>``
 ``record:v2:<scope>:<id>#<gen>``       the same record, protobuf
@@ -60,6 +64,7 @@ REPLAY_PREFIX = "ds:replay:"
 RATE_PREFIX = "ds:rate:"
 INFLIGHT_PREFIX = "ds:inflight:"
 PACE_PREFIX = "ds:pace:"
+EPOCH_KEY = "ds:epoch"
 KOMBU_BINDING_PREFIX = "_kombu.binding."
 KOMBU_PERMANENT_BINDING_PREFIX = "_kombu.binding_permanent."
 # kombu.transport.redis.Channel.sep: between a queue's name and its priority.

@@ -12,7 +12,8 @@ def test_public_api_is_pinned() -> None:
             "Client", "Config", "ConfigError", "Conflict", "DataServiceError", "DeadlineExceeded",
             "DeleteOp", "DeleteResult", "Handle", "InternalError", "InvalidArgument", "LaneName",
             "ListOp", "NotFound", "Operation", "Page", "PermissionDenied", "ReadMode", "ReadOp",
-            "Record", "RequestError", "ResourceExhausted", "ResultNotReady", "RetryableError",
+            "Record", "RequestError", "RequestLost", "ResourceExhausted", "ResultNotReady",
+            "RetryableError",
             "ServiceSetupError",
             "Settings", "StatusCode", "Unauthenticated", "Unavailable", "WriteOp", "WriteResult",
             "__version__", "load_config",
@@ -29,6 +30,7 @@ def test_every_error_shares_one_root_and_retryable_errors_share_a_branch() -> No
     assert all(issubclass(cls, errors.DataServiceError) for cls in error_classes)
     assert issubclass(errors.ResourceExhausted, errors.RetryableError)
     assert issubclass(errors.Unavailable, errors.RetryableError)
+    assert issubclass(errors.RequestLost, errors.Unavailable)
     assert not issubclass(errors.InvalidArgument, errors.RetryableError)
 
 

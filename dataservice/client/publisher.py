@@ -61,7 +61,7 @@ class Publisher:
         PACER.take(self.caller, self._rate)
         envelope = self._envelope(operation, deadline_ms, key)
         try:
-            self.transport.publish(
+            epoch = self.transport.publish(
                 self._sign(envelope),
                 request_id=envelope.request_id,
                 lane=LaneName.INTERACTIVE,
@@ -76,7 +76,14 @@ class Publisher:
         # Accepted once admitted: an answer comes about a window later, too
         # late for the throttle to see the service accepting again in time.
         self.throttle.outcome(LaneName.INTERACTIVE, 1, 1)
-        return Handle(self.transport, self.caller, envelope.request_id, deadline_ms)
+        return Handle(
+            self.transport,
+            self.caller,
+            envelope.request_id,
+            deadline_ms,
+            epoch,
+            envelope.idempotency_key,
+        )
 
     def send_batch(self, operations: Sequence[Operation], deadline_ms: int) -> list[Handle]:
         """Publish every operation on the batch lane, all validated before any is sent."""
@@ -85,11 +92,22 @@ class Publisher:
         # only a standing rate refusal holds it back.
         PACER.take(self.caller, None)
         self.throttle.check(LaneName.BATCH, len(prepared))
-        handles = [
-            Handle(self.transport, self.caller, env.request_id, deadline_ms) for env in prepared
-        ]
+
+        def handles(epoch: str, count: int | None = None) -> list[Handle]:
+            return [
+                Handle(
+                    self.transport,
+                    self.caller,
+                    env.request_id,
+                    deadline_ms,
+                    epoch,
+                    env.idempotency_key,
+                )
+                for env in prepared[:count]
+            ]
+
         try:
-            self.transport.publish_many(
+            epoch = self.transport.publish_many(
                 (
                     (
                         self._sign(env),
@@ -103,12 +121,12 @@ class Publisher:
                 caller=self.caller,
             )
         except AdmissionRefused as refusal:
-            error = refused(refusal, tuple(handles[: refusal.sent]))
+            error = refused(refusal, tuple(handles(refusal.epoch, refusal.sent)))
             self.throttle.refused(LaneName.BATCH, error, refusal.sent)
             self.held_back(error)
             raise error from None
-        self.throttle.outcome(LaneName.BATCH, len(handles), len(handles))
-        return handles
+        self.throttle.outcome(LaneName.BATCH, len(prepared), len(prepared))
+        return handles(epoch)
 
     def held_back(self, error: ResourceExhausted) -> None:
         """After the service refused the caller for its rate, hold it back here."""

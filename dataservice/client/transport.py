@@ -9,6 +9,7 @@ connection pool. Answers come back through
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -34,6 +35,7 @@ from dataservice.results import ResultStore
 from dataservice.settings import Settings
 
 RETRY_BROKER_DOWN_S = 0.5
+_EPOCHS_KEPT = 8
 
 
 def refused(refusal: AdmissionRefused, accepted: tuple[object, ...] = ()) -> ResourceExhausted:
@@ -55,6 +57,11 @@ class Transport:
             settings.result_backend_url, max_waiters=max_waiters, bounded=True
         )
         self._reply_to = self._app.thread_oid
+        # Broker epochs seen to have ended, and when (monotonic): shared by
+        # every handle of this client, so a backlog lost in one restart is
+        # reported in one grace period, not one per handle.
+        self._ended: dict[str, float] = {}
+        self._lock = threading.Lock()
 
     def publish(
         self,
@@ -65,19 +72,24 @@ class Transport:
         deadline_ms: int,
         caller: str = "",
         operation: str = "",
-    ) -> None:
-        self.publish_many([(body, request_id, deadline_ms, operation)], lane=lane, caller=caller)
+    ) -> str:
+        """Publish one request; returns the broker's epoch it went out in."""
+        return self.publish_many(
+            [(body, request_id, deadline_ms, operation)], lane=lane, caller=caller
+        )
 
     def publish_many(
         self, items: Iterable[tuple[bytes, str, int, str]], *, lane: LaneName, caller: str = ""
-    ) -> int:
-        """Publish in order; returns how many were sent. A refusal raises
-        :class:`AdmissionRefused` (its ``sent``: how many went before it).
+    ) -> str:
+        """Publish in order; returns the broker's epoch they went out in. A
+        refusal raises :class:`AdmissionRefused` (its ``sent``: how many went
+        before it, and its ``epoch``).
         ``caller`` (when given) holds the messages to that caller's rate at
         admission, as the workers will; each item's operation (``read``, ...;
         '' if unknown) lets admission add what such a request takes to the
         queue's wait."""
         sent = 0
+        epoch = ""
         refusal = None
         queue = self.config.lanes[lane].queue
         items = list(items)
@@ -101,7 +113,7 @@ class Transport:
                         headers[OPERATION_HEADER] = operation
                     message = task_message(body, request_id, queue, headers, self._reply_to)
                     try:
-                        channel.admit(queue, message)
+                        epoch = channel.admit(queue, message)
                     except AdmissionRefused as refused_here:
                         # Raised once the connection is back in its pool,
                         # outside the block that holds it.
@@ -115,9 +127,38 @@ class Transport:
                 "the broker is unreachable", retry_after=RETRY_BROKER_DOWN_S
             ) from None
         if refusal is not None:
-            refusal.sent = sent
+            refusal.sent, refusal.epoch = sent, epoch
             raise refusal
-        return sent
+        return epoch
+
+    def ended_for(self, epoch: str) -> float | None:
+        """How long ago this client first saw that the broker's epoch is no
+        longer ``epoch`` (None: not seen); asks nothing of the broker."""
+        with self._lock:
+            seen = self._ended.get(epoch)
+        return None if seen is None else time.monotonic() - seen
+
+    def look_at_epoch(self, epoch: str, deadline_ms: int) -> None:
+        """Ask the broker for its epoch (within ``deadline_ms``, Unix ms) and
+        note when one is first seen to differ from ``epoch``; a broker that
+        cannot say tells nothing."""
+        left_s = (deadline_ms - time.time() * 1000) / 1000
+        if left_s <= 0 or self.ended_for(epoch) is not None:
+            return
+        try:
+            with (
+                within(left_s),
+                self._app.pool.acquire(block=True, timeout=left()) as connection,
+            ):
+                now = str(connection.default_channel.epoch())
+        except (BrokerError, redis.RedisError, LimitExceeded, OSError):
+            return
+        if now != epoch:
+            with self._lock:
+                self._ended.setdefault(epoch, time.monotonic())
+                # Epochs end once per Redis restart: a few are plenty to remember.
+                while len(self._ended) > _EPOCHS_KEPT:
+                    del self._ended[next(iter(self._ended))]
 
     def close(self) -> None:
         self.results.close()

@@ -32,6 +32,7 @@ refused at publish instead of timing out in the queue.
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -41,7 +42,7 @@ import redis
 
 from dataservice.codec.requests import OPERATIONS
 from dataservice.config import Config
-from dataservice.keys import admission_key, pace_key
+from dataservice.keys import EPOCH_KEY, admission_key, pace_key
 from dataservice.limits.scripts import LuaScript
 from dataservice.refusals import Reason, Refusal
 
@@ -102,6 +103,8 @@ class AdmissionRefused(Refusal):
             retry_after_ms=retry_after_ms,
         )
         self.sent = sent
+        # The broker's epoch those went out in.
+        self.epoch = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,12 +173,14 @@ def admit(
     encoded: str,
     message: dict[str, Any],
     pacing: dict[str, Any] | None = None,
-) -> None:
-    """Push ``encoded`` onto the lane's queue, or raise AdmissionRefused.
+) -> str:
+    """Push ``encoded`` onto the lane's queue and return the broker's epoch
+    (:data:`~dataservice.keys.EPOCH_KEY`) it was pushed in, or raise
+    AdmissionRefused.
 
     With ``pacing`` (caller -> (interval µs, burst)), a message whose caller
     header names a known caller is also held to that caller's rate."""
-    keys = [queue_key, lane.stats_key]
+    keys = [queue_key, lane.stats_key, EPOCH_KEY]
     operation = message.get("headers", {}).get(OPERATION_HEADER)
     args: list[Any] = [
         encoded,
@@ -189,6 +194,7 @@ def admit(
         SERVICE_STALE_MS,
         lane.target_wait_ms,
         STANDING_AFTER_MS,
+        secrets.token_hex(8),
     ]
     caller = message.get("headers", {}).get(CALLER_HEADER)
     paced = pacing.get(caller) if pacing and isinstance(caller, str) else None
@@ -199,6 +205,7 @@ def admit(
     reason = answer[0].decode() if isinstance(answer[0], bytes) else str(answer[0])
     if reason:
         raise AdmissionRefused(Reason(reason), int(answer[1]))
+    return answer[1].decode() if isinstance(answer[1], bytes) else str(answer[1])
 
 
 def publish_service_times(client: redis.Redis, stats_key: str, p90_ms: dict[str, float]) -> None:

@@ -34,12 +34,17 @@
 --          one is refused for it, none is admitted until the expected wait is
 --          back within three quarters of it
 -- ARGV[11] how long a queue must have stood before the target applies (ms)
--- KEYS[3]  optional: the caller's publish pacing (GCRA theoretical arrival time, µs),
+-- KEYS[3]  the broker's epoch, ds:epoch: a token this Redis holds from the first
+--          request it admitted; one that restarted empty holds another
+-- ARGV[12] the token to set when KEYS[3] holds none (a new random one)
+-- KEYS[4]  optional: the caller's publish pacing (GCRA theoretical arrival time, µs),
 --          ds:pace:<caller>, a key of the caller's own
--- ARGV[12] with KEYS[3]: the caller's emission interval (µs per request: 1e6 / rate)
--- ARGV[13] with KEYS[3]: the caller's burst (requests)
+-- ARGV[13] with KEYS[4]: the caller's emission interval (µs per request: 1e6 / rate)
+-- ARGV[14] with KEYS[4]: the caller's burst (requests)
 --
--- Returns {''} when the message was pushed, or {reason, retry_after_ms} with a
+-- Returns {'', epoch} when the message was pushed (the epoch it was pushed
+-- in, which its caller keeps to tell a lost request from a slow one), or
+-- {reason, retry_after_ms} with a
 -- dataservice.refusals.Reason value: 'queue_full' (messages), 'queue_bytes',
 -- 'queue_too_long' (the queue ahead of it and its own service time would take
 -- longer than its deadline, or the standing queue is past its target wait) or
@@ -165,16 +170,21 @@ end
 -- The caller's rate, as the workers' gate will apply it: a request it would
 -- refuse is not queued. The gate stays the authority (a caller can reset its
 -- own pacing key); this only keeps a well-behaved caller's excess off the queue.
-if KEYS[3] then
+if KEYS[4] then
   local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local new_tat, retry_ms = gcra_check(KEYS[3], now_us, tonumber(ARGV[12]), tonumber(ARGV[13]))
+  local new_tat, retry_ms = gcra_check(KEYS[4], now_us, tonumber(ARGV[13]), tonumber(ARGV[14]))
   if not new_tat then
     return refuse('rate_limited', retry_ms)
   end
-  gcra_commit(KEYS[3], new_tat, now_us)
+  gcra_commit(KEYS[4], new_tat, now_us)
 end
 
+local epoch = redis.call('GET', KEYS[3])
+if not epoch then
+  epoch = ARGV[12]
+  redis.call('SET', KEYS[3], epoch)
+end
 redis.call('LPUSH', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[2], 'bytes', bytes + size)
 redis.call('HINCRBY', KEYS[2], 'admitted', 1)
-return {''}
+return {'', epoch}
