@@ -17,8 +17,12 @@ if ARGV[1] ~= '' then
   redis.call('RPUSH', KEYS[1], ARGV[1])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
-redis.call('HINCRBY', KEYS[2], 'bytes', -tonumber(ARGV[3]))
-redis.call('HINCRBY', KEYS[2], 'done', 1)
+-- A Redis that restarted empty never admitted the requests before it: their
+-- completions leave the counts at what it did admit, never below.
+local h = redis.call('HMGET', KEYS[2], 'bytes', 'admitted')
+local bytes = math.max((tonumber(h[1]) or 0) - tonumber(ARGV[3]), 0)
+local done = redis.call('HINCRBY', KEYS[2], 'done', 1)
+redis.call('HSET', KEYS[2], 'bytes', bytes, 'admitted', math.max(tonumber(h[2]) or 0, done))
 if ARGV[4] ~= '' then
   redis.call('ZREM', KEYS[3], ARGV[4])
 end

@@ -19,6 +19,7 @@ from dataservice.keys import admission_key
 from dataservice.limits.admission import SERVICE_STALE_MS, AdmissionRefused, publish_service_times
 from dataservice.localservices import redis_reachable
 from dataservice.metrics import QUEUES, REGISTRY, QueueWatch
+from dataservice.results import Completion, ResultStore
 from dataservice.settings import Settings
 from tests.conftest import require
 from tests.support import bounded_admission, publish_concurrently
@@ -396,3 +397,24 @@ def test_without_measurements_the_bounds_alone_decide_as_before(
         client.submit(ReadOp("s", "late-joiner"), timeout=1)
     assert broker.llen(config.lanes.batch.queue) == 201
     assert broker.hget(key, "rate") is None
+
+
+def test_completions_a_restarted_redis_never_admitted_leave_the_counts_at_rest(
+    bounded: tuple[Settings, Config, redis.Redis],
+) -> None:
+    settings, config, broker = bounded
+    key = admission_key(config.lanes.batch.queue)
+    with Client("tests", settings, config) as client:
+        client.submit_many([WriteOp("s", f"w{n}", b"x" * 1000) for n in range(2)], timeout=60)
+        assert int(broker.hget(key, "admitted") or 0) == 2
+        # Redis restarts empty; the workers finish the three requests they held.
+        broker.flushdb()
+        results = ResultStore(broker)
+        for _ in range(3):
+            results.complete(Completion(key, 1200))
+        counts = broker.hmget(key, ["bytes", "admitted", "done"])
+        assert [int(v or 0) for v in counts] == [0, 3, 3]
+        # What it admits from then on is counted from there.
+        client.submit(WriteOp("s", "after", b"x" * 1000), timeout=60)
+    bytes_, admitted, done = (int(v or 0) for v in broker.hmget(key, ["bytes", "admitted", "done"]))
+    assert (admitted - done, bytes_ > 1000) == (1, True)

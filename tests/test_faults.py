@@ -4,8 +4,10 @@ and a fault at 40 % of the run, on a Redis and a MariaDB of the run's own
 (``dataservice loadtest --fault``). Each run's invariants are the harness's own
 verdicts (dataservice/loadtest/invariants.py): no caller past its timeout plus
 100 ms (plus the run's worst stall of the whole machine, see
-``machine_stalls`` in docs/loadtest.md), the database share never exceeded, and goodput
-back within 5 s of the fault's end and held."""
+``machine_stalls`` in docs/loadtest.md), the database share never exceeded,
+goodput back within 5 s of the fault's end and held, no acknowledged write lost
+or applied twice, and every lane's admission counts back at rest after the load
+(dataservice/loadtest/aftermath.py)."""
 
 from __future__ import annotations
 
@@ -40,4 +42,7 @@ def test_a_fault_stretches_no_deadline_and_the_service_serves_again(
         report["machine_stalls"],
     )
     assert found["verdicts"]["serves_again_within_bound"], (found, report["series"])
+    assert found["verdicts"]["acknowledged_writes_kept_once"], found["writes"]
+    assert found["writes"]["acknowledged"] > 0, found["writes"]
+    assert found["verdicts"]["admission_counts_at_rest"], found["admission"]
     assert_within_share(report, samples)

@@ -6,6 +6,8 @@
 --            done     completed requests (workers add on completion)
 --            admitted requests pushed (this script): admitted - done are the
 --                     lane's requests queued, prefetched by a worker or running
+--                     (never negative: the workers' completions of requests a
+--                     restarted Redis never admitted raise admitted with done)
 --            rate     completions per second while the queue was busy
 --            rate_at  when the current measuring window began (server time, ms)
 --            busy_at  when a window last measured the lane busy (a queue in the list)

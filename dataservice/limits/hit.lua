@@ -48,8 +48,12 @@ local record = string.sub(entry, colon + 1)
 local read = '\10' .. varint(#record) .. record
 redis.call('RPUSH', KEYS[5], ARGV[9] .. '\82' .. varint(#read) .. read)
 redis.call('PEXPIRE', KEYS[5], ARGV[10])
-redis.call('HINCRBY', KEYS[6], 'bytes', -tonumber(ARGV[11]))
-redis.call('HINCRBY', KEYS[6], 'done', 1)
+-- A Redis that restarted empty never admitted the requests before it: their
+-- completions leave the counts at what it did admit, never below.
+local h = redis.call('HMGET', KEYS[6], 'bytes', 'admitted')
+local bytes = math.max((tonumber(h[1]) or 0) - tonumber(ARGV[11]), 0)
+local done = redis.call('HINCRBY', KEYS[6], 'done', 1)
+redis.call('HSET', KEYS[6], 'bytes', bytes, 'admitted', math.max(tonumber(h[2]) or 0, done))
 if tonumber(ARGV[4]) > 0 then
   redis.call('ZREM', KEYS[3], ARGV[5])
 end

@@ -98,6 +98,11 @@ def build_report(
         report["fault"] = fault_report(
             o.fault.value, run.events, loop.records, run.timeouts, series, seconds, o.duration_s
         )
+        if run.aftermath is not None:
+            report["fault"].update(run.aftermath)
+            verdicts = report["fault"]["verdicts"]
+            verdicts["acknowledged_writes_kept_once"] = run.aftermath["writes"]["verdict"]
+            verdicts["admission_counts_at_rest"] = run.aftermath["admission"]["verdict"]
         report["verdicts"].update(report["fault"]["verdicts"])
     return report
 

@@ -48,6 +48,7 @@ def measure(
         o.max_callers,
     )
     pending = scenario.events(o.duration_s) | run.fault_events()
+    aftermath = run.aftermath_checks()
     cpu_before = time.process_time()
     live = Live(_table(run, loop, sampler), console=run.console, auto_refresh=False)
     stalls = StallMeter()
@@ -84,6 +85,7 @@ def measure(
                 live.update(_table(run, loop, sampler), refresh=True)
             time.sleep(TICK_S)
         loop.join()
+        run.aftermath = None if aftermath is None else aftermath.close(loop.records)
     finally:
         live.stop()
         sampler.stop()

@@ -66,6 +66,9 @@ class RequestRecord:
     done: float
     outcome: Outcome
     detail: str = ""  # the error's message; "" when OK
+    op: str = ""  # "read" or "write"
+    object_id: str = ""
+    revision: int = 0  # an acknowledged write's revision; 0 otherwise
 
     @property
     def latency_ms(self) -> float:
@@ -73,24 +76,26 @@ class RequestRecord:
 
 
 class Adapter(Protocol):
-    """How the harness calls one system under test; ``call`` raises unless answered."""
+    """How the harness calls one system under test; ``call`` raises unless
+    answered, and returns an acknowledged write's revision where it knows it."""
 
     def call(
         self, lane: LaneName, op: str, object_id: str, payload: bytes, timeout_s: float
-    ) -> None: ...
+    ) -> int | None: ...
 
     def close(self) -> None: ...
 
 
 def attempt(
     adapter: Adapter, lane: LaneName, op: str, object_id: str, payload: bytes, timeout_s: float
-) -> tuple[Outcome, str]:
-    """One call: its outcome, and the error's message ("" when OK)."""
+) -> tuple[Outcome, str, int]:
+    """One call: its outcome, the error's message ("" when OK) and an
+    acknowledged write's revision (0 when not known)."""
     try:
-        adapter.call(lane, op, object_id, payload, timeout_s)
+        revision = adapter.call(lane, op, object_id, payload, timeout_s)
     except Exception as exc:  # an adapter bug must not kill the caller pool: it is an ERROR
-        return classify(exc), str(exc)
-    return Outcome.OK, ""
+        return classify(exc), str(exc), 0
+    return Outcome.OK, "", revision or 0
 
 
 RateFn = Callable[[LaneName, float], float]  # (lane, seconds since start) -> requests/s
@@ -198,11 +203,14 @@ class OpenLoop:
                     self.lagged += 1
                     self.max_lag_s = max(self.max_lag_s, lag)
             op = "read" if rng.random() < self._read_share[lane] else "write"
-            outcome, detail = attempt(
-                self._adapter, lane, op, rng.choice(self._ids), self._payload, self._timeouts[lane]
+            object_id = rng.choice(self._ids)
+            outcome, detail, revision = attempt(
+                self._adapter, lane, op, object_id, self._payload, self._timeouts[lane]
             )
             done = time.monotonic() - self.t0
-            self.records.append(RequestRecord(lane, at, sent, done, outcome, detail))
+            self.records.append(
+                RequestRecord(lane, at, sent, done, outcome, detail, op, object_id, revision)
+            )
             with self._lock:
                 self._idle += 1
 
@@ -236,7 +244,7 @@ def closed_loop_capacity(
         rng = random.Random()
         while not stop.is_set():
             op = "read" if rng.random() < READ_SHARE[lane] else "write"
-            outcome, _ = attempt(adapter, lane, op, rng.choice(ids), payload, timeouts[lane])
+            outcome, _, _ = attempt(adapter, lane, op, rng.choice(ids), payload, timeouts[lane])
             if outcome is Outcome.REJECTED:
                 # As a caller told to come back would: a refused loop that spun
                 # at once would only burn the CPU the service runs on.

@@ -21,6 +21,7 @@ from dataservice.enums import LaneName
 from dataservice.loadtest import changes as ch
 from dataservice.loadtest import environment as env
 from dataservice.loadtest import naive
+from dataservice.loadtest.aftermath import Aftermath
 from dataservice.loadtest.faults import FAULT_BEGINS, FAULT_ENDS, Fault, PrivateServers
 from dataservice.loadtest.incidents import Capacity, SlowDown, lane_timeouts
 from dataservice.loadtest.liveness import not_applicable
@@ -125,6 +126,7 @@ class Run:
         self.samples: list[Sample] = []
         self.harness_cpu_s = 0.0
         self.machine_stalls: dict[str, Any] = {}
+        self.aftermath: dict[str, Any] | None = None
         self.killed = 0
         self.ready_s = 0.0
         # Set when the measured load starts (others may watch the run from then on).
@@ -173,6 +175,19 @@ class Run:
     def fault_events(self) -> dict[str, float]:
         """When the run's fault begins and ends, if it has one."""
         return {} if self.o.fault is None else self.o.fault.events(self.o.duration_s)
+
+    def aftermath_checks(self) -> Aftermath | None:
+        """A fault run's checks once its load is over (nothing but the service
+        writes its records then)."""
+        if self.o.fault is None:
+            return None
+        return Aftermath(
+            env.direct_url(self.o.root_url, self.target.database),
+            env.SCOPE,
+            self.settings.broker_url,
+            self.config,
+            max(self.timeouts.values()) + 2.0,
+        )
 
     def execute(self) -> dict[str, Any]:
         if self.servers is None:

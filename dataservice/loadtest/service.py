@@ -9,7 +9,7 @@ from dataservice.client import Client
 from dataservice.config import Config
 from dataservice.enums import LaneName, ReadMode
 from dataservice.settings import Settings
-from dataservice.types import ReadOp, WriteOp
+from dataservice.types import ReadOp, WriteOp, WriteResult
 
 CALLER = "loadtest"
 SCOPE = "load"
@@ -75,7 +75,8 @@ class ServiceAdapter:
 
     def call(
         self, lane: LaneName, op: str, object_id: str, payload: bytes, timeout_s: float
-    ) -> None:
+    ) -> int | None:
+        """The revision of an acknowledged write; None for a read."""
         client, scope = self._client(), self._scope
         if lane is LaneName.BATCH:
             operation: ReadOp | WriteOp = (
@@ -83,11 +84,12 @@ class ServiceAdapter:
                 if op == "read"
                 else WriteOp(scope, object_id, payload)
             )
-            client.submit(operation, timeout=timeout_s).result()
-        elif op == "read":
+            result = client.submit(operation, timeout=timeout_s).result()
+            return result.revision if isinstance(result, WriteResult) else None
+        if op == "read":
             client.read(scope, object_id, mode=self._read_mode, timeout=timeout_s)
-        else:
-            client.write(scope, object_id, payload, timeout=timeout_s)
+            return None
+        return client.write(scope, object_id, payload, timeout=timeout_s).revision
 
     def close(self) -> None:
         """Close every client it holds, the ones it was given too."""
