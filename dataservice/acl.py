@@ -11,15 +11,18 @@ keys                                       commands            needed by
 (none)                                     PING SELECT         the connection
 (none)                                     MULTI EXEC          kombu's queue declaration
 (none)                                     TIME                ``admit.lua``
-lane queues, admission hashes, the         EVALSHA EVAL        admission
-caller's own ``ds:pace:<caller>`` and
-``ds:epoch`` (RW)
+lane queues, admission hashes and held     EVALSHA EVAL        admission
+sets, ``ds:epoch`` and the caller's own
+``ds:pace:<caller>`` (RW)
 ``ds:pace:<caller>`` (its own)             GET SET             ``admit.lua``'s pacing
 ``ds:epoch``                               GET SET             ``admit.lua``; a handle's
                                                                check for a lost request
 lane queues (write only)                   LPUSH LLEN          ``admit.lua``, declaration
 kombu's priority sub-queues (write only)   LLEN                declaration
 admission hashes                           HMGET HSET HINCRBY  ``admit.lua``
+                                           PEXPIRE
+held sets (``ds:admission:<queue>:held``)  ZADD ZREM ZCARD     ``admit.lua``
+                                           ZRANGEBYSCORE
                                            PEXPIRE
 kombu's binding tables (write only)        SADD                declaration
 ``ds:result:<caller>:*``                   BLPOP LPOP EXISTS   the result store
@@ -57,6 +60,7 @@ from dataservice.keys import (
     EPOCH_KEY,
     admission_key,
     binding_key,
+    held_key,
     pace_key,
     permanent_binding_key,
     priority_queue_pattern,
@@ -92,7 +96,7 @@ def caller_rules(queues: Sequence[str], caller: str) -> list[str]:
     return [
         *_CALLER_KEYLESS,
         _selector(
-            [f"%RW~{k}" for q in queues for k in (q, admission_key(q))]
+            [f"%RW~{k}" for q in queues for k in (q, admission_key(q), held_key(q))]
             + [f"%RW~{pace_key(caller)}", f"%RW~{EPOCH_KEY}"],
             ["+evalsha", "+eval"],
         ),
@@ -104,6 +108,10 @@ def caller_rules(queues: Sequence[str], caller: str) -> list[str]:
         _selector([f"%W~{priority_queue_pattern(q)}" for q in queues], ["+llen"]),
         _selector(
             [f"%RW~{admission_key(q)}" for q in queues], ["+hmget", "+hset", "+hincrby", "+pexpire"]
+        ),
+        _selector(
+            [f"%RW~{held_key(q)}" for q in queues],
+            ["+zadd", "+zrem", "+zcard", "+zrangebyscore", "+pexpire"],
         ),
         _selector(
             [f"%W~{k}" for q in queues for k in (binding_key(q), permanent_binding_key(q))],

@@ -10,6 +10,8 @@
 -- ARGV[3]  the request's envelope bytes, given back to the lane's admission
 -- ARGV[4]  the request's member in KEYS[3]; '' when its slot is not in Redis
 -- ARGV[5]  the message's delivery tag; '' when kombu acknowledges it itself
+-- KEYS[6]  the lane's held requests: ds:admission:<lane queue>:held (admit.lua)
+-- ARGV[6]  the request's member there: '<request id>:<bytes>'
 --
 -- Returns 1.
 
@@ -17,12 +19,13 @@ if ARGV[1] ~= '' then
   redis.call('RPUSH', KEYS[1], ARGV[1])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
--- A Redis that restarted empty never admitted the requests before it: their
--- completions leave the counts at what it did admit, never below.
-local h = redis.call('HMGET', KEYS[2], 'bytes', 'admitted')
-local bytes = math.max((tonumber(h[1]) or 0) - tonumber(ARGV[3]), 0)
-local done = redis.call('HINCRBY', KEYS[2], 'done', 1)
-redis.call('HSET', KEYS[2], 'bytes', bytes, 'admitted', math.max(tonumber(h[2]) or 0, done))
+-- Its bytes go back only if it is still held: not if admission already let
+-- it lapse, nor if it was admitted by a Redis that has since restarted empty.
+if redis.call('ZREM', KEYS[6], ARGV[6]) == 1 then
+  local bytes = (tonumber(redis.call('HGET', KEYS[2], 'bytes')) or 0) - tonumber(ARGV[3])
+  redis.call('HSET', KEYS[2], 'bytes', math.max(bytes, 0))
+end
+redis.call('HINCRBY', KEYS[2], 'done', 1)
 if ARGV[4] ~= '' then
   redis.call('ZREM', KEYS[3], ARGV[4])
 end

@@ -29,6 +29,7 @@ removed from the URL it sees, so they are read one way only.
 from __future__ import annotations
 
 import functools
+import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -60,6 +61,12 @@ from dataservice.limits.admission import (
 from dataservice.settings import Settings
 from dataservice.tls import redis_tls, without_tls_options
 
+# Idle 1 s, then a probe a second, the third unanswered ends it; data sent and
+# not acknowledged for 3 s ends it too. A stalled server's kernel still answers
+# both: only a dead path ends a connection.
+KEEPALIVE = {socket.TCP_KEEPIDLE: 1, socket.TCP_KEEPINTVL: 1, socket.TCP_KEEPCNT: 3,
+             socket.TCP_USER_TIMEOUT: 3000}  # fmt: skip
+CONNECT_TIMEOUT_S = 2.0
 TASK_NAME = "dataservice.handle"
 SERIALIZER = "protobuf"
 CONTENT_TYPE = "application/x-protobuf"
@@ -242,6 +249,12 @@ def celery_settings(settings: Settings, config: Config) -> dict[str, Any]:
             # kombu sweeps every interval x throttle seconds; one knob is enough.
             "unacked_restore_interval": config.broker.restore_every_s,
             "unacked_restore_throttle": 1,
+            # A worker waits for messages with no timeout of its own: a half-open
+            # connection (a network cut) must end, and the worker reconnect, not
+            # wait for TCP's retransmissions to reach a healed path.
+            "socket_keepalive": True,
+            "socket_keepalive_options": KEEPALIVE,
+            "socket_connect_timeout": CONNECT_TIMEOUT_S,
             "dataservice_admission": lane_admissions(config),
             "dataservice_pacing": caller_pacing(config),
             # Unused by the channel: kombu's process-wide producer pools are

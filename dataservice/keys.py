@@ -11,6 +11,9 @@ key                                    what it holds
                                        completions, the measured drain rate, the
                                        workers' service time per operation and
                                        refusals by reason (``dataservice/limits/admit.lua``)
+``ds:admission:<lane queue>:held``     a sorted set: the lane's admitted requests not yet
+                                       done (``<request id>:<bytes>``), each scored by its
+                                       deadline plus a grace, past which it no longer counts
 ``ds:result:<caller>:<request id>``    a list holding one encoded ``ResponseEnvelope``;
                                        expires at the request deadline plus a grace
 ``ds:replay:<caller>:<request id>``    a request id already seen; expires with the
@@ -60,6 +63,7 @@ from __future__ import annotations
 
 RESULT_PREFIX = "ds:result:"
 ADMISSION_PREFIX = "ds:admission:"
+HELD_SUFFIX = ":held"
 REPLAY_PREFIX = "ds:replay:"
 RATE_PREFIX = "ds:rate:"
 INFLIGHT_PREFIX = "ds:inflight:"
@@ -115,6 +119,11 @@ def result_pattern(caller: str) -> str:
 def admission_key(queue: str) -> str:
     """A lane's admission counters (bytes queued or in flight, completions, drain rate)."""
     return ADMISSION_PREFIX + queue
+
+
+def held_key(queue: str) -> str:
+    """A lane's admitted requests not yet done, each until its deadline and a grace."""
+    return f"{ADMISSION_PREFIX}{queue}{HELD_SUFFIX}"
 
 
 def replay_key(caller: str, request_id: str) -> str:

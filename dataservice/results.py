@@ -37,12 +37,14 @@ _ANSWER = LuaScript("answer.lua", "dataservice")
 
 @dataclass(frozen=True, slots=True)
 class Completion:
-    """A request leaving its lane: its admission counters and envelope size, the
+    """A request leaving its lane: its admission counters, its place among the
+    lane's held requests (sorted set, member) and its envelope size, the
     in-flight slot it held (sorted set, member) when that lives on this Redis,
     and its message's acknowledgement (kombu's unacked index, its unacked
     hash, the delivery tag) when the broker is this Redis."""
 
     admission_key: str
+    held: tuple[str, str]
     size: int
     inflight: tuple[str, str] | None = None
     ack: tuple[str, str, str] | None = None
@@ -121,10 +123,11 @@ class ResultStore:
         # atomicity for a fraction of the client's work.
         inflight, member = done.inflight or (done.admission_key, "")
         index, unacked, tag = done.ack or (done.admission_key, done.admission_key, "")
+        held, held_member = done.held
         _ANSWER(
             self._redis,
-            [key, done.admission_key, inflight, index, unacked],
-            [body, ttl_ms, done.size, member, tag],
+            [key, done.admission_key, inflight, index, unacked, held],
+            [body, ttl_ms, done.size, member, tag, held_member],
         )
 
     def wait(self, caller: str, request_id: str, timeout_s: float) -> bytes | None:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what dataservice needs on a fresh Debian machine: the system packages
-# that are missing (Redis, MariaDB, the MariaDB client headers, and Chromium for
-# the Flower browser test, driven by Playwright from the dev group), a virtualenv
+# that are missing (Redis, MariaDB, the MariaDB client headers, Chromium for
+# the Flower browser test, driven by Playwright from the dev group, and
+# iproute2 for the partition faults), a virtualenv
 # in .venv, and the project with its loadtest extra and its dev and bench
 # dependency groups.
 set -euo pipefail
@@ -15,6 +16,8 @@ pkg-config --exists mariadb 2>/dev/null || pkg-config --exists mysqlclient 2>/de
 command -v gcc >/dev/null 2>&1 || missing+=(gcc)
 python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
+# The partition faults' network namespace and veth pairs.
+command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || missing+=(iproute2)
 
 if ((${#missing[@]})); then
   echo "installing system packages: ${missing[*]}"

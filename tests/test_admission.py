@@ -15,8 +15,14 @@ from dataservice import Client, ReadOp, ResourceExhausted, WriteOp
 from dataservice.client.transport import Transport, refused
 from dataservice.config import Config
 from dataservice.enums import LaneName
-from dataservice.keys import admission_key
-from dataservice.limits.admission import SERVICE_STALE_MS, AdmissionRefused, publish_service_times
+from dataservice.keys import admission_key, held_key
+from dataservice.limits import admission
+from dataservice.limits.admission import (
+    HELD_GRACE_MS,
+    SERVICE_STALE_MS,
+    AdmissionRefused,
+    publish_service_times,
+)
 from dataservice.localservices import redis_reachable
 from dataservice.metrics import QUEUES, REGISTRY, QueueWatch
 from dataservice.results import Completion, ResultStore
@@ -26,6 +32,7 @@ from tests.support import bounded_admission, publish_concurrently
 
 # No worker consumes this database: whatever is admitted stays queued.
 UNSERVED_REDIS_URL = "redis://127.0.0.1:6379/11"
+HELD_GRACE_S = HELD_GRACE_MS / 1000
 MAX_MESSAGES = 100
 
 
@@ -349,18 +356,20 @@ def test_what_the_workers_prefetched_waits_too(
     finish and is refused; the list alone would have let it in."""
     settings, config, broker = targeted
     key = admission_key(config.lanes.batch.queue)
+    held = held_key(config.lanes.batch.queue)
     now = _deadline(0)
     broker.hset(
         key,
         mapping={"rate": 10, "rate_at": now, "admitted": 25, "done": 0, "done_at": 0,
                  "service:read": 1000, "service_at": now},
     )  # fmt: skip
+    broker.zadd(held, {f"r{n}:100": now + 60_000 for n in range(25)})
     with Client("tests", settings, config) as client:
         with pytest.raises(ResourceExhausted) as caught:
             client.submit(ReadOp("s", "behind-the-prefetch"), timeout=1.5)
         assert caught.value.reason == "queue_too_long"
         # Answered all but what runs: nothing waits, and it is admitted.
-        broker.hset(key, "done", 15)
+        broker.zrem(held, *[f"r{n}:100" for n in range(15)])
         client.submit(ReadOp("s", "nothing-waits"), timeout=1.5)
     assert broker.llen(config.lanes.batch.queue) == 1
 
@@ -403,18 +412,52 @@ def test_completions_a_restarted_redis_never_admitted_leave_the_counts_at_rest(
     bounded: tuple[Settings, Config, redis.Redis],
 ) -> None:
     settings, config, broker = bounded
-    key = admission_key(config.lanes.batch.queue)
+    queue = config.lanes.batch.queue
+    key, held = admission_key(queue), held_key(queue)
+
+    def completion(member: bytes) -> Completion:
+        return Completion(key, (held, member.decode()), int(member.rsplit(b":", 1)[1]))
+
     with Client("tests", settings, config) as client:
         client.submit_many([WriteOp("s", f"w{n}", b"x" * 1000) for n in range(2)], timeout=60)
-        assert int(broker.hget(key, "admitted") or 0) == 2
-        # Redis restarts empty; the workers finish the three requests they held.
+        before = broker.zrange(held, 0, -1)
+        assert len(before) == 2
+        # Redis restarts empty; the workers finish the two requests they held.
         broker.flushdb()
         results = ResultStore(broker)
-        for _ in range(3):
-            results.complete(Completion(key, 1200))
-        counts = broker.hmget(key, ["bytes", "admitted", "done"])
-        assert [int(v or 0) for v in counts] == [0, 3, 3]
-        # What it admits from then on is counted from there.
+        for member in before:
+            results.complete(completion(member))
+        assert (int(broker.hget(key, "bytes") or 0), broker.zcard(held)) == (0, 0)
+        assert int(broker.hget(key, "done") or 0) == 2  # the drain rate still sees them
+        # What it admits from then on is counted from there, and given back once.
         client.submit(WriteOp("s", "after", b"x" * 1000), timeout=60)
-    bytes_, admitted, done = (int(v or 0) for v in broker.hmget(key, ["bytes", "admitted", "done"]))
-    assert (admitted - done, bytes_ > 1000) == (1, True)
+        [member] = broker.zrange(held, 0, -1)
+        assert int(broker.hget(key, "bytes") or 0) == completion(member).size
+        for _ in range(2):
+            results.complete(completion(member))
+        assert (int(broker.hget(key, "bytes") or 0), broker.zcard(held)) == (0, 0)
+
+
+def test_a_request_lost_on_the_way_stops_counting_after_its_deadline(
+    bounded: tuple[Settings, Config, redis.Redis],
+) -> None:
+    settings, config, broker = bounded
+    queue = config.lanes.batch.queue
+    key, held = admission_key(queue), held_key(queue)
+    with Client("tests", settings, config) as client:
+        client.submit(WriteOp("s", "lost", b"x" * 1000), timeout=0.5)
+        # Taken off the list by a connection that never delivered it.
+        assert broker.rpop(queue) is not None
+        assert broker.zcard(held) == 1
+        time.sleep(0.5 + HELD_GRACE_S + 0.2)
+        kept = client.submit(WriteOp("s", "kept", b"x" * 1000), timeout=60)
+    # The lost one lapsed with its bytes: what is held is the one kept.
+    [member] = broker.zrange(held, 0, -1)
+    request_id, size = member.decode().rsplit(":", 1)
+    assert request_id == kept.request_id
+    assert int(broker.hget(key, "bytes") or 0) == int(size)
+
+
+def test_the_held_grace_is_the_admission_scripts() -> None:
+    script = (Path(admission.__file__).parent / "admit.lua").read_text()
+    assert f"local HELD_GRACE_MS = {HELD_GRACE_MS}\n" in script

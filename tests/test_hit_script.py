@@ -11,7 +11,8 @@ import redis
 from dataservice.cache.formats import CODECS, frame
 from dataservice.config import Config
 from dataservice.enums import CacheFormat
-from dataservice.keys import admission_key, inflight_key, record_key, result_key
+from dataservice.keys import admission_key, held_key, inflight_key, record_key, result_key
+from dataservice.limits.admission import held_member
 from dataservice.limits.gate import Gate, Peek
 from dataservice.limits.slots import Entry
 from dataservice.proto import pb
@@ -29,8 +30,11 @@ def _request(config: Config, redis_client: redis.Redis, scope: str, size: int) -
     prefix = pb.ResponseEnvelope(
         request_id=request_id, status=pb.Status(code=pb.STATUS_CODE_OK)
     ).SerializeToString()
-    answer_keys = [result_key("tests", request_id), admission_key("hit-test"), INDEX, UNACKED]
-    peek = Peek(key, (answer_keys, [prefix, 60_000, size, tag]))
+    held = held_key("hit-test")
+    member = held_member(request_id, size)
+    redis_client.zadd(held, {member: now_ms() + 60_000})
+    answer_keys = [result_key("tests", request_id), admission_key("hit-test"), INDEX, UNACKED, held]
+    peek = Peek(key, (answer_keys, [prefix, 60_000, size, tag, member]))
     entry = Entry(config.callers["tests"], "tests", request_id, now_ms() + 5_000, now_ms(), True)
     return request_id, tag, peek, entry
 
@@ -59,6 +63,7 @@ def test_a_hit_is_answered_acknowledged_and_released_in_one_step(
     assert redis_client.zscore(inflight_key("tests"), request_id) is None
     assert redis_client.zscore(INDEX, tag) is None
     assert not redis_client.hexists(UNACKED, tag)
+    assert redis_client.zscore(held_key("hit-test"), held_member(request_id, 200)) is None
 
 
 def test_a_miss_is_admitted_holding_its_slot_and_nothing_is_written(

@@ -10,7 +10,8 @@ from typing import Any
 import redis
 
 from dataservice.enums import LaneName
-from dataservice.keys import result_key
+from dataservice.keys import admission_key, held_key, result_key
+from dataservice.limits.admission import held_member
 from dataservice.limits.gate import Gate
 from dataservice.metrics import DEPENDENCY_FAILURES, Dependency
 from dataservice.proto import pb
@@ -42,14 +43,15 @@ class Answers:
         self,
         results: ResultStore,
         handler: RequestHandler,
-        admission_key: str,
+        queue: str,
         lane: LaneName,
         *,
         slots_with_answers: bool,
     ) -> None:
         self._results = results
         self._handler = handler
-        self._admission_key = admission_key
+        self._admission_key = admission_key(queue)
+        self._held_key = held_key(queue)
         self._lane = lane
         # The slot can go back with the answer only when both live on one Redis.
         self._slots_with_answers = slots_with_answers
@@ -71,7 +73,8 @@ class Answers:
         slot = reply.slot if reply is not None else None
         shared = slot is not None and self._slots_with_answers
         inflight = Gate.slot_member(slot) if slot is not None and shared else None
-        done = Completion(self._admission_key, size, inflight, ack)
+        held = (self._held_key, held_member(task_id, size))
+        done = Completion(self._admission_key, held, size, inflight, ack)
         try:
             self._handler.release(reply, released_in_redis=inflight is not None)
             if reply is None or not reply.caller:
@@ -88,14 +91,22 @@ class Answers:
         return True
 
     def in_gate(
-        self, caller: str, task_id: str, expires_at_ms: int, admitted_size: Any, body: object
+        self,
+        caller: str,
+        task_id: str,
+        expires_at_ms: int,
+        admitted_size: Any,
+        body: object,
+        ack: tuple[str, str, str],
     ) -> tuple[list[str], list[Any]] | None:
-        """The answer of a cache hit as ``hit.lua`` writes it (its KEYS[5..6]
-        and ARGV[9..11], kombu's acknowledgement to follow); None when the
-        answer would already have expired."""
+        """The answer of a cache hit as ``hit.lua`` writes it, with ``ack``
+        (kombu's unacked index and hash, the delivery tag): its KEYS[5..9] and
+        ARGV[9..13]; None when the answer would already have expired."""
         ttl_ms = expires_at_ms - time.time_ns() // 1_000_000
         if ttl_ms <= 0:
             return None
         prefix = pb.ResponseEnvelope(request_id=task_id, status=_OK).SerializeToString()
-        keys = [result_key(caller, task_id), self._admission_key]
-        return keys, [prefix, ttl_ms, _size(admitted_size, body)]
+        size = _size(admitted_size, body)
+        index, unacked, tag = ack
+        keys = [result_key(caller, task_id), self._admission_key, index, unacked, self._held_key]
+        return keys, [prefix, ttl_ms, size, tag, held_member(task_id, size)]

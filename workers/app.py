@@ -99,7 +99,7 @@ class LaneRuntime:
         self._answers = Answers(
             self.results,
             self.handler,
-            admission_key(lane_config.queue),
+            lane_config.queue,
             lane,
             slots_with_answers=settings.redis_url == settings.result_backend_url,
         )

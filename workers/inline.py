@@ -119,12 +119,11 @@ class InlineReads:
             opened.expires_at_ms,
             message.admitted_size,
             body,
+            message.acknowledgement,
         )
         if answer is None:
             return Peek(key, fmt=fmt)
-        keys, args = answer
-        index, unacked, tag = message.acknowledgement
-        return Peek(key, ([*keys, index, unacked], [*args, tag]), fmt)
+        return Peek(key, answer, fmt)
 
     def _answered(self, message: InlineMessage, reply: Reply | None, body: object) -> Outcome:
         ack = message.acknowledgement if self._ack_with_answers else None

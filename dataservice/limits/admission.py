@@ -42,7 +42,7 @@ import redis
 
 from dataservice.codec.requests import OPERATIONS
 from dataservice.config import Config
-from dataservice.keys import EPOCH_KEY, admission_key, pace_key
+from dataservice.keys import EPOCH_KEY, admission_key, held_key, pace_key
 from dataservice.limits.scripts import LuaScript
 from dataservice.refusals import Reason, Refusal
 
@@ -115,6 +115,18 @@ class LaneAdmission:
     default_deadline_ms: int
     max_deadline_ms: int
     stats_key: str
+    held_key: str
+
+
+# How long past its deadline a held request still counts (admit.lua's
+# HELD_GRACE_MS; a test keeps the two equal).
+HELD_GRACE_MS = 5000
+
+
+def held_member(request_id: str, size: int) -> str:
+    """A request among its lane's held ones (``held_key``): its id and the
+    envelope bytes admission counted for it, which ``admit.lua`` builds too."""
+    return f"{request_id}:{size}"
 
 
 def lane_admissions(config: Config) -> dict[str, dict[str, Any]]:
@@ -129,6 +141,7 @@ def lane_admissions(config: Config) -> dict[str, dict[str, Any]]:
                 default_deadline_ms=lane.default_deadline_ms,
                 max_deadline_ms=lane.max_deadline_ms,
                 stats_key=admission_key(lane.queue),
+                held_key=held_key(lane.queue),
             )
         )
         for lane in (config.lanes.interactive, config.lanes.batch)
@@ -180,7 +193,7 @@ def admit(
 
     With ``pacing`` (caller -> (interval µs, burst)), a message whose caller
     header names a known caller is also held to that caller's rate."""
-    keys = [queue_key, lane.stats_key, EPOCH_KEY]
+    keys = [queue_key, lane.stats_key, lane.held_key, EPOCH_KEY]
     operation = message.get("headers", {}).get(OPERATION_HEADER)
     args: list[Any] = [
         encoded,
@@ -195,6 +208,7 @@ def admit(
         lane.target_wait_ms,
         STANDING_AFTER_MS,
         secrets.token_hex(8),
+        str(message.get("headers", {}).get("id", "")),
     ]
     caller = message.get("headers", {}).get(CALLER_HEADER)
     paced = pacing.get(caller) if pacing and isinstance(caller, str) else None

@@ -2,12 +2,9 @@
 --
 -- KEYS[1]  the lane's queue: the Redis list Celery's messages wait in
 -- KEYS[2]  the lane's admission hash:
---            bytes    envelope bytes queued or in flight (workers subtract on completion)
+--            bytes    envelope bytes of the held requests (KEYS[3])
 --            done     completed requests (workers add on completion)
---            admitted requests pushed (this script): admitted - done are the
---                     lane's requests queued, prefetched by a worker or running
---                     (never negative: the workers' completions of requests a
---                     restarted Redis never admitted raise admitted with done)
+--            admitted requests pushed (this script)
 --            rate     completions per second while the queue was busy
 --            rate_at  when the current measuring window began (server time, ms)
 --            busy_at  when a window last measured the lane busy (a queue in the list)
@@ -36,13 +33,22 @@
 --          one is refused for it, none is admitted until the expected wait is
 --          back within three quarters of it
 -- ARGV[11] how long a queue must have stood before the target applies (ms)
--- KEYS[3]  the broker's epoch, ds:epoch: a token this Redis holds from the first
+-- KEYS[3]  the lane's held requests: '<request id>:<bytes>' for each request
+--          admitted and not yet done (queued, prefetched by a worker or
+--          running), scored by its deadline plus HELD_GRACE_MS (server time,
+--          ms). A worker removes its request when done (and gives its bytes
+--          back only then); this script drops those past their score, so a
+--          request lost on the way (taken off the list by a connection that
+--          never delivered it) stops counting by itself, and a completion a
+--          restarted Redis never admitted removes nothing and gives nothing back
+-- KEYS[4]  the broker's epoch, ds:epoch: a token this Redis holds from the first
 --          request it admitted; one that restarted empty holds another
--- ARGV[12] the token to set when KEYS[3] holds none (a new random one)
--- KEYS[4]  optional: the caller's publish pacing (GCRA theoretical arrival time, µs),
+-- ARGV[12] the token to set when KEYS[4] holds none (a new random one)
+-- ARGV[13] the request's id
+-- KEYS[5]  optional: the caller's publish pacing (GCRA theoretical arrival time, µs),
 --          ds:pace:<caller>, a key of the caller's own
--- ARGV[13] with KEYS[4]: the caller's emission interval (µs per request: 1e6 / rate)
--- ARGV[14] with KEYS[4]: the caller's burst (requests)
+-- ARGV[14] with KEYS[5]: the caller's emission interval (µs per request: 1e6 / rate)
+-- ARGV[15] with KEYS[5]: the caller's burst (requests)
 --
 -- Returns {'', epoch} when the message was pushed (the epoch it was pushed
 -- in, which its caller keeps to tell a lost request from a slow one), or
@@ -70,6 +76,18 @@ local remaining = tonumber(ARGV[5])
 local cap = tonumber(ARGV[6])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Past its deadline and the grace, a held request was lost on the way (a
+-- worker past its deadline has long given it back): it stops counting.
+local HELD_GRACE_MS = 5000
+local lapsed = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 100)
+if #lapsed > 0 then
+  for _, member in ipairs(lapsed) do
+    bytes = bytes - (tonumber(string.match(member, ':(%d+)$')) or 0)
+  end
+  bytes = math.max(bytes, 0)
+  redis.call('ZREM', KEYS[3], unpack(lapsed))
+  redis.call('HSET', KEYS[2], 'bytes', bytes)
+end
 -- Relied on only while the workers keep saying it: no workers, no estimate.
 local service = 0
 if now - (tonumber(h[6]) or 0) <= tonumber(ARGV[9]) then
@@ -85,7 +103,7 @@ local BUSY_RECENT_MS = 2000
 -- to what the workers can hold besides the list: as many again as run.
 local running = 0
 if rate > 0 and service > 0 then running = rate * service / 1000 end
-local ahead = math.max(depth, (tonumber(h[10]) or 0) - done)
+local ahead = math.max(depth, redis.call('ZCARD', KEYS[3]))
 ahead = math.min(ahead, depth + 2 * running + 1)
 local waiting = math.max(depth, ahead - running)
 -- The rate says what the lane drains only if it was measured busy lately; a
@@ -105,6 +123,7 @@ end
 
 redis.call('HINCRBY', KEYS[2], 'offered', 1)
 redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[7]))
+redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[7]))
 if rate_at == nil then
   redis.call('HSET', KEYS[2], 'rate_at', now, 'done_at', done)
 elseif now - rate_at >= 1000 then
@@ -172,21 +191,22 @@ end
 -- The caller's rate, as the workers' gate will apply it: a request it would
 -- refuse is not queued. The gate stays the authority (a caller can reset its
 -- own pacing key); this only keeps a well-behaved caller's excess off the queue.
-if KEYS[4] then
+if KEYS[5] then
   local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local new_tat, retry_ms = gcra_check(KEYS[4], now_us, tonumber(ARGV[13]), tonumber(ARGV[14]))
+  local new_tat, retry_ms = gcra_check(KEYS[5], now_us, tonumber(ARGV[14]), tonumber(ARGV[15]))
   if not new_tat then
     return refuse('rate_limited', retry_ms)
   end
-  gcra_commit(KEYS[4], new_tat, now_us)
+  gcra_commit(KEYS[5], new_tat, now_us)
 end
 
-local epoch = redis.call('GET', KEYS[3])
+local epoch = redis.call('GET', KEYS[4])
 if not epoch then
   epoch = ARGV[12]
-  redis.call('SET', KEYS[3], epoch)
+  redis.call('SET', KEYS[4], epoch)
 end
 redis.call('LPUSH', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[3], now + remaining + HELD_GRACE_MS, ARGV[13] .. ':' .. size)
 redis.call('HSET', KEYS[2], 'bytes', bytes + size)
 redis.call('HINCRBY', KEYS[2], 'admitted', 1)
 return {'', epoch}

@@ -39,7 +39,7 @@ _HIT = LuaScript("hit.lua")
 @dataclass(frozen=True, slots=True)
 class Peek:
     """A cache entry to read once the request is admitted, in the same round
-    trip; with ``answer`` (``hit.lua``'s KEYS[5..8] and ARGV[9..12]), a hit is
+    trip; with ``answer`` (``hit.lua``'s KEYS[5..9] and ARGV[9..13]), a hit is
     answered there too (``dataservice/limits/hit.lua``). ``fmt``: the entry's
     format, which the round trip's time is counted under."""
 

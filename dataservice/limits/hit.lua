@@ -14,6 +14,8 @@
 -- ARGV[10] how long the answer is kept (ms)
 -- ARGV[11] the request's envelope bytes, given back to the lane's admission
 -- ARGV[12] the message's delivery tag; '' when kombu acknowledges it itself
+-- KEYS[9]  the lane's held requests: ds:admission:<lane queue>:held (admit.lua)
+-- ARGV[13] the request's member there: '<request id>:<bytes>'
 --
 -- Returns {reason, retry_after_ms} as gate.lua when refused, {'', 0, 'hit'}
 -- when answered, {'', 0, 'miss'} when admitted without an entry (the
@@ -48,12 +50,13 @@ local record = string.sub(entry, colon + 1)
 local read = '\10' .. varint(#record) .. record
 redis.call('RPUSH', KEYS[5], ARGV[9] .. '\82' .. varint(#read) .. read)
 redis.call('PEXPIRE', KEYS[5], ARGV[10])
--- A Redis that restarted empty never admitted the requests before it: their
--- completions leave the counts at what it did admit, never below.
-local h = redis.call('HMGET', KEYS[6], 'bytes', 'admitted')
-local bytes = math.max((tonumber(h[1]) or 0) - tonumber(ARGV[11]), 0)
-local done = redis.call('HINCRBY', KEYS[6], 'done', 1)
-redis.call('HSET', KEYS[6], 'bytes', bytes, 'admitted', math.max(tonumber(h[2]) or 0, done))
+-- Its bytes go back only if it is still held: not if admission already let
+-- it lapse, nor if it was admitted by a Redis that has since restarted empty.
+if redis.call('ZREM', KEYS[9], ARGV[13]) == 1 then
+  local bytes = (tonumber(redis.call('HGET', KEYS[6], 'bytes')) or 0) - tonumber(ARGV[11])
+  redis.call('HSET', KEYS[6], 'bytes', math.max(bytes, 0))
+end
+redis.call('HINCRBY', KEYS[6], 'done', 1)
 if tonumber(ARGV[4]) > 0 then
   redis.call('ZREM', KEYS[3], ARGV[5])
 end

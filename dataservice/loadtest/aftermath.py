@@ -3,30 +3,47 @@
 - **The writes** (:mod:`.ledger`): no acknowledged write lost, none applied
   twice, from the records' revisions before and after the load.
 - **Admission at rest**: once nothing is left to serve, every lane's
-  admission hash is back to rest (nothing queued, ``admitted`` equal to
-  ``done``, no request bytes held), whatever the fault did to it: a Redis
-  that restarted empty rebuilds the counts from what it admits (the workers'
-  completions of requests it never admitted raise ``admitted`` with ``done``
-  and never take ``bytes`` below zero), so none is left negative or stuck.
-  The harness waits up to the longest timeout and two seconds for the last
-  requests to end.
+  admission is back to rest (nothing queued, nothing held, no request bytes
+  counted), whatever the fault did to it: a Redis that restarted empty counts
+  only what it admitted, and a request lost on the way stops counting after
+  its deadline and admission's grace, so no count is left negative or stuck.
+  The harness waits up to the longest timeout, the grace and two seconds for
+  the last requests to end or lapse.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from dataservice.config import Config
 from dataservice.enums import LaneName
-from dataservice.keys import admission_key
+from dataservice.keys import admission_key, held_key
+from dataservice.limits.admission import HELD_GRACE_MS
+from dataservice.loadtest import environment as env
 from dataservice.loadtest.ledger import check, revisions
 from dataservice.loadtest.openloop import RequestRecord
 
+if TYPE_CHECKING:
+    from dataservice.loadtest.runner import Run
+
 _POLL_S = 0.1
+
+
+def for_run(run: Run) -> Aftermath | None:
+    """A fault run's checks (nothing but the service writes its records then)."""
+    if run.o.fault is None:
+        return None
+    return Aftermath(
+        env.direct_url(run.o.root_url, run.target.database),
+        env.SCOPE,
+        run.settings.broker_url,
+        run.config,
+        max(run.timeouts.values()) + HELD_GRACE_MS / 1000 + 2.0,
+    )
 
 
 class Aftermath:
@@ -51,8 +68,7 @@ class Aftermath:
                 lanes = {lane.value: _counts(client, self._config.lanes[lane].queue)
                          for lane in LaneName}  # fmt: skip
                 rest = all(
-                    c["depth"] == 0 and c["bytes"] == 0 and c["admitted"] == c["done"]
-                    for c in lanes.values()
+                    c["depth"] == 0 and c["bytes"] == 0 and c["held"] == 0 for c in lanes.values()
                 )
                 if rest or time.monotonic() - started >= self._settle_s:
                     break
@@ -69,4 +85,18 @@ class Aftermath:
 def _counts(client: redis.Redis, queue: str) -> dict[str, int]:
     raw = client.hmget(admission_key(queue), ["bytes", "admitted", "done"])
     bytes_, admitted, done = (int(v) if v is not None else 0 for v in raw)
-    return {"depth": int(client.llen(queue)), "bytes": bytes_, "admitted": admitted, "done": done}
+    # A held request lapses when the next publish looks: look as it would.
+    now_ms = int(time.time() * 1000)
+    lapsed = [
+        m.decode() if isinstance(m, bytes) else str(m)
+        for m in client.zrangebyscore(held_key(queue), "-inf", now_ms)
+    ]
+    lapsed_bytes = sum(int(m.rsplit(":", 1)[1]) for m in lapsed)
+    return {
+        "depth": int(client.llen(queue)),
+        "held": int(client.zcount(held_key(queue), f"({now_ms}", "+inf")),
+        "bytes": max(bytes_ - lapsed_bytes, 0),
+        "lapsed": len(lapsed),
+        "admitted": admitted,
+        "done": done,
+    }

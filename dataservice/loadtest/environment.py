@@ -33,6 +33,8 @@ from dataservice.settings import Settings
 ROOT_URL = "mysql+mysqldb://root@127.0.0.1:3306/"
 REDIS_BASE = "redis://127.0.0.1:6379"
 SCOPE = "load"
+# Where the target's database user connects from, on this machine.
+LOCAL_HOSTS = ("localhost", "127.0.0.1")
 PAYLOAD_BYTES = 1024
 # What the generator writes: PAYLOAD_BYTES of every byte value in turn.
 PAYLOAD = bytes(range(256)) * (PAYLOAD_BYTES // 256)
@@ -89,8 +91,15 @@ def flush_redis(url: str) -> None:
         client.close()
 
 
-def prepare_database(target: Target, config: Config, records: int, root_url: str) -> list[str]:
-    """Recreate the target's database and user, migrate it, seed it; the seeded ids."""
+def prepare_database(
+    target: Target,
+    config: Config,
+    records: int,
+    root_url: str,
+    hosts: tuple[str, ...] = LOCAL_HOSTS,
+) -> list[str]:
+    """Recreate the target's database and its user (connecting from ``hosts``),
+    migrate it, seed it; the seeded ids."""
     from dataservice.store.migrate import upgrade
 
     if not target.database.startswith("dataservice_") or target.database == "dataservice_test":
@@ -100,7 +109,7 @@ def prepare_database(target: Target, config: Config, records: int, root_url: str
         with server.connect() as conn:
             conn.execute(text(f"DROP DATABASE IF EXISTS `{target.database}`"))
             conn.execute(text(f"CREATE DATABASE `{target.database}` CHARACTER SET utf8mb4"))
-            for host in ("localhost", "127.0.0.1"):
+            for host in hosts:
                 conn.execute(text(f"DROP USER IF EXISTS '{target.user}'@'{host}'"))
                 conn.execute(
                     text(f"CREATE USER '{target.user}'@'{host}' IDENTIFIED BY :pw"),

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from dataservice.enums import LaneName
 from dataservice.loadtest import environment as env
+from dataservice.loadtest.aftermath import for_run
 from dataservice.loadtest.display import live_table
 from dataservice.loadtest.findings import build_report
 from dataservice.loadtest.liveness import LivenessWatch
@@ -47,8 +48,9 @@ def measure(
         t0,
         o.max_callers,
     )
-    pending = scenario.events(o.duration_s) | run.fault_events()
-    aftermath = run.aftermath_checks()
+    faults = {} if o.fault is None else o.fault.events(o.duration_s)
+    pending = scenario.events(o.duration_s) | faults
+    aftermath = for_run(run)
     cpu_before = time.process_time()
     live = Live(_table(run, loop, sampler), console=run.console, auto_refresh=False)
     stalls = StallMeter()

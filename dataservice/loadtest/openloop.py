@@ -69,6 +69,7 @@ class RequestRecord:
     op: str = ""  # "read" or "write"
     object_id: str = ""
     revision: int = 0  # an acknowledged write's revision; 0 otherwise
+    reason: str = ""  # why it was refused ("queue_too_long", ...), when it says
 
     @property
     def latency_ms(self) -> float:
@@ -88,14 +89,14 @@ class Adapter(Protocol):
 
 def attempt(
     adapter: Adapter, lane: LaneName, op: str, object_id: str, payload: bytes, timeout_s: float
-) -> tuple[Outcome, str, int]:
-    """One call: its outcome, the error's message ("" when OK) and an
-    acknowledged write's revision (0 when not known)."""
+) -> tuple[Outcome, str, int, str]:
+    """One call: its outcome, the error's message ("" when OK), an acknowledged
+    write's revision (0 when not known) and the error's reason ("" if none)."""
     try:
         revision = adapter.call(lane, op, object_id, payload, timeout_s)
     except Exception as exc:  # an adapter bug must not kill the caller pool: it is an ERROR
-        return classify(exc), str(exc), 0
-    return Outcome.OK, "", revision or 0
+        return classify(exc), str(exc), 0, str(getattr(exc, "reason", "") or "")
+    return Outcome.OK, "", revision or 0, ""
 
 
 RateFn = Callable[[LaneName, float], float]  # (lane, seconds since start) -> requests/s
@@ -204,12 +205,14 @@ class OpenLoop:
                     self.max_lag_s = max(self.max_lag_s, lag)
             op = "read" if rng.random() < self._read_share[lane] else "write"
             object_id = rng.choice(self._ids)
-            outcome, detail, revision = attempt(
+            outcome, detail, revision, reason = attempt(
                 self._adapter, lane, op, object_id, self._payload, self._timeouts[lane]
             )
             done = time.monotonic() - self.t0
             self.records.append(
-                RequestRecord(lane, at, sent, done, outcome, detail, op, object_id, revision)
+                RequestRecord(
+                    lane, at, sent, done, outcome, detail, op, object_id, revision, reason
+                )
             )
             with self._lock:
                 self._idle += 1
@@ -244,7 +247,7 @@ def closed_loop_capacity(
         rng = random.Random()
         while not stop.is_set():
             op = "read" if rng.random() < READ_SHARE[lane] else "write"
-            outcome, _, _ = attempt(adapter, lane, op, rng.choice(ids), payload, timeouts[lane])
+            outcome, *_ = attempt(adapter, lane, op, rng.choice(ids), payload, timeouts[lane])
             if outcome is Outcome.REJECTED:
                 # As a caller told to come back would: a refused loop that spun
                 # at once would only burn the CPU the service runs on.

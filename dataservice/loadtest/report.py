@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,9 @@ def lane_stats(
         "max_ms": _r(max(ok_ms) if ok_ms else None),
         "refused_p50_ms": _r(percentile(refused_ms, 50)),
         "refused_p99_ms": _r(percentile(refused_ms, 99)),
+        "refused_by_reason": dict(
+            Counter(r.reason or "unsaid" for r in mine if r.outcome is Outcome.REJECTED)
+        ),
     }
 
 

@@ -21,7 +21,6 @@ from dataservice.enums import LaneName
 from dataservice.loadtest import changes as ch
 from dataservice.loadtest import environment as env
 from dataservice.loadtest import naive
-from dataservice.loadtest.aftermath import Aftermath
 from dataservice.loadtest.faults import FAULT_BEGINS, FAULT_ENDS, Fault, PrivateServers
 from dataservice.loadtest.incidents import Capacity, SlowDown, lane_timeouts
 from dataservice.loadtest.liveness import not_applicable
@@ -97,7 +96,7 @@ class Run:
         self.target = options.target or env.TARGETS[options.system]
         self.servers: PrivateServers | None = None
         if options.fault is not None:
-            self.servers = PrivateServers(options.fault)
+            self.servers = PrivateServers(options.fault, options.system)
             options = dataclasses.replace(options, root_url=self.servers.root_url)
             self.target = dataclasses.replace(self.target, redis_base=self.servers.redis.base)
         self.o = options
@@ -118,6 +117,8 @@ class Run:
             options.root_url,
             env.run_callers_file(options.out, CALLER),
         )
+        servers = self.servers  # the replicas' own way to them is the one a partition cuts
+        self.worker_settings = servers.worker_settings(self.settings) if servers else self.settings
         self.timeouts = lane_timeouts(self.config, options.scenario)
         self.capacity_after: Capacity | None = None
         self.capacity_after_source: str | None = None
@@ -158,7 +159,9 @@ class Run:
         # A file left by an earlier run in the same directory must not pass for this one's.
         alive.unlink(missing_ok=True)
         extra = (*self.stream.replica_args(), "--alive-file", str(alive))
-        return WorkerProcess.for_lane(self.settings, lane, log, *extra)
+        worker = WorkerProcess.for_lane(self.worker_settings, lane, log, *extra)
+        worker.argv[:0] = self.servers.worker_prefix() if self.servers else []
+        return worker
 
     @property
     def changes(self) -> dict[str, Any] | None:
@@ -172,29 +175,12 @@ class Run:
             )
         return naive.NaiveAdapter(self.target.redis_url, self.config)
 
-    def fault_events(self) -> dict[str, float]:
-        """When the run's fault begins and ends, if it has one."""
-        return {} if self.o.fault is None else self.o.fault.events(self.o.duration_s)
-
-    def aftermath_checks(self) -> Aftermath | None:
-        """A fault run's checks once its load is over (nothing but the service
-        writes its records then)."""
-        if self.o.fault is None:
-            return None
-        return Aftermath(
-            env.direct_url(self.o.root_url, self.target.database),
-            env.SCOPE,
-            self.settings.broker_url,
-            self.config,
-            max(self.timeouts.values()) + 2.0,
-        )
-
     def execute(self) -> dict[str, Any]:
         if self.servers is None:
             return self._execute()
-        with self.console.status("starting a private Redis and MariaDB"):
-            self.servers.start()
         try:
+            with self.console.status("starting a private Redis and MariaDB"):
+                self.servers.start()
             return self._execute()
         finally:
             self.servers.stop()
@@ -203,7 +189,8 @@ class Run:
         o = self.o
         env.flush_redis(self.target.redis_url)
         with self.console.status(f"{o.system}: preparing {self.target.database}"):
-            ids = env.prepare_database(self.target, self.config, o.records, o.root_url)
+            hosts = env.LOCAL_HOSTS if self.servers is None else self.servers.database_hosts()
+            ids = env.prepare_database(self.target, self.config, o.records, o.root_url, hosts)
             if self.slow_down is not None:
                 self.slow_down.create()
         adapter = self.adapter()

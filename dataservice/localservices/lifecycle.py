@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
@@ -25,14 +26,17 @@ from dataservice.settings import Settings
 DEFAULT_STATE_DIR = Path(".state")
 
 
-def start_redis(state_dir: Path, port: int) -> None:
-    """Start a private redis-server (daemonized, nothing persisted)."""
+def start_redis(state_dir: Path, port: int, also_bind: Sequence[str] = ()) -> None:
+    """Start a private redis-server (daemonized, nothing persisted) on
+    127.0.0.1 and ``also_bind`` (a private address: clients from there are let
+    in without a password, which protected mode would refuse)."""
     directory = state_dir / "redis"
     directory.mkdir(parents=True, exist_ok=True)
+    protected = ["--protected-mode", "no"] if also_bind else []
     subprocess.run(
         [
-            binary("redis-server"), "--daemonize", "yes", "--bind", "127.0.0.1",
-            "--port", str(port), "--save", "", "--appendonly", "no",
+            binary("redis-server"), "--daemonize", "yes", "--bind", "127.0.0.1", *also_bind,
+            *protected, "--port", str(port), "--save", "", "--appendonly", "no",
             "--dir", str(directory), "--pidfile", str(directory / "redis.pid"),
             "--logfile", str(directory / "redis.log"),
         ],

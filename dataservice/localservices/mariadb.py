@@ -28,11 +28,18 @@ class PrivateMariaDB:
     """
 
     def __init__(
-        self, directory: Path, port: int, *, binlog: bool = False, options: tuple[str, ...] = ()
+        self,
+        directory: Path,
+        port: int,
+        *,
+        binlog: bool = False,
+        options: tuple[str, ...] = (),
+        bind_address: str = "127.0.0.1",
     ) -> None:
         self.directory = directory
         self.port = port
         self.binlog = binlog
+        self.bind_address = bind_address
         # More mariadbd options, given on every start.
         self.options = options
         self.process: subprocess.Popen[bytes] | None = None
@@ -46,7 +53,7 @@ class PrivateMariaDB:
         return self.directory / "error.log"
 
     def url(self, database: str = "dataservice") -> str:
-        return f"mysql+mysqldb://root@127.0.0.1:{self.port}/{database}"
+        return f"mysql+mysqldb://root@{self.bind_address}:{self.port}/{database}"
 
     def _as_mysql_user(self) -> list[str]:
         # mariadbd refuses to run as root; it drops to the mysql user itself.
@@ -80,7 +87,8 @@ class PrivateMariaDB:
             self._install()
         args = [
             binary("mariadbd"), "--no-defaults", *self._as_mysql_user(),
-            f"--datadir={self.datadir}", f"--port={self.port}", "--bind-address=127.0.0.1",
+            f"--datadir={self.datadir}", f"--port={self.port}",
+            f"--bind-address={self.bind_address}",
             f"--socket={self.directory / 'mariadb.sock'}",
             f"--pid-file={self.directory / 'mariadb.pid'}",
             f"--log-error={self.log}", "--innodb-buffer-pool-size=64M", "--max-connections=500",
@@ -111,7 +119,7 @@ class PrivateMariaDB:
             raise ServiceSetupError(
                 f"mariadbd exited with {self.process.returncode}; see {self.log}"
             )
-        return mysql_reachable("127.0.0.1", self.port)
+        return mysql_reachable(self.bind_address, self.port)
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:

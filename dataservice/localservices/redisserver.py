@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from dataservice.errors import ServiceSetupError
@@ -23,14 +24,17 @@ def gone(pid: int) -> bool:
 
 
 class PrivateRedis:
-    def __init__(self, directory: Path, port: int | None = None) -> None:
+    def __init__(
+        self, directory: Path, port: int | None = None, also_bind: Sequence[str] = ()
+    ) -> None:
         self.directory = directory
         self.port = port or free_port()
+        self.also_bind = tuple(also_bind)
         self.base = f"redis://127.0.0.1:{self.port}"
         self.url = f"{self.base}/0"
 
     def start(self) -> None:
-        start_redis(self.directory, self.port)
+        start_redis(self.directory, self.port, self.also_bind)
 
     def pid(self) -> int:
         return int((self.directory / "redis" / "redis.pid").read_text())
