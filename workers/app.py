@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import asdict
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -12,6 +13,7 @@ from celery import Celery, Task
 from celery.worker.control import inspect_command
 
 from dataservice.auth import Authenticator
+from dataservice.bounded import within
 from dataservice.broker import TASK_NAME, celery_app
 from dataservice.cache.runtime import CacheRuntime
 from dataservice.callers import KeyRing, load_keyring
@@ -40,6 +42,7 @@ log = logging.getLogger(__name__)
 # gate to its local fallback rather than holding every request.
 _LIMITS_TIMEOUT_S = 0.25
 _BROKER_CHATTER_TIMEOUT_S = 0.25
+_MIN_DELIVERY_S = 0.5
 
 
 class LaneRuntime:
@@ -92,10 +95,12 @@ class LaneRuntime:
             gate,
             self.cache.source,
         )
+        # Bounded: an answer is delivered within what its request has left
+        # and the grace it is kept for (see process), never retried past it.
         self.results = ResultStore.from_url(
-            settings.result_backend_url,
-            max_waiters=threads + 2,
+            settings.result_backend_url, max_waiters=threads + 2, bounded=True
         )
+        self._grace_ms = config.results.grace_ms
         self._answers = Answers(
             self.results,
             self.handler,
@@ -154,7 +159,13 @@ class LaneRuntime:
             log.error("unexpected %s on %s", type(exc).__name__, task_id, exc_info=True)
             reply = self.handler.internal_error("", task_id, int_header(deadline))
         finally:
-            self._deliver(task_id, reply, body, admitted_size)
+            # Worth waiting for until the caller stops waiting (its deadline and
+            # the answer's grace), and never less than a moment: the request's
+            # bytes go back to admission with it.
+            until_ms = (int_header(deadline) or 0) + self._grace_ms
+            bound_s = max((until_ms - time.time() * 1000) / 1000, _MIN_DELIVERY_S)
+            with within(bound_s):
+                self._deliver(task_id, reply, body, admitted_size)
 
     def close(self) -> None:
         self._service_times.stop()
