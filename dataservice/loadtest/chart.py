@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dataservice.enums import LaneName
+from dataservice.loadtest.invariants import CALLER_MARGIN_S
 from dataservice.loadtest.report import FINE_BIN_S
 
 INSTALL_HINT = "pip install 'dataservice[loadtest]'"
@@ -89,6 +90,26 @@ def _latency(axis: Any, report: dict[str, Any]) -> None:
     axis.set_ylabel("latency ms (ok)")
     axis.set_yscale("log")
     axis.legend(fontsize="x-small", ncol=2, loc="upper right")
+    if "fault" in report:
+        _slowest(axis.twinx(), report)
+
+
+def _slowest(axis: Any, report: dict[str, Any]) -> None:
+    """A fault run's slowest call each second against its timeout, and the margin."""
+    per_s = report["fault"]["slowest_past_timeout_ms_per_s"]
+    axis.plot(
+        report["series"]["t"][: len(per_s)],
+        [math.nan if v is None else v for v in per_s],
+        color="tab:red",
+        marker=".",
+        linewidth=0.8,
+        label="slowest call past its timeout (ms)",
+    )
+    axis.axhline(0, color="tab:red", linestyle=":", linewidth=0.8)
+    margin = CALLER_MARGIN_S * 1000
+    axis.axhline(margin, color="tab:red", linestyle="--", linewidth=0.8, label=f"+{margin:g} ms")
+    axis.set_ylabel("past timeout ms", color="tab:red")
+    axis.legend(fontsize="x-small", loc="lower right")
 
 
 def _database(axis: Any, report: dict[str, Any], db: dict[str, Any]) -> None:
