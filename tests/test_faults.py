@@ -6,7 +6,8 @@ verdicts (dataservice/loadtest/invariants.py): no caller past its timeout plus
 100 ms (plus the run's worst stall of the whole machine, see
 ``machine_stalls`` in docs/loadtest.md), the database share never exceeded,
 goodput back within 5 s of the fault's end and held, no acknowledged write lost
-or applied twice, and every lane's admission counts back at rest after the load
+or applied twice, every lane's admission counts back at rest after the load,
+and no in-flight slot left held nor rollout control unreadable
 (dataservice/loadtest/aftermath.py)."""
 
 from __future__ import annotations
@@ -45,4 +46,5 @@ def test_a_fault_stretches_no_deadline_and_the_service_serves_again(
     assert found["verdicts"]["acknowledged_writes_kept_once"], found["writes"]
     assert found["writes"]["acknowledged"] > 0, found["writes"]
     assert found["verdicts"]["admission_counts_at_rest"], found["admission"]
+    assert found["verdicts"]["limits_and_controls_sane"], found["limits"]
     assert_within_share(report, samples)

@@ -9,6 +9,11 @@
   its deadline and admission's grace, so no count is left negative or stuck.
   The harness waits up to the longest timeout, the grace and two seconds for
   the last requests to end or lapse.
+- **Limits and controls sane**: the harness's caller holds no in-flight slot
+  (a slot lost with a restarted Redis, or held by a request that never came
+  back, would cap the caller for good), and the cache's rollout controls read
+  as valid values (the ones set, or ``queues.yml``'s after a Redis that
+  restarted empty).
 """
 
 from __future__ import annotations
@@ -19,13 +24,17 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from dataservice.cache.controls import RolloutControls
 from dataservice.config import Config
 from dataservice.enums import LaneName
-from dataservice.keys import admission_key, held_key
+from dataservice.errors import DataServiceError
+from dataservice.keys import admission_key, held_key, inflight_key
 from dataservice.limits.admission import HELD_GRACE_MS
 from dataservice.loadtest import environment as env
 from dataservice.loadtest.ledger import check, revisions
 from dataservice.loadtest.openloop import RequestRecord
+from dataservice.loadtest.service import CALLER
+from dataservice.settings import Settings
 
 if TYPE_CHECKING:
     from dataservice.loadtest.runner import Run
@@ -40,7 +49,7 @@ def for_run(run: Run) -> Aftermath | None:
     return Aftermath(
         env.direct_url(run.o.root_url, run.target.database),
         env.SCOPE,
-        run.settings.broker_url,
+        run.settings,
         run.config,
         max(run.timeouts.values()) + HELD_GRACE_MS / 1000 + 2.0,
     )
@@ -50,18 +59,40 @@ class Aftermath:
     """The revisions before the load; :meth:`close` makes both checks after it."""
 
     def __init__(
-        self, database_url: str, scope: str, broker_url: str, config: Config, settle_s: float
+        self, database_url: str, scope: str, settings: Settings, config: Config, settle_s: float
     ) -> None:
         self._database_url, self._scope = database_url, scope
-        self._broker_url, self._config, self._settle_s = broker_url, config, settle_s
+        self._settings, self._config, self._settle_s = settings, config, settle_s
         self._before = revisions(database_url, scope)
 
     def close(self, records: Sequence[RequestRecord]) -> dict[str, Any]:
         writes = check(records, self._before, revisions(self._database_url, self._scope))
-        return {"writes": writes, "admission": self._at_rest()}
+        admission = self._at_rest()
+        return {"writes": writes, "admission": admission, "limits": self._limits()}
+
+    def _limits(self) -> dict[str, Any]:
+        client = redis.Redis.from_url(self._settings.redis_url, socket_timeout=2.0)
+        try:
+            now_ms = int(time.time() * 1000)
+            slots = int(client.zcount(inflight_key(CALLER), f"({now_ms}", "+inf"))
+            try:
+                rollout = RolloutControls(client, self._config.cache).fetch()
+                controls: dict[str, object] = {
+                    "source": rollout.source,
+                    "generation": rollout.generation,
+                }
+            except DataServiceError as exc:
+                controls = {"error": str(exc)}
+        finally:
+            client.close()
+        return {
+            "inflight_slots": slots,
+            "rollout": controls,
+            "verdict": slots == 0 and "error" not in controls,
+        }
 
     def _at_rest(self) -> dict[str, Any]:
-        client = redis.Redis.from_url(self._broker_url, socket_timeout=2.0)
+        client = redis.Redis.from_url(self._settings.broker_url, socket_timeout=2.0)
         started = time.monotonic()
         try:
             while True:

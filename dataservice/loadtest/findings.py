@@ -103,6 +103,7 @@ def build_report(
             verdicts = report["fault"]["verdicts"]
             verdicts["acknowledged_writes_kept_once"] = run.aftermath["writes"]["verdict"]
             verdicts["admission_counts_at_rest"] = run.aftermath["admission"]["verdict"]
+            verdicts["limits_and_controls_sane"] = run.aftermath["limits"]["verdict"]
         report["verdicts"].update(report["fault"]["verdicts"])
     return report
 
