@@ -25,7 +25,14 @@ if redis.call('ZREM', KEYS[6], ARGV[6]) == 1 then
   local bytes = (tonumber(redis.call('HGET', KEYS[2], 'bytes')) or 0) - tonumber(ARGV[3])
   redis.call('HSET', KEYS[2], 'bytes', math.max(bytes, 0))
 end
-redis.call('HINCRBY', KEYS[2], 'done', 1)
+local done = redis.call('HINCRBY', KEYS[2], 'done', 1)
+-- The first completion since the counts began opens admission's first
+-- measuring window (admit.lua): the workers are there by now.
+if redis.call('HEXISTS', KEYS[2], 'rate_at') == 0 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('HSET', KEYS[2], 'rate_at', now, 'done_at', done)
+end
 if ARGV[4] ~= '' then
   redis.call('ZREM', KEYS[3], ARGV[4])
 end

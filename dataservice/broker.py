@@ -29,7 +29,6 @@ removed from the URL it sees, so they are read one way only.
 from __future__ import annotations
 
 import functools
-import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -59,13 +58,9 @@ from dataservice.limits.admission import (
     refuse,
 )
 from dataservice.settings import Settings
+from dataservice.tcp import KEEPALIVE
 from dataservice.tls import redis_tls, without_tls_options
 
-# Idle 1 s, then a probe a second, the third unanswered ends it; data sent and
-# not acknowledged for 3 s ends it too. A stalled server's kernel still answers
-# both: only a dead path ends a connection.
-KEEPALIVE = {socket.TCP_KEEPIDLE: 1, socket.TCP_KEEPINTVL: 1, socket.TCP_KEEPCNT: 3,
-             socket.TCP_USER_TIMEOUT: 3000}  # fmt: skip
 CONNECT_TIMEOUT_S = 2.0
 TASK_NAME = "dataservice.handle"
 SERIALIZER = "protobuf"

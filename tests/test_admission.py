@@ -383,11 +383,7 @@ def test_a_window_with_the_list_empty_only_raises_the_drain_rate(
     settings, config, broker = targeted
     key = admission_key(config.lanes.batch.queue)
     now = _deadline(0)
-    broker.hset(
-        key,
-        mapping={"rate": 2, "rate_at": now - 1100, "done_at": 0, "done": 20, "primed": 1,
-                 "measured": 1},
-    )  # fmt: skip
+    broker.hset(key, mapping={"rate": 2, "rate_at": now - 1100, "done_at": 0, "done": 20})
     with Client("tests", settings, config) as client:
         client.submit(ReadOp("s", "after-the-stall"), timeout=60)
         assert 16 <= float(broker.hget(key, "rate") or 0) <= 20
@@ -397,25 +393,27 @@ def test_a_window_with_the_list_empty_only_raises_the_drain_rate(
     assert 16 <= float(broker.hget(key, "rate") or 0) <= 20
 
 
-def test_the_first_busy_window_after_the_counts_begin_is_replaced_by_the_next(
+def test_the_first_measuring_window_opens_at_the_first_completion(
     targeted: tuple[Settings, Config, redis.Redis],
 ) -> None:
-    """A Redis that restarted empty: its first window ran while the workers
-    were reconnecting (2 answered in 1 s, a queue waiting). Its figure serves
-    the deadline check, but the lane is not yet measured busy (no target wait
-    rests on it), and the next window's figure replaces it."""
+    """A Redis that restarted empty: publishes arrive while the workers are
+    still reconnecting. No window opens until a worker completes a request, so
+    none measures the workers' absence as a slow lane."""
     settings, config, broker = targeted
-    key, queue = admission_key(config.lanes.batch.queue), config.lanes.batch.queue
-    broker.hset(key, mapping={"rate_at": _deadline(0) - 1000, "done_at": 0, "done": 2})
-    broker.lpush(queue, "waiting")
+    queue = config.lanes.batch.queue
+    key, held = admission_key(queue), held_key(queue)
     with Client("tests", settings, config) as client:
-        client.submit(ReadOp("s", "first"), timeout=60)
-        assert 1.5 <= float(broker.hget(key, "rate") or 0) <= 2
-        assert broker.hget(key, "busy_at") is None
-        broker.hset(key, mapping={"rate_at": _deadline(0) - 1000, "done_at": 2, "done": 22})
-        client.submit(ReadOp("s", "second"), timeout=60)
-    assert 18 <= float(broker.hget(key, "rate") or 0) <= 20
-    assert broker.hget(key, "busy_at") is not None
+        client.submit(ReadOp("s", "before-the-workers"), timeout=60)
+        assert broker.hget(key, "rate_at") is None
+        [member] = broker.zrange(held, 0, -1)
+        size = int(member.rsplit(b":", 1)[1])
+        ResultStore(broker).complete(Completion(key, (held, member.decode()), size))
+        opened = broker.hmget(key, ["rate_at", "done_at"])
+        assert opened[0] is not None
+        assert opened[1] == b"1"
+        # A second completion leaves the window where it opened.
+        ResultStore(broker).complete(Completion(key, (held, "gone:1"), 1))
+        assert broker.hmget(key, ["rate_at", "done_at"]) == opened
 
 
 def test_without_measurements_the_bounds_alone_decide_as_before(

@@ -6,10 +6,12 @@
 --            done     completed requests (workers add on completion)
 --            admitted requests pushed (this script)
 --            rate     completions per second while the queue was busy
---            rate_at  when the current measuring window began (server time, ms)
+--            rate_at  when the current measuring window began (server time, ms); the
+--                     first opens at the first completion since the counts began
+--                     (answer.lua), once the workers are there: a window opened
+--                     by a publish while they were still connecting (a start, a
+--                     Redis that restarted empty) measured them as slow
 --            busy_at  when a window last measured the lane busy (a queue in the list)
---            primed   1 once a first busy window has passed (it sets the rate, no more)
---            measured 1 once a busy window after it has measured the lane
 --            done_at  `done` when the current window began
 --            offered  every publish this script has seen, admitted or refused
 --            refused:<reason>  publishes refused for that reason (the workers' metrics read them)
@@ -65,8 +67,7 @@
 local depth = redis.call('LLEN', KEYS[1])
 local service_field = ARGV[8] ~= '' and ARGV[8] or 'service:'
 local h = redis.call('HMGET', KEYS[2], 'bytes', 'done', 'rate', 'rate_at', 'done_at',
-  'service_at', service_field, 'empty_at', 'shedding', 'admitted', 'busy_at', 'primed',
-  'measured')
+  'service_at', service_field, 'empty_at', 'shedding', 'admitted', 'busy_at')
 -- Workers only subtract; a negative balance (a completion counted twice after
 -- a redelivery) must not become room beyond the bound.
 local bytes = math.max(tonumber(h[1]) or 0, 0)
@@ -127,27 +128,17 @@ end
 redis.call('HINCRBY', KEYS[2], 'offered', 1)
 redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[7]))
 redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[7]))
-if rate_at == nil then
-  redis.call('HSET', KEYS[2], 'rate_at', now, 'done_at', done)
-elseif now - rate_at >= 1000 then
+if rate_at ~= nil and now - rate_at >= 1000 then
   -- A busy window (a queue in the list) measures what the lane can drain. A
   -- window with less to do drained what it was given: a floor, never a
   -- ceiling, so it only raises the estimate (after a stall had brought it
   -- down, nothing else would: the list stays empty while the workers keep up).
   local measured = (done - done_at) * 1000 / (now - rate_at)
-  if depth > 0 and h[12] ~= '1' then
-    -- The first busy window since the counts began (a start, a Redis that
-    -- restarted empty, a long idle spell) may have run while the workers were
-    -- still connecting: its figure serves the deadline check, but the lane is
-    -- measured busy (and the target applies) only from the next one, which
-    -- replaces it rather than averaging with it.
-    rate = math.max(rate, measured)
-    redis.call('HSET', KEYS[2], 'primed', 1)
-  elseif depth > 0 then
-    if rate > 0 and h[13] == '1' then rate = (rate + measured) / 2 else rate = measured end
+  if depth > 0 then
+    if rate > 0 then rate = (rate + measured) / 2 else rate = measured end
     if rate < 0.01 then rate = 0 end
     busy_at = now
-    redis.call('HSET', KEYS[2], 'busy_at', now, 'measured', 1)
+    redis.call('HSET', KEYS[2], 'busy_at', now)
   elseif measured > rate then
     rate = measured
   end

@@ -56,7 +56,14 @@ if redis.call('ZREM', KEYS[9], ARGV[13]) == 1 then
   local bytes = (tonumber(redis.call('HGET', KEYS[6], 'bytes')) or 0) - tonumber(ARGV[11])
   redis.call('HSET', KEYS[6], 'bytes', math.max(bytes, 0))
 end
-redis.call('HINCRBY', KEYS[6], 'done', 1)
+local done = redis.call('HINCRBY', KEYS[6], 'done', 1)
+-- The first completion since the counts began opens admission's first
+-- measuring window (admit.lua): the workers are there by now.
+if redis.call('HEXISTS', KEYS[6], 'rate_at') == 0 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('HSET', KEYS[6], 'rate_at', now, 'done_at', done)
+end
 if tonumber(ARGV[4]) > 0 then
   redis.call('ZREM', KEYS[3], ARGV[5])
 end
