@@ -17,7 +17,7 @@ from dataservice.loadtest.findings import build_report
 from dataservice.loadtest.liveness import LivenessWatch
 from dataservice.loadtest.openloop import Adapter, OpenLoop
 from dataservice.loadtest.sampler import Sampler
-from dataservice.loadtest.stalls import StallMeter, summary
+from dataservice.loadtest.stalls import StallMeter
 
 if TYPE_CHECKING:
     from dataservice.loadtest.runner import Run
@@ -96,7 +96,7 @@ def measure(
             run.liveness = watch.report()
         run.stream.finish()
         stalls.stop()
-        run.machine_stalls = summary(stalls.stalls, t0)
+        run.machine_stalls = stalls.summary(t0)
     # The generator shares the machine with the service: its CPU goes in the report.
     run.harness_cpu_s = time.process_time() - cpu_before
     return build_report(run, loop, sampler, capacity)

@@ -15,6 +15,7 @@ more. Both processes read ``CLOCK_MONOTONIC``, one clock for the whole machine.
 from __future__ import annotations
 
 import contextlib
+import gc
 import subprocess
 import sys
 import threading
@@ -33,15 +34,56 @@ class Stall:
     seconds: float  # how much later than asked
 
 
+class HarnessPauses:
+    """The harness's own garbage collection, kept out of the callers' latency.
+
+    A full collection walks every object the process holds, with every other
+    thread waiting: in a large process (a test session's) that is a pause of
+    hundreds of milliseconds, charged to whichever calls it caught. For the
+    measured part of a run, what exists at its start is frozen (left out of
+    collections: nothing of it is garbage yet), and the collections that do
+    happen are timed (``generator.gc_pauses`` in the report).
+    """
+
+    def __init__(self) -> None:
+        self.pauses: list[float] = []
+        self._began = 0.0
+
+    def _time(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.pauses.append(time.perf_counter() - self._began)
+
+    def start(self) -> None:
+        gc.collect()
+        gc.freeze()
+        gc.callbacks.append(self._time)
+
+    def stop(self) -> None:
+        if self._time in gc.callbacks:
+            gc.callbacks.remove(self._time)
+            gc.unfreeze()
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "count": len(self.pauses),
+            "max_ms": round(max(self.pauses, default=0.0) * 1000, 1),
+        }
+
+
 class StallMeter:
-    """The sleeper process, started and stopped around the measured part of a run."""
+    """The sleeper process, started and stopped around the measured part of a
+    run, and the harness's own collections (:class:`HarnessPauses`)."""
 
     def __init__(self) -> None:
         self.stalls: list[Stall] = []
+        self.harness = HarnessPauses()
         self._process: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
 
     def start(self) -> None:
+        self.harness.start()
         self._process = subprocess.Popen(
             [sys.executable, "-m", __name__], stdout=subprocess.PIPE, text=True
         )
@@ -57,6 +99,7 @@ class StallMeter:
             self.stalls.append(Stall(float(at), float(late)))
 
     def stop(self) -> None:
+        self.harness.stop()
         if self._process is None:
             return
         self._process.terminate()
@@ -66,6 +109,9 @@ class StallMeter:
         if self._process.stdout is not None:
             self._process.stdout.close()
         self._process = None
+
+    def summary(self, t0: float) -> dict[str, Any]:
+        return {**summary(self.stalls, t0), "harness_gc": self.harness.summary()}
 
 
 def summary(stalls: list[Stall], t0: float) -> dict[str, Any]:
