@@ -59,6 +59,13 @@ class Fault(StrEnum):
         """The path a partition cuts (``redis``, ``db``), None for other faults."""
         return {Fault.PARTITION_REDIS: "redis", Fault.PARTITION_DB: "db"}.get(self)
 
+    def settles_after_s(self, read_timeout_s: float) -> float:
+        """How long after the fault begins its consequences may last, whatever
+        its end: a database partition leaves statements stuck on connections
+        nothing answers until the driver's read timeout ends them (the
+        driver takes no per-call timeout; docs/operations.md, "Faults")."""
+        return read_timeout_s if self is Fault.PARTITION_DB else 0.0
+
     def events(self, duration_s: float) -> dict[str, float]:
         """When the fault begins and ends (seconds from the run's start)."""
         begins = AT * duration_s

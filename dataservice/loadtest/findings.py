@@ -13,6 +13,7 @@ from dataservice.loadtest.openloop import OpenLoop
 from dataservice.loadtest.recovery import recovery_report
 from dataservice.loadtest.sampler import Sampler
 from dataservice.loadtest.scenarios import KILL
+from dataservice.store.engine import driver_read_timeout_s
 
 if TYPE_CHECKING:
     from dataservice.loadtest.runner import Run
@@ -96,7 +97,14 @@ def build_report(
     report["verdicts"] = _verdicts(run, report, loop, sampler, series, seconds)
     if o.fault is not None:
         report["fault"] = fault_report(
-            o.fault.value, run.events, loop.records, run.timeouts, series, seconds, o.duration_s
+            o.fault.value,
+            run.events,
+            loop.records,
+            run.timeouts,
+            series,
+            seconds,
+            o.duration_s,
+            o.fault.settles_after_s(driver_read_timeout_s(config.database)),
         )
         if run.aftermath is not None:
             report["fault"].update(run.aftermath)

@@ -60,9 +60,14 @@ def fault_report(
     series: dict[str, Any],
     seconds: int,
     duration_s: float,
+    settles_after_s: float = 0.0,
 ) -> dict[str, Any]:
-    """The fault's figures and the invariants' verdicts."""
+    """The fault's figures and the invariants' verdicts. Recovery is measured
+    from the fault's end, or from ``settles_after_s`` after its start if that
+    is later (:meth:`Fault.settles_after_s`)."""
     ended = events.get(FAULT_ENDS)
+    if ended is not None:
+        ended = max(ended, events.get(FAULT_BEGINS, 0.0) + settles_after_s)
     worst = max(records, key=lambda r: r.latency_ms - timeouts[r.lane] * 1000, default=None)
     over_ms = None if worst is None else worst.latency_ms - timeouts[worst.lane] * 1000
     recovered = None if ended is None else recovery_s(series, LaneName.INTERACTIVE, ended, seconds)
@@ -72,7 +77,8 @@ def fault_report(
     return {
         "fault": fault,
         "began_s": events.get(FAULT_BEGINS),
-        "ended_s": ended,
+        "ended_s": events.get(FAULT_ENDS),
+        "recovery_from_s": None if ended is None else round(ended, 2),
         "slowest_past_timeout_ms": None if over_ms is None else round(over_ms, 1),
         "slowest_call": None
         if worst is None

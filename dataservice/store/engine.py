@@ -51,6 +51,11 @@ def _on_checkout(dbapi_connection: Any, record: ConnectionPoolEntry, proxy: Any)
         raise DisconnectionError("connection failed its liveness check") from None
 
 
+def driver_read_timeout_s(config: DatabaseConfig) -> int:
+    """The driver's read timeout: past the longest statement timeout."""
+    return math.ceil(config.max_statement_ms / 1000) + 2
+
+
 def create_store_engine(url: str, pool_size: int, config: DatabaseConfig) -> Engine:
     """The pool of one worker process: ``pool_size`` connections and no more.
 
@@ -58,7 +63,7 @@ def create_store_engine(url: str, pool_size: int, config: DatabaseConfig) -> Eng
     it exceeds the longest statement timeout (``max_statement_ms``), so by the
     time it fires the server has already given up on the statement.
     """
-    read_timeout_s = math.ceil(config.max_statement_ms / 1000) + 2
+    read_timeout_s = driver_read_timeout_s(config)
     engine = create_engine(
         url,
         pool_size=pool_size,
