@@ -119,7 +119,9 @@ def test_retries_are_bounded_jittered_and_stop_at_the_deadline(
         gaps = [b - a for a, b in itertools.pairwise(published)]
         # Each wait is at least the retry-after the worker sent, plus a random share.
         assert all(gap >= caught.value.retry_after for gap in gaps), gaps
-        assert len({round(g, 3) for g in gaps}) == len(gaps), gaps
+        # Jittered: the waits differ (two of three once matched to the
+        # millisecond, which a random share can do; all three hardly can).
+        assert max(gaps) - min(gaps) > 0.001, gaps
         assert time.monotonic() - started < 10
 
         # Little time: the deadline runs out first, whatever the attempts allow.
