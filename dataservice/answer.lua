@@ -14,25 +14,13 @@
 -- ARGV[6]  the request's member there: '<request id>:<bytes>'
 --
 -- Returns 1.
+--#include limits/complete.lua
 
 if ARGV[1] ~= '' then
   redis.call('RPUSH', KEYS[1], ARGV[1])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
--- Its bytes go back only if it is still held: not if admission already let
--- it lapse, nor if it was admitted by a Redis that has since restarted empty.
-if redis.call('ZREM', KEYS[6], ARGV[6]) == 1 then
-  local bytes = (tonumber(redis.call('HGET', KEYS[2], 'bytes')) or 0) - tonumber(ARGV[3])
-  redis.call('HSET', KEYS[2], 'bytes', math.max(bytes, 0))
-end
-local done = redis.call('HINCRBY', KEYS[2], 'done', 1)
--- The first completion since the counts began opens admission's first
--- measuring window (admit.lua): the workers are there by now.
-if redis.call('HEXISTS', KEYS[2], 'rate_at') == 0 then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('HSET', KEYS[2], 'rate_at', now, 'done_at', done)
-end
+complete(KEYS[2], KEYS[6], ARGV[6], ARGV[3])
 if ARGV[4] ~= '' then
   redis.call('ZREM', KEYS[3], ARGV[4])
 end

@@ -129,6 +129,11 @@ def held_member(request_id: str, size: int) -> str:
     return f"{request_id}:{size}"
 
 
+def held_size(member: str) -> int:
+    """The bytes a :func:`held_member` counts."""
+    return int(member.rsplit(":", 1)[1])
+
+
 def lane_admissions(config: Config) -> dict[str, dict[str, Any]]:
     """Admission bounds by queue name, as plain data: they travel in the broker's
     transport options, which Celery reports (as JSON) to monitoring tools."""

@@ -67,7 +67,7 @@
 local depth = redis.call('LLEN', KEYS[1])
 local service_field = ARGV[8] ~= '' and ARGV[8] or 'service:'
 local h = redis.call('HMGET', KEYS[2], 'bytes', 'done', 'rate', 'rate_at', 'done_at',
-  'service_at', service_field, 'empty_at', 'shedding', 'admitted', 'busy_at')
+  'service_at', service_field, 'empty_at', 'shedding', 'busy_at')
 -- Workers only subtract; a negative balance (a completion counted twice after
 -- a redelivery) must not become room beyond the bound.
 local bytes = math.max(tonumber(h[1]) or 0, 0)
@@ -113,7 +113,7 @@ local waiting = math.max(depth, ahead - running)
 -- The rate says what the lane drains only if it was measured busy lately; a
 -- lane idle until a burst knows only a floor, and its burst may queue up to
 -- its deadline (the deadline check still applies).
-local busy_at = tonumber(h[11]) or 0
+local busy_at = tonumber(h[10]) or 0
 local empty_at = tonumber(h[8])
 local shedding = h[9] == '1'
 if waiting < 1 or empty_at == nil then

@@ -22,6 +22,7 @@
 -- request goes on to the database, holding its slot).
 --#include gcra.lua
 --#include gate_enter.lua
+--#include complete.lua
 
 local reason, retry_ms = gate_enter()
 if reason ~= '' then
@@ -50,20 +51,7 @@ local record = string.sub(entry, colon + 1)
 local read = '\10' .. varint(#record) .. record
 redis.call('RPUSH', KEYS[5], ARGV[9] .. '\82' .. varint(#read) .. read)
 redis.call('PEXPIRE', KEYS[5], ARGV[10])
--- Its bytes go back only if it is still held: not if admission already let
--- it lapse, nor if it was admitted by a Redis that has since restarted empty.
-if redis.call('ZREM', KEYS[9], ARGV[13]) == 1 then
-  local bytes = (tonumber(redis.call('HGET', KEYS[6], 'bytes')) or 0) - tonumber(ARGV[11])
-  redis.call('HSET', KEYS[6], 'bytes', math.max(bytes, 0))
-end
-local done = redis.call('HINCRBY', KEYS[6], 'done', 1)
--- The first completion since the counts began opens admission's first
--- measuring window (admit.lua): the workers are there by now.
-if redis.call('HEXISTS', KEYS[6], 'rate_at') == 0 then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('HSET', KEYS[6], 'rate_at', now, 'done_at', done)
-end
+complete(KEYS[6], KEYS[9], ARGV[13], ARGV[11])
 if tonumber(ARGV[4]) > 0 then
   redis.call('ZREM', KEYS[3], ARGV[5])
 end

@@ -29,7 +29,7 @@ from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.errors import DataServiceError
 from dataservice.keys import admission_key, held_key, inflight_key
-from dataservice.limits.admission import HELD_GRACE_MS
+from dataservice.limits.admission import HELD_GRACE_MS, held_size
 from dataservice.loadtest import environment as env
 from dataservice.loadtest.ledger import check, revisions
 from dataservice.loadtest.openloop import RequestRecord
@@ -56,7 +56,7 @@ def for_run(run: Run) -> Aftermath | None:
 
 
 class Aftermath:
-    """The revisions before the load; :meth:`close` makes both checks after it."""
+    """The revisions before the load; :meth:`close` makes the checks after it."""
 
     def __init__(
         self, database_url: str, scope: str, settings: Settings, config: Config, settle_s: float
@@ -122,7 +122,7 @@ def _counts(client: redis.Redis, queue: str) -> dict[str, int]:
         m.decode() if isinstance(m, bytes) else str(m)
         for m in client.zrangebyscore(held_key(queue), "-inf", now_ms)
     ]
-    lapsed_bytes = sum(int(m.rsplit(":", 1)[1]) for m in lapsed)
+    lapsed_bytes = sum(held_size(m) for m in lapsed)
     return {
         "depth": int(client.llen(queue)),
         "held": int(client.zcount(held_key(queue), f"({now_ms}", "+inf")),

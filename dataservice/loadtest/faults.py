@@ -30,6 +30,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from dataservice.errors import ServiceSetupError
+from dataservice.loadtest.environment import LOCAL_HOSTS
 from dataservice.localservices import PrivateMariaDB, PrivateRedis, free_port
 from dataservice.localservices.netns import NetworkNamespace
 from dataservice.settings import Settings
@@ -136,7 +137,7 @@ class PrivateServers:
     def database_hosts(self) -> tuple[str, ...]:
         """The hosts a database user connects from: the replicas' address too in a partition."""
         if self.netns is None:
-            return ("localhost", "127.0.0.1")
+            return LOCAL_HOSTS
         return (self.netns.host("db"), self.netns.peer("db"))
 
     def worker_prefix(self) -> list[str]:

@@ -189,7 +189,7 @@ class Run:
         o = self.o
         env.flush_redis(self.target.redis_url)
         with self.console.status(f"{o.system}: preparing {self.target.database}"):
-            hosts = env.LOCAL_HOSTS if self.servers is None else self.servers.database_hosts()
+            hosts = self.servers.database_hosts() if self.servers else env.LOCAL_HOSTS
             ids = env.prepare_database(self.target, self.config, o.records, o.root_url, hosts)
             if self.slow_down is not None:
                 self.slow_down.create()

@@ -1,0 +1,25 @@
+-- A request leaving its lane, as admission counts it: shared by answer.lua and
+-- hit.lua, not a script of its own (dataservice/limits/scripts.py puts it where
+-- a script says `--#include complete.lua`).
+--
+-- complete(admission, held, member, size)
+--   admission  the lane's admission hash: ds:admission:<lane queue> (admit.lua)
+--   held       the lane's held requests: ds:admission:<lane queue>:held
+--   member     the request's member there: '<request id>:<bytes>'
+--   size       the envelope bytes admission counted for it
+local function complete(admission, held, member, size)
+  -- Its bytes go back only if it is still held: not if admission already let
+  -- it lapse, nor if it was admitted by a Redis that has since restarted empty.
+  if redis.call('ZREM', held, member) == 1 then
+    local bytes = (tonumber(redis.call('HGET', admission, 'bytes')) or 0) - tonumber(size)
+    redis.call('HSET', admission, 'bytes', math.max(bytes, 0))
+  end
+  local done = redis.call('HINCRBY', admission, 'done', 1)
+  -- The first completion since the counts began opens admission's first
+  -- measuring window (admit.lua): the workers are there by now.
+  if redis.call('HEXISTS', admission, 'rate_at') == 0 then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    redis.call('HSET', admission, 'rate_at', now, 'done_at', done)
+  end
+end
