@@ -39,6 +39,10 @@ key                                    what it holds
 ``ds:cache:rollout``                   a hash: the rollout controls (``dataservice cache``)
 ``ds:cache:audit``                     a stream: every change to the controls, who and
                                        what before and after
+``ds:cache:shadow``                    a hash: shadow comparisons by what a cached record
+                                       was compared with and the outcome
+                                       (``database:match``, ...), summed over the replicas
+                                       since the control last changed
 ``changes``                            the change consumer's own queue: nothing is sent
                                        to it; it makes the consumer a worker node
 ``ds:changes:lease``                   the active change consumer's fencing token,
@@ -81,6 +85,7 @@ CACHE_PREFIX = "ds:cache:"
 FENCE_KEY = CACHE_PREFIX + "fence"
 ROLLOUT_KEY = CACHE_PREFIX + "rollout"
 AUDIT_KEY = CACHE_PREFIX + "audit"
+SHADOW_KEY = CACHE_PREFIX + "shadow"
 CHANGES_QUEUE = "changes"
 CHANGES_PREFIX = "ds:changes:"
 CHANGES_LEASE_KEY = CHANGES_PREFIX + "lease"

@@ -126,7 +126,7 @@ def test_a_change_persists_and_every_replica_sees_it_within_the_max_age(
 
     change = controls.change("alice", fill=frozenset(), read=V1, percent=25, bypass=True)
     assert change.before.source == "defaults"
-    assert change.after == Rollout(frozenset(), V1, 25, True, 1, 0, "redis")
+    assert change.after == Rollout(frozenset(), V1, 25, True, 0, 1, 0, "redis")
     # The replica that made the change acts on it at once.
     assert controls.current() == change.after
     other_clock.advance_ms(config.cache.controls_max_age_ms)
@@ -277,7 +277,7 @@ def test_current_reads_redis_at_most_once_per_max_age(
 
 
 def _rollout(percent: int, *, read: CacheFormat | None = V2, bypass: bool = False) -> Rollout:
-    return Rollout(BOTH, read, percent, bypass, 1, 0, "redis")
+    return Rollout(BOTH, read, percent, bypass, 0, 1, 0, "redis")
 
 
 def test_a_request_id_gets_the_same_answer_on_every_replica() -> None:
@@ -336,7 +336,7 @@ def test_each_command_prints_before_after_and_who(
         assert code == 0, err
         assert out.strip() == f"{printed} (by {who})"
     assert controls.fetch() == Rollout(
-        BOTH, V1, 25, False, 2, controls.fetch().rotated_at_ms, "redis"
+        BOTH, V1, 25, False, 0, 2, controls.fetch().rotated_at_ms, "redis"
     )
     assert {entry.who for entry in controls.history()} == {who}
 
@@ -361,7 +361,7 @@ def test_status_shows_the_values_their_source_and_warns_of_an_unfilled_read(
     assert code == 0, err
     status = json.loads(out)
     assert status["controls"] == {
-        "fill": ["v1"], "read": "v2", "percent": 100, "bypass": False,
+        "fill": ["v1"], "read": "v2", "percent": 100, "bypass": False, "shadow": 0,
         "generation": 1, "rotated_at_ms": 0, "source": "redis",
     }  # fmt: skip
     assert len(status["warnings"]) == 1

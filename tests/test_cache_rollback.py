@@ -206,7 +206,7 @@ def test_the_rollback_sequence_hides_every_entry_and_the_cache_fills_again_after
     assert result.exit_code == 0, result.output
     status = json.loads(result.stdout)
     assert status["controls"] == {
-        "fill": ["v1", "v2"], "read": "v2", "percent": 100, "bypass": False,
+        "fill": ["v1", "v2"], "read": "v2", "percent": 100, "bypass": False, "shadow": 0,
         "generation": 2, "rotated_at_ms": rotated_at_ms, "source": "redis",
     }  # fmt: skip
     assert status["warnings"] == []

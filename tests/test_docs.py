@@ -17,6 +17,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 from dataservice import identifiers, keys
+from dataservice.cache.shadow import Outcome as ShadowOutcome
 from dataservice.changes.behind import EVENTS_CAP
 from dataservice.codec.requests import MAX_CURSOR_CHARS
 from dataservice.enums import StatusCode
@@ -33,6 +34,7 @@ PROTOCOL = ROOT / "docs" / "protocol.md"
 OPERATIONS = ROOT / "docs" / "operations.md"
 LOADTEST = ROOT / "docs" / "loadtest.md"
 CHANGES = ROOT / "docs" / "changes.md"
+CACHE = ROOT / "docs" / "cache.md"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "compose" / "README.md"]
 
 REASONS = {reason.value for reason in Reason}
@@ -267,6 +269,11 @@ def test_metrics_table_names_every_metric_the_service_exports() -> None:
     )
     unknown = {name: where for name, where in rows.items() if name not in exported}
     assert not unknown, f"operations.md names metrics the service does not export: {unknown}"
+
+
+def test_the_shadow_outcome_table_is_the_comparisons_outcomes() -> None:
+    rows = table(CACHE, "outcome", "means").rows
+    assert [_unquote(row["outcome"]) for row in rows] == [o.value for o in ShadowOutcome]
 
 
 def test_the_change_stream_docs_state_the_cap_on_events_behind() -> None:

@@ -8,7 +8,7 @@ acknowledging the message in the answer's own transaction.
 
 from __future__ import annotations
 
-from dataservice.cache.source import CachedSource
+from dataservice.cache.source import CachedSource, Peeking
 from dataservice.enums import CacheFormat, ReadMode
 from dataservice.limits.gate import Peek
 from dataservice.observe import trace as tracing
@@ -81,12 +81,12 @@ class InlineReads:
         if not isinstance(admitted, Admitted):
             return self._answered(message, admitted, body)
         if admitted.peeked.answered and target is not None:
-            source.peeked_answered(target[0])
+            source.peeked_answered(target)
             self._handler.answered_by_gate(admitted)
             return Outcome.ANSWERED_AND_ACKED
         record = None
         if target is not None and admitted.peeked.looked:
-            record = source.peeked(target[0], admitted.peeked.value)
+            record = source.peeked(target, admitted.peeked.value)
         if record is None:
             return self._declined(admitted)
         result = pb.ResponseEnvelope(read=pb.ReadRecordResponse(record=record))
@@ -102,7 +102,7 @@ class InlineReads:
         self,
         message: InlineMessage,
         opened: Opened,
-        target: tuple[CacheFormat, str] | None,
+        target: Peeking | None,
         body: object,
     ) -> Peek | None:
         """What the gate reads once the request is admitted, in its own round
@@ -110,8 +110,10 @@ class InlineReads:
         and everything lives on one Redis, the whole answer (``hit.lua``)."""
         if target is None:
             return None
-        fmt, key = target
-        if fmt is not CacheFormat.V2 or not self._ack_with_answers or not self._one_redis:
+        fmt, key = target.fmt, target.key
+        # A hit to be compared is answered here, so that its entry comes back.
+        whole = fmt is CacheFormat.V2 and self._ack_with_answers and self._one_redis
+        if not whole or target.compared:
             return Peek(key, fmt=fmt)
         answer = self._answers.in_gate(
             opened.envelope.caller,

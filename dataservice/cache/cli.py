@@ -23,6 +23,7 @@ from redis.retry import Retry
 from dataservice.cache.controls import RolloutControls
 from dataservice.cache.guard import stream_status
 from dataservice.cache.rollout import AuditEntry, Change, Rollout, parse_format, parse_formats
+from dataservice.cache.shadow import describe_counts, read_counts
 from dataservice.changes.behind import describe_events, describe_lag
 from dataservice.errors import DataServiceError, InvalidControl
 from dataservice.keys import CHANGES_FRESH_KEY, ROLLOUT_KEY
@@ -132,6 +133,7 @@ def _as_json(rollout: Rollout) -> dict[str, object]:
         "read": rollout.read.value if rollout.read is not None else None,
         "percent": rollout.percent,
         "bypass": rollout.bypass,
+        "shadow": rollout.shadow,
         "generation": rollout.generation,
         "rotated_at_ms": rollout.rotated_at_ms,
         "source": rollout.source,
@@ -159,6 +161,7 @@ def status(
         entries = controls.history(HISTORY)
         stream = stream_status(controls.client)
         fresh = bool(controls.client.exists(CHANGES_FRESH_KEY))
+        counts = read_counts(controls.client)
     guard = _guard(stream, fresh)
     warnings = _warnings(rollout)
     if as_json:
@@ -167,6 +170,7 @@ def status(
             "change_stream": stream,
             "freshness_guard": guard,
             "warnings": warnings,
+            "shadow": {"percent": rollout.shadow, "counts": counts},
             "history": [_entry_as_json(entry) for entry in entries],
         }
         typer.echo(json.dumps(document, indent=2))
@@ -183,6 +187,12 @@ def status(
     if rollout.bypass:
         typer.echo("  bypass is on: reads go to the database; no cache reads, no fills")
     typer.echo(f"freshness guard: {guard}")
+    if rollout.shadow or counts:
+        typer.echo(
+            f"shadow comparisons ({rollout.shadow} % of hits; since the control last changed):"
+        )
+        for line in describe_counts(counts):
+            typer.echo(f"  {line}")
     for warning in warnings:
         typer.echo(f"warning: {warning}", err=True)
     typer.echo(f"last {HISTORY} changes, newest first:" if entries else "no changes yet")
@@ -226,6 +236,18 @@ def bypass(
     who = _who()
     with _controls() as controls:
         _report(controls.change(who, bypass=switch is Switch.ON), who)
+
+
+@app.command("shadow")
+def shadow(
+    percent: int = typer.Argument(
+        ..., metavar="0|1|10|25|50|75|100", help="Of ALLOW_CACHED hits; 0: none."
+    ),
+) -> None:
+    """Compare this share of cache hits with the database (and the other format)."""
+    who = _who()
+    with _controls() as controls:
+        _report(controls.change(who, shadow=percent), who)
 
 
 @app.command("rotate")

@@ -29,12 +29,23 @@ class RolloutConfig(FrozenModel):
     fill: Annotated[frozenset[_Format], Field(strict=False)]
     read: _Format | None
     percent: Literal[1, 10, 25, 50, 75, 100]
+    # Of ALLOW_CACHED hits, also compared with the database (0: none).
+    shadow: Literal[0, 1, 10, 25, 50, 75, 100]
 
     @model_validator(mode="after")
     def _read_what_is_filled(self) -> RolloutConfig:
         if self.read is not None and self.read not in self.fill:
             raise ValueError(f"cache.rollout.read ({self.read}) is not among the filled formats")
         return self
+
+
+class ShadowConfig(FrozenModel):
+    """What shadow comparisons may cost a replica (``docs/cache.md``)."""
+
+    # Comparisons running at once per lane and replica; a hit sampled beyond it is skipped.
+    max_inflight: Annotated[int, Field(gt=0, le=64)]
+    # A comparison's database read is stopped after this long.
+    timeout_ms: Annotated[int, Field(ge=10, le=5_000)]
 
 
 class CacheConfig(FrozenModel):
@@ -52,3 +63,4 @@ class CacheConfig(FrozenModel):
     controls_max_age_ms: Annotated[int, Field(gt=0, le=5_000)]
     breaker: BreakerConfig
     rollout: RolloutConfig
+    shadow: ShadowConfig

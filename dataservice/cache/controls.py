@@ -30,6 +30,7 @@ from dataservice.cache.rollout import (
     audit_entry,
     check_format,
     check_percent,
+    check_shadow,
     decoded,
     decoded_pairs,
     from_hash,
@@ -38,7 +39,7 @@ from dataservice.cache.rollout import (
 )
 from dataservice.enums import CacheFormat
 from dataservice.errors import DataServiceError, InvalidControl, ServiceSetupError
-from dataservice.keys import AUDIT_KEY, ROLLOUT_KEY
+from dataservice.keys import AUDIT_KEY, ROLLOUT_KEY, SHADOW_KEY
 from dataservice.limits.scripts import LuaScript
 
 # Rollout, Change and AuditEntry are part of this module's API, as its callers use them.
@@ -82,6 +83,7 @@ class RolloutControls:
             read=rollout.read,
             percent=rollout.percent,
             bypass=False,
+            shadow=rollout.shadow,
             generation=1,
             rotated_at_ms=0,
             source="defaults",
@@ -126,6 +128,7 @@ class RolloutControls:
         read: CacheFormat | Unchanged | None = UNCHANGED,
         percent: int | None = None,
         bypass: bool | None = None,
+        shadow: int | None = None,
     ) -> Change:
         """Set the controls given (the others keep their values), in one step
         that also records it. A bad value raises :class:`InvalidControl` and
@@ -139,6 +142,8 @@ class RolloutControls:
             pairs += ["percent", str(check_percent(percent))]
         if bypass is not None:
             pairs += ["bypass", "1" if bypass else "0"]
+        if shadow is not None:
+            pairs += ["shadow", str(check_shadow(shadow))]
         if not pairs:
             raise InvalidControl("no rollout control to change")
         return self._apply(who, "change", pairs)
@@ -161,8 +166,10 @@ class RolloutControls:
             raise InvalidControl("a change must name who makes it")
         defaults = to_hash(self.defaults)
         args = [who, action, AUDIT_MAXLEN, defaults["fill"], defaults["read"], defaults["percent"]]
+        args.append(defaults["shadow"])
+        keys = [ROLLOUT_KEY, AUDIT_KEY, SHADOW_KEY]
         try:
-            before, after = _SCRIPT(self._client, [ROLLOUT_KEY, AUDIT_KEY], [*args, *pairs])
+            before, after = _SCRIPT(self._client, keys, [*args, *pairs])
         except redis.RedisError as exc:
             raise _unreachable(exc) from None
         change = Change(from_hash(decoded_pairs(before)), from_hash(decoded_pairs(after)))

@@ -20,6 +20,10 @@ from dataservice.keys import AUDIT_KEY, ROLLOUT_KEY
 
 # queues.yml's own choices, so the defaults and a change accept the same percentages.
 PERCENTS: tuple[int, ...] = get_args(RolloutConfig.model_fields["percent"].annotation)
+SHADOW_PERCENTS: tuple[int, ...] = get_args(RolloutConfig.model_fields["shadow"].annotation)
+# Picks the compared hits apart from the cached reads' percentage: the CRC-32
+# of the request id, started from another value.
+_SHADOW_SEED = 0x5AD0
 NONE = "none"
 
 Source = Literal["redis", "defaults"]
@@ -33,6 +37,7 @@ class Rollout:
     read: CacheFormat | None  # the format ALLOW_CACHED reads look in; None: none
     percent: int  # of ALLOW_CACHED reads that look in the cache (PERCENTS)
     bypass: bool  # reads go to the database: no cache reads, no fills
+    shadow: int  # of ALLOW_CACHED hits also compared with the database (SHADOW_PERCENTS)
     generation: int  # the namespace generation (>= 1); rotating it orphans every entry
     rotated_at_ms: int  # Unix ms of the last rotation, 0 if never
     source: Source  # "redis", or "defaults": queues.yml, nothing in Redis yet
@@ -49,6 +54,12 @@ class Rollout:
         if zlib.crc32(request_id.encode()) % 100 >= self.read_percent:
             return None
         return self.read
+
+    def shadowed(self, request_id: str) -> bool:
+        """Whether this request's hit is also compared (``docs/cache.md``,
+        "Shadow comparisons"): the same answer on every replica, and not tied
+        to whether the request reads the cache at all."""
+        return zlib.crc32(request_id.encode(), _SHADOW_SEED) % 100 < self.shadow
 
     def fill_formats(self) -> frozenset[CacheFormat]:
         """Formats to fill: none under bypass."""
@@ -67,6 +78,7 @@ class Rollout:
             "read": self.read.value if self.read is not None else NONE,
             "percent": str(self.percent),
             "bypass": "on" if self.bypass else "off",
+            "shadow": str(self.shadow),
             "generation": str(self.generation),
         }
 
@@ -117,6 +129,13 @@ def check_percent(percent: int) -> int:
     return percent
 
 
+def check_shadow(percent: int) -> int:
+    if isinstance(percent, bool) or percent not in SHADOW_PERCENTS:
+        known = ", ".join(map(str, SHADOW_PERCENTS))
+        raise InvalidControl(f"shadow: {percent!r} is not one of {known}")
+    return percent
+
+
 def joined(formats: frozenset[CacheFormat]) -> str:
     return ",".join(sorted(f.value for f in formats))
 
@@ -136,6 +155,7 @@ def to_hash(rollout: Rollout) -> dict[str, str]:
         "read": rollout.read.value if rollout.read is not None else "",
         "percent": str(rollout.percent),
         "bypass": "1" if rollout.bypass else "0",
+        "shadow": str(rollout.shadow),
         "generation": str(rollout.generation),
         "rotated_at_ms": str(rollout.rotated_at_ms),
     }
@@ -147,13 +167,18 @@ def from_hash(fields: Mapping[str, str], where: str = ROLLOUT_KEY) -> Rollout:
     try:
         percent = int(fields["percent"])
         generation = int(fields["generation"])
+        # Controls (and audit entries) written before the control existed lack it.
+        shadow = int(fields.get("shadow", "0"))
         if percent not in PERCENTS or generation < 1 or fields["bypass"] not in ("0", "1"):
+            raise ValueError
+        if shadow not in SHADOW_PERCENTS:
             raise ValueError
         return Rollout(
             fill=frozenset(check_format(f, "fill") for f in fields["fill"].split(",") if f),
             read=check_format(fields["read"], "read") if fields["read"] else None,
             percent=percent,
             bypass=fields["bypass"] == "1",
+            shadow=shadow,
             generation=generation,
             rotated_at_ms=int(fields["rotated_at_ms"]),
             source="redis" if fields["source"] == "redis" else "defaults",

@@ -8,6 +8,7 @@ from redis.retry import Retry
 
 from dataservice.cache.controls import RolloutControls
 from dataservice.cache.guard import FreshnessGuard
+from dataservice.cache.shadow import ShadowComparisons
 from dataservice.cache.source import CachedSource
 from dataservice.cache.store import CacheStore
 from dataservice.config import Config
@@ -42,7 +43,8 @@ class CacheRuntime:
             settings.redis_url,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
-            max_connections=threads + 2,
+            # The shadow comparisons' threads read and count here too.
+            max_connections=threads + cache.shadow.max_inflight + 2,
             retry=Retry(NoBackoff(), 0),
         )
         self._waits = redis.Redis.from_url(
@@ -62,8 +64,11 @@ class CacheRuntime:
             # Asked when scraped too (at most once per max age), so that a
             # replica serving no cached read still says what it would do.
             FRESHNESS_GUARD.labels(lane).set_function(lambda: int(not checked.allows_cache()))
+        shadow = ShadowComparisons(
+            cache.shadow, database.permits, store, self.store, self._client, lane
+        )
         self.source = CachedSource(
-            database, store, self.store, self.controls, cache, lane, guard=guard
+            database, store, self.store, self.controls, cache, lane, shadow, guard=guard
         )
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from dataservice.cache.breaker import Breaker, BreakerState, CacheDown, Guard
 from dataservice.cache.coalesce import Coalescer, FollowerTimedOut, LeaderFailed
@@ -24,6 +25,7 @@ from dataservice.cache.config import CacheConfig
 from dataservice.cache.controls import RolloutControls
 from dataservice.cache.guard import FreshnessGuard
 from dataservice.cache.replicas import ANSWER_MARGIN_MS, ReplicaCoalescing
+from dataservice.cache.shadow import ShadowComparisons
 from dataservice.cache.store import CacheStore, decode_entry
 from dataservice.codec import record_to_pb
 from dataservice.enums import CacheFormat, OperationClass, ReadMode
@@ -40,6 +42,24 @@ from dataservice.worker.failures import CoalescedWaitExpired
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class Peeking:
+    """The cache entry the gate reads for an admitted read (``peek_key``)."""
+
+    fmt: CacheFormat
+    key: str
+    scope: str
+    object_id: str
+    request_id: str
+    # A hit to be compared (docs/cache.md, "Shadow comparisons"): the worker
+    # must see its entry, so the gate's script must not answer it whole.
+    compared: bool
+
+    @property
+    def record_of(self) -> tuple[str, str]:
+        return self.scope, self.object_id
+
+
 class CachedSource:
     """A lane's reads, through the cache (one per worker process)."""
 
@@ -51,6 +71,7 @@ class CachedSource:
         controls: RolloutControls,
         config: CacheConfig,
         lane: str,
+        shadow: ShadowComparisons,
         clock: Callable[[], int] = now_ms,
         guard: FreshnessGuard | None = None,
     ) -> None:
@@ -61,6 +82,7 @@ class CachedSource:
         self._lane = lane
         self._clock = clock
         self._guard_freshness = guard
+        self._shadow = shadow
         self._ttl_ms = config.ttl_s * 1000
         self._coalesce = config.coalesce
         self.breaker = Breaker(config.breaker, on_change=BREAKER.labels(lane).set)
@@ -74,7 +96,7 @@ class CachedSource:
 
     def peek_key(
         self, scope: str, object_id: str, mode: ReadMode, request_id: str
-    ) -> tuple[CacheFormat, str] | None:
+    ) -> Peeking | None:
         """The entry an admitted read would look at first, for the gate to
         read in the same round trip; None when the read skips the cache."""
         # Only a closed breaker: a half-open one's single probe belongs to a
@@ -85,19 +107,22 @@ class CachedSource:
         fmt = rollout.read_format(request_id) if self._fresh() else None
         if fmt is None:
             return None
-        return fmt, record_key(fmt.value, scope, object_id, rollout.generation)
+        key = record_key(fmt.value, scope, object_id, rollout.generation)
+        return Peeking(fmt, key, scope, object_id, request_id, rollout.shadowed(request_id))
 
-    def peeked(self, fmt: CacheFormat, value: bytes | None) -> pb.Record | None:
+    def peeked(self, target: Peeking, value: bytes | None) -> pb.Record | None:
         """The record in an entry the gate read, or None (a miss, or an entry
         that does not decode: the full read looks again)."""
-        record = decode_entry(fmt, value) if value is not None else None
+        record = decode_entry(target.fmt, value) if value is not None else None
         if record is not None:
-            CACHE_READS.labels(self._lane, fmt.value, "hit").inc()
+            CACHE_READS.labels(self._lane, target.fmt.value, "hit").inc()
+            rollout = self._controls.current()
+            self._shadow.offer(rollout, target.fmt, *target.record_of, record, target.request_id)
         return record
 
-    def peeked_answered(self, fmt: CacheFormat) -> None:
+    def peeked_answered(self, target: Peeking) -> None:
         """A hit the gate's script answered itself."""
-        CACHE_READS.labels(self._lane, fmt.value, "hit").inc()
+        CACHE_READS.labels(self._lane, target.fmt.value, "hit").inc()
 
     def read(
         self, scope: str, object_id: str, mode: ReadMode, deadline_ms: int, request_id: str
@@ -113,6 +138,7 @@ class CachedSource:
                 fmt = None
             else:
                 if record is not None:
+                    self._shadow.offer(rollout, fmt, scope, object_id, record, request_id)
                     return record
                 CACHE_READS.labels(self._lane, fmt.value, "miss").inc()
         key = (scope, object_id)
@@ -169,15 +195,8 @@ class CachedSource:
         misses of ``key``; a follower whose leader failed tries again itself."""
         if not self._coalesce:
             return read(*args, deadline_ms)
-        while True:
-            wait_ms = deadline_ms - self._clock() - ANSWER_MARGIN_MS
-            try:
-                return self._coalescer.run(key, lambda: read(*args, deadline_ms), wait_ms / 1000)
-            except FollowerTimedOut:
-                raise CoalescedWaitExpired from None
-            except LeaderFailed:
-                if deadline_ms - self._clock() <= ANSWER_MARGIN_MS:
-                    raise CoalescedWaitExpired from None
+        shared = self._coalescer
+        return _shared(shared, self._clock, key, deadline_ms, lambda: read(*args, deadline_ms))
 
     def _database_read(self, scope: str, object_id: str, deadline_ms: int) -> pb.Record | None:
         record = self._database.run(
@@ -190,3 +209,22 @@ class CachedSource:
     def _failed(self, exc: Exception) -> None:
         DEPENDENCY_FAILURES.labels(self._lane, Dependency.CACHE.value).inc()
         log.warning("cache: %s", type(exc).__name__)
+
+
+def _shared(
+    coalescer: Coalescer[pb.Record | None],
+    clock: Callable[[], int],
+    key: tuple[str, str],
+    deadline_ms: int,
+    read: Callable[[], pb.Record | None],
+) -> pb.Record | None:
+    """``read()`` through ``coalescer``; a follower whose leader failed tries again itself."""
+    while True:
+        wait_ms = deadline_ms - clock() - ANSWER_MARGIN_MS
+        try:
+            return coalescer.run(key, read, wait_ms / 1000)
+        except FollowerTimedOut:
+            raise CoalescedWaitExpired from None
+        except LeaderFailed:
+            if deadline_ms - clock() <= ANSWER_MARGIN_MS:
+                raise CoalescedWaitExpired from None

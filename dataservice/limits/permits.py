@@ -82,20 +82,46 @@ class LanePermits:
                 self._refuse(started)
             tracing.record(Stage.PERMIT_WAIT, time.monotonic() - started)
             try:
-                permit = Permit(op_class)
-                with self._lock:
-                    self._acquired += 1
-                    self._holders[id(permit)] = permit
-                try:
+                with self._held(op_class) as permit:
                     yield permit
-                finally:
-                    with self._lock:
-                        del self._holders[id(permit)]
-                        self._released += 1
             finally:
                 self._lane.release()
         finally:
             class_slot.release()
+
+    @contextmanager
+    def try_acquire(self, op_class: OperationClass) -> Iterator[Permit | None]:
+        """Hold a permit of ``op_class`` for the block if one is free now, else
+        None. Not waiting for one, it is not a refusal either: for work that is
+        skipped when the lane is busy (shadow comparisons), never queued."""
+        class_slot = self._classes[op_class]
+        if not class_slot.acquire(blocking=False):
+            yield None
+            return
+        try:
+            if not self._lane.acquire(blocking=False):
+                yield None
+                return
+            try:
+                with self._held(op_class) as permit:
+                    yield permit
+            finally:
+                self._lane.release()
+        finally:
+            class_slot.release()
+
+    @contextmanager
+    def _held(self, op_class: OperationClass) -> Iterator[Permit]:
+        permit = Permit(op_class)
+        with self._lock:
+            self._acquired += 1
+            self._holders[id(permit)] = permit
+        try:
+            yield permit
+        finally:
+            with self._lock:
+                del self._holders[id(permit)]
+                self._released += 1
 
     def _refuse(self, started: float) -> None:
         # A refused wait is a wait too: it is what saturation looks like.

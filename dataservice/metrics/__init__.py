@@ -24,6 +24,8 @@ from dataservice.metrics.cache import (
     CACHE_READS,
     COALESCED,
     FRESHNESS_GUARD,
+    SHADOW,
+    SHADOW_DATABASE_SECONDS,
     TAKEOVERS,
 )
 from dataservice.metrics.changes import (
@@ -83,6 +85,8 @@ __all__ = [
     "REJECTIONS",
     "REQUESTS",
     "REQUEST_SECONDS",
+    "SHADOW",
+    "SHADOW_DATABASE_SECONDS",
     "STAGE_SECONDS",
     "TAKEOVERS",
     "TIMEOUTS",

@@ -1,4 +1,5 @@
-"""The read cache's metrics: lookups, fills, coalescing, the breaker and the guard."""
+"""The read cache's metrics: lookups, fills, coalescing, the breaker, the guard and
+shadow comparisons."""
 
 from __future__ import annotations
 
@@ -39,6 +40,18 @@ BREAKER = Gauge(
 FRESHNESS_GUARD = Gauge(
     "dataservice_freshness_guard",
     "1 while ALLOW_CACHED reads bypass the cache because the change stream lags or is gone.",
+    ["lane"],
+    registry=REGISTRY,
+)
+SHADOW = Counter(
+    "dataservice_cache_shadow",
+    "Shadow comparisons of cached records, by what they were compared with and the outcome.",
+    ["lane", "against", "outcome"],
+    registry=REGISTRY,
+)
+SHADOW_DATABASE_SECONDS = Counter(
+    "dataservice_cache_shadow_database_seconds",
+    "Time shadow comparisons held a permit reading the database.",
     ["lane"],
     registry=REGISTRY,
 )
