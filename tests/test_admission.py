@@ -326,6 +326,33 @@ def test_a_standing_queue_is_held_to_its_target_wait_and_a_burst_is_not(
     assert int(broker.hget(key, "offered") or 0) == 20 + 1 + 1 + 1 + 2
 
 
+def test_at_the_capacity_a_standing_queue_past_its_target_is_left_to_the_deadline(
+    targeted: tuple[Settings, Config, redis.Redis],
+) -> None:
+    """The standing queue of the test above, but no more arriving than the lane
+    drains: what an overload left behind at the capacity neither grows nor
+    drains, and only the deadline bounds it."""
+    settings, config, broker = targeted
+    key = admission_key(config.lanes.batch.queue)
+    with Client("tests", settings, config) as client:
+        client.submit_many([ReadOp("s", f"k{n}") for n in range(20)], timeout=600)
+        now = _deadline(0)
+        # 20 ahead at 10 a second (2 s, four times the target), standing for a
+        # second; 4 arrivals decayed over 500 ms, 5 with the next: 10 a second.
+        standing = {"rate": 10, "rate_at": now, "busy_at": now, "empty_at": now - 1000}
+        broker.hset(key, mapping={**standing, "arrivals": 4, "arrivals_at": now})
+        client.submit(ReadOp("s", "at-capacity"), timeout=60)
+        broker.hset(key, mapping={"arrivals": 4, "arrivals_at": _deadline(0)})
+        with pytest.raises(ResourceExhausted) as caught:
+            client.submit(ReadOp("s", "too-late"), timeout=1)
+        assert caught.value.reason == "queue_too_long"
+        # Arriving faster than that (6 a second more), it is an overload again.
+        broker.hset(key, mapping={"arrivals": 7, "arrivals_at": _deadline(0)})
+        with pytest.raises(ResourceExhausted):
+            client.submit(ReadOp("s", "overloaded"), timeout=60)
+    assert broker.llen(config.lanes.batch.queue) == 21
+
+
 def test_a_burst_into_a_lane_not_measured_busy_lately_queues_up_to_its_deadline(
     targeted: tuple[Settings, Config, redis.Redis],
 ) -> None:

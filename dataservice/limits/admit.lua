@@ -14,6 +14,9 @@
 --            busy_at  when a window last measured the lane busy (a queue in the list)
 --            done_at  `done` when the current window began
 --            offered  every publish this script has seen, admitted or refused
+--            arrivals publishes counted with exponential decay (time constant
+--                     ARRIVAL_TAU_MS), as of arrivals_at (server time, ms): divided
+--                     by the time constant, the rate publishes arrive at lately
 --            refused:<reason>  publishes refused for that reason (the workers' metrics read them)
 --            service:<operation>  how long an answered request of that operation took
 --                     once dequeued (ms, p90, the workers' service.lua)
@@ -32,10 +35,11 @@
 --          ('service:read', ...); '' when the operation is not known
 -- ARGV[9]  how old a service time may be (ms) before it is not relied on
 -- ARGV[10] the queue's target wait (ms; 0: none): once something has waited
---          for longer than ARGV[11] (a standing queue, not one burst), a request
---          is admitted only if its expected wait in the queue is within it; once
---          one is refused for it, none is admitted until the expected wait is
---          back within three quarters of it
+--          for longer than ARGV[11] (a standing queue, not one burst) while more
+--          arrives than the lane drains (an overload), a request is admitted only
+--          if its expected wait in the queue is within it; once one is refused
+--          for it, none is admitted until the expected wait is back within three
+--          quarters of it or the overload is over
 -- ARGV[11] how long a queue must have stood before the target applies (ms)
 -- KEYS[3]  the lane's held requests: '<request id>:<bytes>' for each request
 --          admitted and not yet done (queued, prefetched by a worker or
@@ -67,7 +71,7 @@
 local depth = redis.call('LLEN', KEYS[1])
 local service_field = ARGV[8] ~= '' and ARGV[8] or 'service:'
 local h = redis.call('HMGET', KEYS[2], 'bytes', 'done', 'rate', 'rate_at', 'done_at',
-  'service_at', service_field, 'empty_at', 'shedding', 'busy_at')
+  'service_at', service_field, 'empty_at', 'shedding', 'busy_at', 'arrivals', 'arrivals_at')
 -- Workers only subtract; a negative balance (a completion counted twice after
 -- a redelivery) must not become room beyond the bound.
 local bytes = math.max(tonumber(h[1]) or 0, 0)
@@ -100,6 +104,9 @@ end
 local target = tonumber(ARGV[10])
 -- Two measuring windows.
 local BUSY_RECENT_MS = 2000
+-- Arrivals this much above the drain rate are an overload (a little above
+-- what a steady count at the capacity reads: its bias and jitter).
+local OVERLOAD = 1.1
 -- What waits is more than the list: each worker prefetches as many messages as
 -- it has threads. Ahead of a new request are the lane's admitted requests not
 -- yet done, less those running (the drain rate times the service time, by
@@ -125,6 +132,14 @@ if waiting < 1 or empty_at == nil then
   end
 end
 
+-- Decayed over half a second: a step in the load shows within a tenth of
+-- that, and the count of a steady one varies little.
+local ARRIVAL_TAU_MS = 500
+local arrivals_at = tonumber(h[12]) or now
+local decay = math.exp(-math.max(now - arrivals_at, 0) / ARRIVAL_TAU_MS)
+local arrivals = (tonumber(h[11]) or 0) * decay + 1
+local arriving = arrivals * 1000 / ARRIVAL_TAU_MS
+redis.call('HSET', KEYS[2], 'arrivals', tostring(arrivals), 'arrivals_at', now)
 redis.call('HINCRBY', KEYS[2], 'offered', 1)
 redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[7]))
 redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[7]))
@@ -172,15 +187,23 @@ if rate > 0 and waiting >= 1 then
   if wait + service > remaining then
     return refuse('queue_too_long', math.min(cap, math.max(10, math.ceil(wait + service - remaining))))
   end
-  -- A queue that stands (not one burst draining) only adds waiting to every
-  -- request behind it: past its target, what joins it is refused at once,
-  -- retryably, and the queue stays short enough that estimates hold. Shedding
-  -- goes on until the wait is back within three quarters of the target: an
-  -- overload that ends leaves the queue with room, not full to its target,
-  -- where a load at exactly the capacity would keep it and have every peak
-  -- refused. (Not less: a client's throttle reads a spell of refusing
-  -- everything as the service refusing most of what it is sent.)
-  if target > 0 and now - empty_at > tonumber(ARGV[11]) and now - busy_at <= BUSY_RECENT_MS then
+  -- A queue that stands (not one burst draining) under an overload only adds
+  -- waiting to every request behind it: past its target, what joins it is
+  -- refused at once, retryably, and the queue stays short enough that
+  -- estimates hold. Shedding goes on until the wait is back within three
+  -- quarters of the target (an overload that ends leaves the queue with room;
+  -- not less: a client's throttle reads a spell of refusing everything as the
+  -- service refusing most of what it is sent), or until no more arrives than
+  -- the lane drains: at its capacity, the queue an overload left neither grows
+  -- nor drains, and holding it to the target would refuse its every peak for
+  -- as long as that load lasts. The deadline check above still bounds it.
+  local overloaded = arriving > OVERLOAD * rate
+  if not overloaded and shedding then
+    shedding = false
+    redis.call('HDEL', KEYS[2], 'shedding')
+  end
+  if overloaded and target > 0 and now - empty_at > tonumber(ARGV[11])
+      and now - busy_at <= BUSY_RECENT_MS then
     local resume = target * 3 / 4
     if wait > target or (shedding and wait > resume) then
       if not shedding then redis.call('HSET', KEYS[2], 'shedding', 1) end
