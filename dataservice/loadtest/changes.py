@@ -41,6 +41,7 @@ from dataservice.changes.user import (
 from dataservice.config import Config
 from dataservice.errors import BinlogSetupError, ServiceSetupError
 from dataservice.keys import CHANGES_STATUS_KEY
+from dataservice.loadtest.refill import RefillWatch
 from dataservice.loadtest.scenarios import Scenario
 from dataservice.loadtest.streamwatch import LagWatch, cache_reads, hit_ratio
 from dataservice.localservices import free_port
@@ -180,8 +181,12 @@ class StreamSide:
     consumer, the replicas' metrics endpoints, the lag watch) or writes around
     the service (the direct writer); :attr:`report` once :meth:`finish` ran."""
 
-    def __init__(self, reads_cache: bool, direct_writes: float, log_dir: Path) -> None:
+    def __init__(
+        self, reads_cache: bool, direct_writes: float, log_dir: Path, refill: bool = False
+    ) -> None:
         self.reads_cache, self._direct_writes, self._log_dir = reads_cache, direct_writes, log_dir
+        self._refill = refill
+        self._refill_watch: RefillWatch | None = None
         self.consumer: WorkerProcess | None = None
         self.ports: list[int] = []
         self.report: dict[str, Any] | None = None
@@ -193,7 +198,8 @@ class StreamSide:
     @classmethod
     def of(cls, system: str, scenario: Scenario, log_dir: Path) -> StreamSide:
         """What ``scenario`` needs when run against ``system`` (the naive one reads no cache)."""
-        return cls(system == "service" and scenario.changes, scenario.direct_writes, log_dir)
+        reads = system == "service" and scenario.changes
+        return cls(reads, scenario.direct_writes, log_dir, reads and scenario.rotate_at is not None)
 
     def replica_args(self) -> tuple[str, ...]:
         """A replica's extra arguments: a metrics port to scrape, when the cache is read."""
@@ -230,9 +236,13 @@ class StreamSide:
             self._reads_before = cache_reads(self.ports)
             self._watch = LagWatch(redis_url, config.changes.max_lag_s, t0)
             self._watch.start()
+        if self._refill:
+            self._refill_watch = RefillWatch(self.ports, t0)
+            self._refill_watch.start()
 
-    def finish(self) -> None:
-        """Wait for the direct writer's schedule to end, stop watching, sum up."""
+    def finish(self, cold_at_s: float | None = None, duration_s: float = 0.0) -> None:
+        """Wait for the direct writer's schedule to end, stop watching, sum up
+        (the refill from ``cold_at_s``, when the cache went cold then)."""
         if self._writer is None and self._watch is None:
             return
         if self._writer is not None:
@@ -246,6 +256,10 @@ class StreamSide:
             "hit_ratio": hit_ratio(self._reads_before, reads),
             "consumer": self._watch.summary() if self._watch else None,
         }
+        if self._refill_watch is not None:
+            self._refill_watch.stop()
+            self.report["refill"] = self._refill_watch.summary(cold_at_s, duration_s)
+            self._refill_watch = None
         self._writer = self._watch = None
 
     def stop(self) -> None:

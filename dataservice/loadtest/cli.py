@@ -14,8 +14,9 @@ from dataservice.loadtest import report as rep
 from dataservice.loadtest.chart import write_chart
 from dataservice.loadtest.display import summary_tables
 from dataservice.loadtest.faults import FAULTS, Fault
+from dataservice.loadtest.refill import write_refill_chart
 from dataservice.loadtest.runner import Run, RunOptions
-from dataservice.loadtest.scenarios import SCENARIOS
+from dataservice.loadtest.scenarios import SCENARIOS, Scenario
 
 SYSTEMS = ("service", "naive", "both")
 
@@ -44,18 +45,23 @@ def run_loadtest(
     if fault is not None and fault not in FAULTS:
         console.print(f"error: unknown fault {fault!r}; one of {', '.join(FAULTS)}")
         return 2
+    chosen = SCENARIOS[scenario]
+    if chosen.rotate_at is not None and system != "service":
+        console.print(f"error: {scenario} reads through the service's cache: --system service")
+        return 2
     out = out or Path(".state/loadtest") / time.strftime("%Y%m%dT%H%M%S")
-    systems = ("service", "naive") if system == "both" else (system,)
+    runs = _runs(chosen, system)
     reports: list[dict[str, Any]] = []
     capacity = capacity_after = None
-    for name in systems:
+    for name, system_name, coalesce in runs:
         options = RunOptions(
-            scenario=SCENARIOS[scenario],
-            system=name,
+            scenario=chosen,
+            system=system_name,
+            coalesce=coalesce,
             duration_s=duration,
             rate=rate,
             replicas=replicas,
-            out=out / name if len(systems) > 1 else out,
+            out=out / name if len(runs) > 1 else out,
             base_config=base_config,
             db_delay_ms=db_delay_ms,
             live=live,
@@ -73,20 +79,35 @@ def run_loadtest(
             console.print(f"error: {exc}")
             return 1
         capacity, capacity_after = run.capacity, run.capacity_after
+        if name != system_name:
+            report["variant"] = name
         json_path = options.out / "report.json"
         png_path = options.out / "chart.png"
         rep.write_json(json_path, report)
         write_chart(png_path, report, f"{name}: {scenario}, {replicas} replicas per lane")
         reports.append(report)
         console.print(f"{name}: report {json_path}, chart {png_path}")
+    if chosen.rotate_at is not None:
+        write_refill_chart(out / "refill.png", reports, f"{scenario}, {replicas} replicas per lane")
+        console.print(f"refill chart {out / 'refill.png'}")
     for table in summary_tables(reports):
         console.print(table)
     for report in reports:
-        console.print(f"{report['system']} verdicts: {_verdict_line(report['verdicts'])}")
-        console.print(f"{report['system']} liveness and recovery: {_incident_line(report)}")
+        name = report.get("variant", report["system"])
+        console.print(f"{name} verdicts: {_verdict_line(report['verdicts'])}")
+        console.print(f"{name} liveness and recovery: {_incident_line(report)}")
         if "changes" in report:
-            console.print(f"{report['system']} cache and change stream: {_changes_line(report)}")
+            console.print(f"{name} cache and change stream: {_changes_line(report)}")
     return 0
+
+
+def _runs(scenario: Scenario, system: str) -> list[tuple[str, str, bool]]:
+    """(name, system, coalescing) of each run: a cold cache is refilled with
+    coalescing on and off, each system else runs once."""
+    if scenario.rotate_at is not None:
+        return [("coalescing-on", "service", True), ("coalescing-off", "service", False)]
+    systems = ("service", "naive") if system == "both" else (system,)
+    return [(name, name, True) for name in systems]
 
 
 def server_url(database_url: str) -> str:
@@ -108,6 +129,16 @@ def _changes_line(report: dict[str, Any]) -> str:
         f"consumer lag max {consumer.get('lag_s_max')} s",
         f"guard engaged {consumer.get('guard_engaged_share')} of the time",
     ]
+    refill = changes.get("refill")
+    if refill is not None and refill["cold_at_s"] is not None:
+        back = refill["refilled_s"]
+        parts += [
+            f"hit ratio {refill['hit_ratio_before']} before the rotation, "
+            f"lowest {refill['hit_ratio_lowest_after']} after",
+            f"back at {refill['refilled_at']} "
+            + ("never" if back is None else f"{back} s after it"),
+            f"database operations peak {refill['database_peak_per_s']}/s",
+        ]
     return ", ".join(parts)
 
 

@@ -80,7 +80,7 @@ def summary_tables(reports: list[dict[str, Any]]) -> list[Table]:
         ratio = report["verdicts"]["goodput_over_capacity"]
         for n, (lane, stats) in enumerate(report["lanes"].items()):
             lanes.add_row(
-                report["system"] if n == 0 else "",
+                report.get("variant", report["system"]) if n == 0 else "",
                 lane,
                 _cell(stats["offered_per_s"], "{:.1f}"),
                 _cell(stats["goodput_per_s"], "{:.1f}"),
@@ -97,7 +97,7 @@ def summary_tables(reports: list[dict[str, Any]]) -> list[Table]:
             db.get("samples_over_active_share") or 0
         )
         database.add_row(
-            report["system"],
+            report.get("variant", report["system"]),
             _cell(db.get("peak_connections")),
             _cell(db.get("peak_active")),
             _cell(db.get("peak_share_active")),

@@ -154,11 +154,17 @@ def seed_records(url: str, scope: str, count: int, payload_bytes: int) -> list[s
 
 
 def scenario_config(
-    base: Path, out_dir: Path, injected_delay_ms: int, delay_table: str | None = None
+    base: Path,
+    out_dir: Path,
+    injected_delay_ms: int,
+    delay_table: str | None = None,
+    coalesce: bool = True,
 ) -> tuple[Path, Config]:
     """A copy of ``base`` with the scenario's database delay, validated; with
-    ``delay_table`` the delay is read from that table instead (and can change)."""
+    ``delay_table`` the delay is read from that table instead (and can change);
+    ``coalesce`` false: each cache miss reads the database itself."""
     data = yaml.safe_load(base.read_text(encoding="utf-8"))
+    data["cache"]["coalesce"] = coalesce
     data["database"]["injected_delay_ms"] = 0 if delay_table else injected_delay_ms
     data["database"]["injected_delay_table"] = delay_table
     # A change consumer of its own: a replica id another consumer on the

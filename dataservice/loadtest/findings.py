@@ -50,6 +50,7 @@ def build_report(
             "timeouts_s": {lane.value: t for lane, t in run.timeouts.items()},
             "capacity_per_s": {lane.value: round(c, 1) for lane, c in capacity.items()},
             "capacity_source": run.capacity_source,
+            "coalesce": o.coalesce,
             **_after(run),
             "offered_factor": {
                 lane.value: [list(s) for s in scenario.segments.get(lane, ())] for lane in LaneName

@@ -17,6 +17,7 @@ from dataservice.loadtest.findings import build_report
 from dataservice.loadtest.liveness import LivenessWatch
 from dataservice.loadtest.openloop import Adapter, OpenLoop
 from dataservice.loadtest.sampler import Sampler
+from dataservice.loadtest.scenarios import ROTATE
 from dataservice.loadtest.stalls import StallMeter
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ def measure(
         o.duration_s,
         t0,
         o.max_callers,
+        **({"read_share": scenario.read_share} if scenario.read_share else {}),
     )
     faults = {} if o.fault is None else o.fault.events(o.duration_s)
     pending = scenario.events(o.duration_s) | faults
@@ -94,7 +96,7 @@ def measure(
         if watch is not None:
             watch.stop()
             run.liveness = watch.report()
-        run.stream.finish()
+        run.stream.finish(run.events.get(ROTATE), o.duration_s)
         stalls.stop()
         run.machine_stalls = stalls.summary(t0)
     # The generator shares the machine with the service: its CPU goes in the report.

@@ -13,11 +13,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import redis
 from rich.console import Console
 
 from dataservice.broker import celery_app
+from dataservice.cache.controls import RolloutControls
 from dataservice.config import Config
-from dataservice.enums import LaneName
+from dataservice.enums import LaneName, ReadMode
 from dataservice.loadtest import changes as ch
 from dataservice.loadtest import environment as env
 from dataservice.loadtest import naive
@@ -26,8 +28,16 @@ from dataservice.loadtest.incidents import Capacity, SlowDown, lane_timeouts
 from dataservice.loadtest.liveness import not_applicable
 from dataservice.loadtest.measure import measure
 from dataservice.loadtest.openloop import Adapter, closed_loop_capacity
+from dataservice.loadtest.refill import warm
 from dataservice.loadtest.sampler import Sample, kill_connections
-from dataservice.loadtest.scenarios import DEPLOY_NEW, DEPLOY_OLD, KILL, SLOW_DOWN, Scenario
+from dataservice.loadtest.scenarios import (
+    DEPLOY_NEW,
+    DEPLOY_OLD,
+    KILL,
+    ROTATE,
+    SLOW_DOWN,
+    Scenario,
+)
 from dataservice.loadtest.service import CALLER, ServiceAdapter
 from dataservice.processes import WorkerProcess
 
@@ -54,6 +64,8 @@ class RunOptions:
     target: env.Target | None = None
     # Inject this fault mid-run, on a Redis and a MariaDB of the run's own.
     fault: Fault | None = None
+    # False: each cache miss reads the database itself (cache.coalesce).
+    coalesce: bool = True
 
 
 def capacities_from_rate(rate: float, config: Config) -> dict[LaneName, float]:
@@ -75,6 +87,11 @@ def find_capacity(
         return o.capacity, "given (the service run's probe)"
     if o.rate is not None:
         return capacities_from_rate(o.rate, config), "--rate"
+    if o.scenario.rotate_at is not None and isinstance(adapter, ServiceAdapter):
+        # A load sized against the database, not against a warm cache.
+        with adapter.reading(ReadMode.PRIMARY):
+            capacity = probe_capacity(o, config, adapter, timeouts, ids)
+        return capacity, "closed-loop probe reading PRIMARY"
     return probe_capacity(o, config, adapter, timeouts, ids), "closed-loop probe"
 
 
@@ -105,11 +122,9 @@ class Run:
         self.slow_down = SlowDown.of(
             options.scenario, delay, options.root_url, self.target.database
         )
+        table = self.slow_down.table if self.slow_down is not None else None
         self.config_path, self.config = env.scenario_config(
-            options.base_config,
-            options.out,
-            delay,
-            self.slow_down.table if self.slow_down is not None else None,
+            options.base_config, options.out, delay, table, options.coalesce
         )
         self.settings = env.service_settings(
             self.target,
@@ -200,9 +215,12 @@ class Run:
             with self.console.status(f"{o.system}: starting {2 * o.replicas} replicas"):
                 self.ready_s = self.fleet.wait_ready(self.control)
             with self.console.status(f"{o.system}: finding the capacity"):
-                self._capacity_after(adapter, ids)
+                probe_capacity_after(self, adapter, ids)
                 capacity, source = find_capacity(o, self.config, adapter, self.timeouts, ids)
             self.capacity, self.capacity_source = capacity, source
+            if o.scenario.rotate_at is not None:
+                with self.console.status(f"{o.system}: warming the cache"):
+                    warm(adapter, ids, 2 * o.replicas * self.config.lanes.interactive.permits)
             return measure(self, adapter, ids, env.PAYLOAD, capacity)
         finally:
             if self.slow_down is not None:
@@ -212,20 +230,6 @@ class Run:
             adapter.close()
             self.control.close()
 
-    def _capacity_after(self, adapter: Adapter, ids: list[str]) -> None:
-        """The capacity at the slower speed, before the starting speed's (see .incidents)."""
-        if self.slow_down is None:
-            return
-        if self.o.capacity_after is not None:
-            self.capacity_after = self.o.capacity_after
-            self.capacity_after_source = "given (the service run's probe)"
-            return
-        o, config, timeouts = self.o, self.config, self.timeouts
-        self.capacity_after = self.slow_down.probe_slow(
-            lambda: probe_capacity(o, config, adapter, timeouts, ids)
-        )
-        self.capacity_after_source = "closed-loop probe at the slower speed"
-
     def perform(self, name: str) -> None:
         """One of the scenario's mid-run events."""
         if name == DEPLOY_NEW:
@@ -234,9 +238,32 @@ class Run:
             self.fleet.terminate(0)
         elif name == KILL:
             self.killed = kill_connections(self.o.root_url, self.target.user)
+        elif name == ROTATE:
+            rotate_cache(self.settings.redis_url, self.config)
         elif name == SLOW_DOWN and self.slow_down is not None:
             self.slow_down.slow()
         elif name == FAULT_BEGINS and self.servers is not None:
             self.servers.begin()
         elif name == FAULT_ENDS and self.servers is not None:
             self.servers.end()
+
+
+def probe_capacity_after(run: Run, adapter: Adapter, ids: list[str]) -> None:
+    """The capacity at the slower speed, before the starting speed's (see .incidents)."""
+    if run.slow_down is None:
+        return
+    if run.o.capacity_after is not None:
+        run.capacity_after = run.o.capacity_after
+        run.capacity_after_source = "given (the service run's probe)"
+        return
+    o, config, timeouts = run.o, run.config, run.timeouts
+    run.capacity_after = run.slow_down.probe_slow(
+        lambda: probe_capacity(o, config, adapter, timeouts, ids)
+    )
+    run.capacity_after_source = "closed-loop probe at the slower speed"
+
+
+def rotate_cache(redis_url: str, config: Config) -> None:
+    """The cold-cache scenario's event: the next namespace generation, as an operator would."""
+    with redis.Redis.from_url(redis_url, socket_timeout=5) as client:
+        RolloutControls(client, config.cache).rotate("loadtest")

@@ -25,6 +25,7 @@ DEPLOY_NEW = "deploy: new replicas"
 DEPLOY_OLD = "deploy: old replicas SIGTERM"
 KILL = "kill all connections"
 SLOW_DOWN = "database slowed down"
+ROTATE = "cache generation rotated"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,12 @@ class Scenario:
     # Writes per second by direct SQL (not through the service), as a multiple
     # of the interactive capacity: changes only the change stream can report.
     direct_writes: float = 0.0
+    # Rotate the cache's namespace generation at this fraction of the run: every
+    # entry unreachable at once. The capacity is then the database's (probed
+    # reading PRIMARY), and the run is made twice, coalescing on and off.
+    rotate_at: float | None = None
+    # Each lane's share of reads in its mix (the rest writes); None: openloop's.
+    read_share: dict[LaneName, float] | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -81,6 +88,7 @@ class Scenario:
                 (DEPLOY_OLD, self.overlap_stop),
                 (KILL, self.kill_at),
                 (SLOW_DOWN, self.slow_down_at),
+                (ROTATE, self.rotate_at),
             )
             if at is not None
         }
@@ -114,6 +122,12 @@ PROXY_DEMAND = 7600 / 3360
 # the load is comfortable (80 %); after it, 1.6x what the database serves.
 DOWNSIZED_FACTOR = 2.0
 DOWNSIZED_LOAD = 0.8
+# A load sized for a warm cache: more than the database serves uncached. Each
+# write leaves a miss after it, so the mix is read-heavy for a warm hit ratio
+# well above the refill mark (dataservice.loadtest.refill.REFILLED).
+COLD_LOAD = 1.5
+COLD_BATCH = 0.2
+COLD_READS = 0.98
 
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
@@ -187,6 +201,21 @@ SCENARIOS: dict[str, Scenario] = {
             read_mode=ReadMode.ALLOW_CACHED,
             direct_writes=0.05,
             notes=("needs a server with a binlog (make services starts one)",),
+        ),
+        Scenario(
+            "cold-cache",
+            f"interactive offered {COLD_LOAD:g}x the database's capacity reading ALLOW_CACHED "
+            f"({COLD_READS:.0%} reads) over a warm cache kept fresh by the change consumer, "
+            f"batch at {COLD_BATCH:.0%}; the cache's generation is rotated at 40%; run with "
+            "coalescing on, then off",
+            _both(COLD_LOAD, COLD_BATCH),
+            read_mode=ReadMode.ALLOW_CACHED,
+            rotate_at=0.4,
+            read_share={LaneName.INTERACTIVE: COLD_READS, LaneName.BATCH: COLD_READS},
+            notes=(
+                "needs a server with a binlog (make services starts one)",
+                "capacity: the database's, probed reading PRIMARY",
+            ),
         ),
         Scenario(
             "proxy-storm",

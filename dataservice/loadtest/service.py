@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 from dataservice.client import Client
 from dataservice.config import Config
@@ -59,6 +60,15 @@ class ServiceAdapter:
 
         clients = [more() for _ in range(-(-callers // CALLERS_PER_CLIENT))]
         return cls(clients, more=more, read_mode=read_mode)
+
+    @contextmanager
+    def reading(self, mode: ReadMode) -> Iterator[None]:
+        """Reads in ``mode`` for the block (the capacity probe of a cold-cache run)."""
+        before, self._read_mode = self._read_mode, mode
+        try:
+            yield
+        finally:
+            self._read_mode = before
 
     def _client(self) -> Client:
         client: Client | None = getattr(self._local, "client", None)
