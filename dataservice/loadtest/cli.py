@@ -121,11 +121,12 @@ def server_url(database_url: str) -> str:
 def _changes_line(report: dict[str, Any]) -> str:
     changes = report["changes"]
     consumer = changes.get("consumer") or {}
+    direct = (changes["direct_writes"] or {}).get("ok", 0)
     if changes["hit_ratio"] is None:
-        return f"no cache; direct SQL writes {changes['direct_writes']['ok']}"
+        return f"no cache; direct SQL writes {direct}"
     parts = [
         f"hit ratio {changes['hit_ratio']}",
-        f"direct SQL writes {changes['direct_writes']['ok']}",
+        f"direct SQL writes {direct}",
         f"consumer lag max {consumer.get('lag_s_max')} s",
         f"guard engaged {consumer.get('guard_engaged_share')} of the time",
     ]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dataservice.enums import LaneName
-from dataservice.errors import DataServiceError
+from dataservice.errors import DataServiceError, RetryableError
 from dataservice.loadtest.openloop import Adapter
 from dataservice.metrics.endpoint import scrape_port
 
@@ -29,7 +29,7 @@ from dataservice.metrics.endpoint import scrape_port
 # miss after it, so a warm cache reads a little under 1).
 REFILLED = 0.9
 SCRAPE_EVERY_S = 0.5
-WARM_ATTEMPTS = 5
+WARM_ATTEMPTS = 20
 WARM_TIMEOUT_S = 10.0
 _READS = "dataservice_cache_reads_total"
 _STAGES = "dataservice_stage_seconds_count"
@@ -44,10 +44,11 @@ def warm(adapter: Adapter, ids: Sequence[str], callers: int) -> None:
             try:
                 adapter.call(LaneName.INTERACTIVE, "read", object_id, b"", WARM_TIMEOUT_S)
                 return
-            except DataServiceError:
+            except DataServiceError as exc:
                 if attempt + 1 == WARM_ATTEMPTS:
                     raise
-                time.sleep(0.1)
+                # As a caller told to come back would.
+                time.sleep(exc.retry_after if isinstance(exc, RetryableError) else 0.1)
 
     with ThreadPoolExecutor(max_workers=callers, thread_name_prefix="warm") as pool:
         list(pool.map(read, ids))

@@ -220,7 +220,7 @@ class Run:
             self.capacity, self.capacity_source = capacity, source
             if o.scenario.rotate_at is not None:
                 with self.console.status(f"{o.system}: warming the cache"):
-                    warm(adapter, ids, 2 * o.replicas * self.config.lanes.interactive.permits)
+                    warm(adapter, ids, o.replicas * self.config.lanes.interactive.permits)
             return measure(self, adapter, ids, env.PAYLOAD, capacity)
         finally:
             if self.slow_down is not None:
