@@ -94,13 +94,15 @@ class RefillWatch:
 
 
 def _at(points: list[tuple[float, Counter[str]]], t: float) -> Counter[str]:
-    """The counts as of ``t``: the last scrape at or before it."""
-    found: Counter[str] = Counter()
-    for at, counts in points:
-        if at > t:
-            break
-        found = counts
-    return found
+    """The counts as of ``t``, between the scrapes around it in proportion: the
+    scrapes come about twice a second, never on the second."""
+    before = next((p for p in reversed(points) if p[0] <= t), None)
+    after = next((p for p in points if p[0] > t), None)
+    if before is None or after is None:
+        return Counter() if before is None else before[1]
+    share = (t - before[0]) / (after[0] - before[0])
+    keys = before[1].keys() | after[1].keys()
+    return Counter({k: before[1][k] + share * (after[1][k] - before[1][k]) for k in keys})
 
 
 def refill_summary(
@@ -113,8 +115,8 @@ def refill_summary(
     for s in seconds:
         begin, end = _at(points, s), _at(points, s + 1)
         hits, misses = end["hit"] - begin["hit"], end["miss"] - begin["miss"]
-        hit_ratio.append(round(hits / (hits + misses), 4) if hits + misses else None)
-        database.append(end["database"] - begin["database"])
+        hit_ratio.append(round(hits / (hits + misses), 4) if hits + misses > 0 else None)
+        database.append(round(end["database"] - begin["database"]))
     summary: dict[str, Any] = {
         "series": {"t": seconds, "hit_ratio": hit_ratio, "database_per_s": database},
         "cold_at_s": cold_at_s,
