@@ -47,7 +47,7 @@ QUICK: dict[tuple[str, ...], object] = {
     ("lanes", "interactive", "permits"): 3,
     ("lanes", "interactive", "concurrency"): 3,
 }
-SLOW_MS = 2500
+SLOW_MS = 1500
 
 
 def _worker(
