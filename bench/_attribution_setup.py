@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None, description: str | None) -> argparse.Name
     p.add_argument("--keep", action="store_true", help="leave the database")
     args = p.parse_args(argv)
     if args.quick:
-        args.rate, args.seconds, args.warmup_seconds, args.rounds = 100.0, 1.0, 0.3, 1
+        args.rate, args.seconds, args.warmup_seconds, args.rounds = 100.0, 0.6, 0.2, 1
         args.records, args.captures = 20, 3
         args.fixture_repeats, args.fixture_min_time = 3, 0.005
     weights = [float(x) for x in args.mix.split(",")]

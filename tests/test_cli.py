@@ -5,9 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-import pytest
 from sqlalchemy import Engine
 
 from dataservice.settings import Settings
@@ -19,22 +17,6 @@ def _run(args: list[str], settings: Settings, timeout: float) -> subprocess.Comp
         env={**os.environ, **settings.to_env()},
         capture_output=True, text=True, timeout=timeout, check=False,
     )  # fmt: skip
-
-
-@pytest.mark.timeout(180)
-def test_demo_writes_and_reads_back_through_both_lanes_and_exits_zero(
-    process_settings: Settings, database: Engine, tmp_path: Path
-) -> None:
-    result = _run(
-        ["run", "--demo", "50", "--log-dir", str(tmp_path), "--metrics-port", "0"],
-        process_settings,
-        150,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "demo passed" in result.stdout
-    for lane in ("interactive", "batch"):
-        assert lane in result.stdout
-    assert "p99" in result.stdout
 
 
 def test_db_upgrade_is_idempotent(settings: Settings, database: Engine) -> None:

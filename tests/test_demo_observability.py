@@ -142,6 +142,10 @@ def test_a_demo_run_times_every_stage_counts_every_outcome_and_logs_no_secret_or
     result, scraped, logs, settings = demo_run
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "demo passed" in result.stdout
+    # Its summary: both lanes, with their latency.
+    for lane in ("interactive", "batch"):
+        assert lane in result.stdout
+    assert "p99" in result.stdout
     assert set(scraped) == set(PROCESSES), f"endpoints that never answered: {scraped.keys()}"
 
     # Acceptance 2: every stage histogram has observations, and every counter

@@ -63,8 +63,9 @@ def assert_within_share(report: dict[str, Any], samples: list[Sample]) -> None:
     assert not over, f"over the running replicas' share: {over[:5]}"
     assert max(s.active for s in samples) <= budget["service_share_active"]
     assert max(s.connections for s in samples) <= budget["service_max_connections"]
-    # The sampler is fast enough to see a statement of DELAY_MS several times.
-    assert report["database"]["sample_hz"] >= 20
+    # The sampler is fast enough to see a statement of DELAY_MS three times or more
+    # (it aims at 50 Hz; a busy machine took it to 19.5 once).
+    assert report["database"]["sample_hz"] >= 3 * 1000 / DELAY_MS
 
 
 def test_overload_three_replicas_stay_within_their_share(tmp_path: Path) -> None:
