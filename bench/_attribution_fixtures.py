@@ -32,11 +32,9 @@ report from these figures alone.
 from __future__ import annotations
 
 import functools
-import gc
 import json
 import random
 import statistics
-import time
 import tracemalloc
 import zlib
 from collections.abc import Callable
@@ -54,6 +52,7 @@ from bench._attribution_wire import (
     plain_payload,
     plain_value,
 )
+from bench.formats import sample_ns
 from dataservice.cache.formats import CODECS, frame
 from dataservice.cache.store import decode_entry
 from dataservice.codec import decode_request, decode_response, record_from_pb, request_envelope
@@ -173,26 +172,13 @@ def _protobuf(recs: list[pb.Record], scope: str, limits: Limits) -> dict[str, St
     }
 
 
-def _sample_ns(call: Callable[[Any], object], items: list[Any]) -> int:
-    gc_was_on = gc.isenabled()
-    gc.disable()
-    try:
-        started = time.process_time_ns()
-        for item in items:
-            call(item)
-        return time.process_time_ns() - started
-    finally:
-        if gc_was_on:
-            gc.enable()
-
-
 def cpu_ns(call: Callable[[Any], object], items: list[Any], repeats: int, min_time: float) -> float:
     """Median CPU ns per item over ``repeats`` samples of at least ``min_time`` s each."""
     passes = 1
-    while _sample_ns(call, items * passes) < min_time * 1e9:
+    while sample_ns(call, items * passes) < min_time * 1e9:
         passes *= 2
     batch = items * passes
-    return statistics.median(_sample_ns(call, batch) / len(batch) for _ in range(repeats))
+    return statistics.median(sample_ns(call, batch) / len(batch) for _ in range(repeats))
 
 
 def allocated(call: Callable[[Any], object], items: list[Any]) -> float:
