@@ -1,6 +1,7 @@
 """Freshness under load: what a reader of ``ALLOW_CACHED`` sees while others write.
 
-    .venv/bin/python bench/freshness.py [--duration 60] [--replicas 3] [--json out.json]
+    .venv/bin/python bench/freshness.py [--duration 60] [--replicas 3] [--max-lag-s S]
+                                        [--json out.json]
 
 Sets everything up itself: a private MariaDB with a binlog (a temporary
 directory and a free port) and Redis db ``--redis-db`` (flushed; never 0).
@@ -201,7 +202,7 @@ def phase(
     the load starts and the guard off)."""
     out = args.out / kind
     out.mkdir(parents=True, exist_ok=True)
-    base = _base_config(kind, out)
+    base = _base_config(kind, out, args.max_lag_s)
     options = RunOptions(
         scenario=SCENARIOS["cached"],
         duration_s=args.duration,
@@ -263,16 +264,27 @@ def phase(
     return loadtest, outcome["report"], checker
 
 
-def _base_config(kind: str, out: Path) -> Path:
-    """The shipped queues.yml; for the control, a copy with the guard off."""
+def _base_config(kind: str, out: Path, max_lag_s: float | None = None) -> Path:
+    """The shipped queues.yml; for the control, a copy with the guard off;
+    with ``max_lag_s``, a copy with that lag bound."""
     base = _env.REPO / "queues.yml"
-    if kind != "control":
+    if kind != "control" and max_lag_s is None:
         return base
     data = yaml.safe_load(base.read_text(encoding="utf-8"))
-    data["changes"]["guard"] = False
+    if kind == "control":
+        data["changes"]["guard"] = False
+    if max_lag_s is not None:
+        data["changes"]["max_lag_s"] = max_lag_s
     path = out / "base.yml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
+
+
+def lag_bound_s(max_lag_s: float | None) -> float:
+    """The bound a cached read keeps to: the lag bound and the controls' age."""
+    data = yaml.safe_load((_env.REPO / "queues.yml").read_text(encoding="utf-8"))
+    lag = data["changes"]["max_lag_s"] if max_lag_s is None else max_lag_s
+    return float(lag) + data["cache"]["controls_max_age_ms"] / 1000
 
 
 def summary(report: dict[str, Any], checker: Checker) -> dict[str, Any]:
@@ -326,9 +338,11 @@ def verdict(result: dict[str, Any], min_checks: int) -> list[str]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.redis_db == 0:
         raise ValueError("--redis-db must not be 0")
-    if args.duration / 3 <= 7:
+    bound = lag_bound_s(args.max_lag_s)
+    if args.duration / 3 <= bound + 1:
         raise ValueError(
-            "--duration must exceed 21 s (three phases of the pause, each past the bound)"
+            f"--duration must exceed {3 * (bound + 1):g} s "
+            "(three phases of the pause, each past the bound by a second)"
         )
     target = env.Target("service", "ds_fresh", "ds-fresh-pw", "dataservice_fresh", args.redis_db)
     args.out = args.out or Path(".state/bench/freshness") / time.strftime("%Y%m%dT%H%M%S")
@@ -392,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, help="the runs' reports (default: .state/bench/freshness/<time>)"
     )
     p.add_argument("--min-checks", type=int, default=100, help="reads at the bound, per phase")
+    p.add_argument(
+        "--max-lag-s", type=float, help="changes.max_lag_s for the runs (default: queues.yml's)"
+    )
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     if args.redis_db == 0:

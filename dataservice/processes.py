@@ -195,10 +195,11 @@ def stop_all(workers: Iterable[WorkerProcess], grace_s: float = 10.0) -> None:
             worker.wait(KILL_WAIT_S)
 
 
-def answering(control: Celery) -> set[int]:
-    """Process ids of the workers that answer a control ping on ``control``'s broker."""
+def answering(control: Celery, expected: int | None = None) -> set[int]:
+    """Process ids of the workers that answer a control ping on ``control``'s
+    broker; the wait ends as soon as ``expected`` of them have, if given."""
     pids = set()
-    for reply in control.control.ping(timeout=PING_TIMEOUT_S) or []:
+    for reply in control.control.ping(timeout=PING_TIMEOUT_S, limit=expected) or []:
         node = str(next(iter(reply)))
         pid = node.partition("@")[0].rpartition("-")[2]
         if pid.isdigit():
@@ -231,7 +232,7 @@ def wait_answering(
         else:
             for worker in group:
                 worker.check_alive()
-        heard = answering(control)
+        heard = answering(control, len(group))
         missing = [w for w in group if not w.running or w.pid not in heard]
         if not missing:
             return time.monotonic() - started

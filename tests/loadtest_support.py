@@ -38,6 +38,7 @@ def served_nothing(run: Run, report: dict[str, Any]) -> str:
     lines = ["the run answered no request"]
     for name, lane in report["lanes"].items():
         lines.append(f"{name}: " + ", ".join(f"{k} {lane.get(k)}" for k in outcomes))
+        lines.append(f"{name} refused by reason: {lane.get('refused_by_reason')}")
     for replica in run.fleet.replicas:
         worker = replica.worker
         lines.append(f"--- {worker.log_path.name} (exit {worker.returncode}):")

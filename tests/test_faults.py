@@ -3,8 +3,8 @@ of capacity) on one replica per lane, 200 ms in the database per operation,
 and a fault at 40 % of the run, on a Redis and a MariaDB of the run's own
 (``dataservice loadtest --fault``). Each run's invariants are the harness's own
 verdicts (dataservice/loadtest/invariants.py): no caller past its timeout plus
-100 ms (plus the run's worst stall of the whole machine, see
-``machine_stalls`` in docs/loadtest.md), the database share never exceeded,
+100 ms (plus the run's worst stall of the machine or of the harness's own
+threads, see ``machine_stalls`` in docs/loadtest.md), the database share never exceeded,
 goodput back within 5 s of the fault's end and held, no acknowledged write lost
 or applied twice, every lane's admission counts back at rest after the load,
 and no in-flight slot left held nor rollout control unreadable
@@ -38,9 +38,12 @@ def test_a_fault_stretches_no_deadline_and_the_service_serves_again(
         db_delay_ms=DELAY_MS, records=200, fault=fault,
     )  # fmt: skip
     found = report["fault"]
-    # The harness's own margin, and any stall of the whole machine in the run
-    # (a caller held up by one is late by as much, whatever the service does).
-    allowed = CALLER_MARGIN_S * 1000 + report["machine_stalls"]["max_ms"]
+    # The harness's own margin, and the worst wake-up of a thread of the
+    # harness in the run: a stall of the whole machine, or its callers taking
+    # turns at the interpreter lock as a stalled dependency answers again (a
+    # caller held up by either is late by as much, whatever the service does).
+    stalls = report["machine_stalls"]
+    allowed = CALLER_MARGIN_S * 1000 + max(stalls["max_ms"], stalls["harness_wakes"]["max_ms"])
     assert found["slowest_past_timeout_ms"] <= allowed, (
         found["slowest_call"],
         report["machine_stalls"],

@@ -248,6 +248,16 @@ class Fleet:
             replica.stopping = True
             replica.worker.terminate()
 
+    def ready(self, generation: int) -> bool:
+        """Whether every replica of ``generation`` has said its loop turns (its
+        alive file is there); replicas without alive files are taken as ready."""
+        replicas = self._of(generation)
+        if self.alive_dir is None:
+            return bool(replicas)
+        return bool(replicas) and all(
+            alive_path(self.alive_dir, r.worker.log_path).exists() for r in replicas
+        )
+
     def _of(self, generation: int) -> list[Replica]:
         with self._lock:
             return [r for r in self.replicas if r.generation == generation]

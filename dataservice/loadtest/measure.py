@@ -79,7 +79,7 @@ def measure(
         while time.monotonic() - t0 < o.duration_s:
             elapsed = time.monotonic() - t0
             for name, at in list(pending.items()):
-                if elapsed >= at:
+                if elapsed >= at and run.may_perform(name):
                     run.perform(name)
                     run.events[name] = round(elapsed, 2)
                     del pending[name]

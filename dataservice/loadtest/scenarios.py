@@ -163,7 +163,8 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "overlap",
             "2x capacity; a second generation of replicas starts at 1/3 of the run and the "
-            "first is warm-stopped (SIGTERM) at 2/3: twice the replicas during the deploy",
+            "first is warm-stopped (SIGTERM) at 2/3, or once the second is ready if later: "
+            "twice the replicas during the deploy",
             _both(2.0, 2.0),
             overlap_start=1 / 3,
             overlap_stop=2 / 3,

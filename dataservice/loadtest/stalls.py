@@ -72,18 +72,52 @@ class HarnessPauses:
         }
 
 
+class HarnessWakes:
+    """The same sleeper as a thread of the harness itself: how late any of the
+    harness's threads can be to run again. It sees the machine's stalls too,
+    and what only this process suffers: its callers, hundreds of threads with
+    one interpreter lock, all woken at once when a stalled dependency answers
+    again, take turns, and a caller whose socket timed out on time returns
+    late by its wait for the turn (not a delay a caller process of a few
+    threads would see)."""
+
+    def __init__(self) -> None:
+        self.stalls: list[Stall] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="harness-wakes", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            asked = time.monotonic() + STEP_S
+            time.sleep(STEP_S)
+            woke = time.monotonic()
+            if woke - asked >= THRESHOLD_S:
+                self.stalls.append(Stall(woke, woke - asked))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+
 class StallMeter:
     """The sleeper process, started and stopped around the measured part of a
-    run, and the harness's own collections (:class:`HarnessPauses`)."""
+    run, the same sleeper in the harness (:class:`HarnessWakes`) and the
+    harness's own collections (:class:`HarnessPauses`)."""
 
     def __init__(self) -> None:
         self.stalls: list[Stall] = []
         self.harness = HarnessPauses()
+        self.wakes = HarnessWakes()
         self._process: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
 
     def start(self) -> None:
         self.harness.start()
+        self.wakes.start()
         self._process = subprocess.Popen(
             [sys.executable, "-m", __name__], stdout=subprocess.PIPE, text=True
         )
@@ -100,6 +134,7 @@ class StallMeter:
 
     def stop(self) -> None:
         self.harness.stop()
+        self.wakes.stop()
         if self._process is None:
             return
         self._process.terminate()
@@ -111,7 +146,12 @@ class StallMeter:
         self._process = None
 
     def summary(self, t0: float) -> dict[str, Any]:
-        return {**summary(self.stalls, t0), "harness_gc": self.harness.summary()}
+        wakes = summary(self.wakes.stalls, t0)
+        return {
+            **summary(self.stalls, t0),
+            "harness_gc": self.harness.summary(),
+            "harness_wakes": {k: wakes[k] for k in ("count", "max_ms", "at_s")},
+        }
 
 
 def summary(stalls: list[Stall], t0: float) -> dict[str, Any]:
