@@ -39,7 +39,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: lint services
-	$(BIN)/pytest
+	$(BIN)/pytest --durations=25
 
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py
