@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -54,12 +55,19 @@ def _free(port: int) -> bool:
     return True
 
 
+# A queue gauge's sample line: its name and lane.
+QUEUE_GAUGE = re.compile(r'^(dataservice_queue_(?:messages|bytes))\{lane="(\w+)"\}', re.MULTILINE)
+
+
 class Scraper:
-    """Scrapes each endpoint four times a second, keeping the last answer."""
+    """Scrapes each endpoint four times a second, keeping the last answer, and
+    the lanes each queue gauge was seen with in any answer (a pool that is
+    stopping has stopped watching its queues: its last page has none)."""
 
     def __init__(self, ports: dict[str, int]) -> None:
         self.ports = ports
         self.last: dict[str, str] = {}
+        self.queue_lanes: dict[tuple[str, str], set[str]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -70,7 +78,9 @@ class Scraper:
                 try:
                     url = f"http://127.0.0.1:{port}/metrics"
                     with urllib.request.urlopen(url, timeout=1) as page:
-                        self.last[name] = page.read().decode()
+                        self.last[name] = text = page.read().decode()
+                    for gauge, lane in QUEUE_GAUGE.findall(text):
+                        self.queue_lanes.setdefault((name, gauge), set()).add(lane)
                 except OSError:
                     pass
             self._stop.wait(0.25)
@@ -89,6 +99,15 @@ class Scraper:
 
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+# The demo's output, each endpoint's last page, the log directory, its settings,
+# and the lanes each (endpoint, queue gauge) was seen with.
+DemoRun = tuple[
+    subprocess.CompletedProcess[str],
+    dict[str, Samples],
+    Path,
+    Settings,
+    dict[tuple[str, str], set[str]],
+]
 
 
 def _total(samples: Samples, name: str, **want: str) -> float:
@@ -102,7 +121,7 @@ def _total(samples: Samples, name: str, **want: str) -> float:
 @pytest.fixture
 def demo_run(
     binlog_database: BinlogDatabase, settings: Settings, tmp_path: Path
-) -> Iterator[tuple[subprocess.CompletedProcess[str], dict[str, dict], Path, Settings]]:  # type: ignore[type-arg]
+) -> Iterator[DemoRun]:
     # As make demo runs: the cache read only while the change consumer keeps up.
     guarded = with_changes(settings, tmp_path / "queues.yml", {("changes", "guard"): True})
     own = binlog_database.on(on_redis(guarded, DEMO_REDIS_URL))
@@ -126,7 +145,7 @@ def demo_run(
     finally:
         scraped = scraper.stop()
     try:
-        yield result, scraped, logs, own
+        yield result, scraped, logs, own, scraper.queue_lanes
     finally:
         with engine.connect() as conn:
             conn.execute(text("DELETE FROM records WHERE scope LIKE 'demo%'"))
@@ -137,10 +156,10 @@ def demo_run(
 
 @pytest.mark.timeout(480)
 def test_a_demo_run_times_every_stage_counts_every_outcome_and_logs_no_secret_or_payload(
-    demo_run: tuple[subprocess.CompletedProcess[str], dict[str, dict], Path, Settings],  # type: ignore[type-arg]
+    demo_run: DemoRun,
     binlog_database: BinlogDatabase,
 ) -> None:
-    result, scraped, logs, settings = demo_run
+    result, scraped, logs, settings, queue_lanes = demo_run
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "demo passed" in result.stdout
     # Its summary: both lanes, with their latency.
@@ -170,11 +189,11 @@ def test_a_demo_run_times_every_stage_counts_every_outcome_and_logs_no_secret_or
         ("dataservice_db_connections_opened_total", {}),
     ):
         assert sum(_total(w, name, **labels) for w in workers) > 0, f"{name} {labels} is zero"
-    for worker in workers:
-        assert _total(worker, "dataservice_permits_capacity") > 0
+    for name in ("interactive", "batch"):
+        assert _total(scraped[name], "dataservice_permits_capacity") > 0
         for gauge in ("dataservice_queue_messages", "dataservice_queue_bytes"):
-            lanes = {dict(labels)["lane"] for (n, labels) in worker if n == gauge}
-            assert lanes == {"interactive", "batch"}, gauge
+            assert queue_lanes.get((name, gauge)) == {"interactive", "batch"}, (name, gauge)
+    for worker in workers:
         assert any(n == "dataservice_freshness_guard" for n, _ in worker)
     consumer = scraped["changes"]
     assert _total(consumer, "dataservice_changes_active") == 1

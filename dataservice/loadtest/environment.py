@@ -249,13 +249,11 @@ class Fleet:
             replica.worker.terminate()
 
     def ready(self, generation: int) -> bool:
-        """Whether every replica of ``generation`` has said its loop turns (its
-        alive file is there); replicas without alive files are taken as ready."""
-        replicas = self._of(generation)
-        if self.alive_dir is None:
-            return bool(replicas)
+        """Whether ``generation`` has replicas and each has said its loop turns
+        (its alive file is there; without alive files, each has started)."""
+        alive, replicas = self.alive_dir, self._of(generation)
         return bool(replicas) and all(
-            alive_path(self.alive_dir, r.worker.log_path).exists() for r in replicas
+            alive is None or alive_path(alive, r.worker.log_path).exists() for r in replicas
         )
 
     def _of(self, generation: int) -> list[Replica]:
@@ -283,10 +281,8 @@ class Fleet:
 
     def share(self, now: float) -> tuple[int, int]:
         """(active statements, connections) the live replicas may hold by the budget."""
-        live = self.holding(now)
-        active = sum(self.config.lanes[r.lane].permits for r in live)
-        conns = sum(self.config.lanes[r.lane].concurrency for r in live)
-        return active, conns
+        lanes = [self.config.lanes[r.lane] for r in self.holding(now)]
+        return sum(lane.permits for lane in lanes), sum(lane.concurrency for lane in lanes)
 
     def alive_files(self, now: float) -> list[Path]:
         """The alive files that ought to be fresh at ``now``: every replica not
@@ -297,9 +293,6 @@ class Fleet:
             replicas = [r for r in self.replicas if not r.stopping]
         paths = [(r, alive_path(self.alive_dir, r.worker.log_path)) for r in replicas]
         return [path for r, path in paths if now - r.started_at >= STARTUP_GRACE_S or path.exists()]
-
-    def pids(self) -> set[int]:
-        return {worker.pid for worker in self._workers()}
 
     def stop(self, timeout: float = 15.0) -> None:
         stop_all(self._workers(), timeout)

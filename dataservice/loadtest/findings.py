@@ -168,14 +168,14 @@ def _verdicts(
     verdicts["connection_ramp"] = rep.reconnect_ramp(
         sampler.samples,
         0.0,
-        len(run.fleet.pids()),
+        len(run.fleet.replicas),
         config.database.connect_burst,
         config.database.connect_rate_per_s,
         RAMP_TOLERANCE,
     )
     if KILL in run.events:
         kill_t = run.events[KILL]
-        processes = len(run.fleet.pids())
+        processes = len(run.fleet.replicas)
         verdicts["killed_connections"] = run.killed
         verdicts["reconnect"] = rep.reconnect_ramp(
             sampler.samples,
