@@ -91,11 +91,9 @@ class HarnessWakes:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            asked = time.monotonic() + STEP_S
-            time.sleep(STEP_S)
-            woke = time.monotonic()
-            if woke - asked >= THRESHOLD_S:
-                self.stalls.append(Stall(woke, woke - asked))
+            stall = sleep_step()
+            if stall is not None:
+                self.stalls.append(stall)
 
     def stop(self) -> None:
         self._stop.set()
@@ -146,11 +144,10 @@ class StallMeter:
         self._process = None
 
     def summary(self, t0: float) -> dict[str, Any]:
-        wakes = summary(self.wakes.stalls, t0)
         return {
             **summary(self.stalls, t0),
             "harness_gc": self.harness.summary(),
-            "harness_wakes": {k: wakes[k] for k in ("count", "max_ms", "at_s")},
+            "harness_wakes": summary(self.wakes.stalls, t0),
         }
 
 
@@ -166,13 +163,19 @@ def summary(stalls: list[Stall], t0: float) -> dict[str, Any]:
     }
 
 
+def sleep_step() -> Stall | None:
+    """Sleep ``STEP_S``; the stall, if the wake-up came ``THRESHOLD_S`` or more late."""
+    asked = time.monotonic() + STEP_S
+    time.sleep(STEP_S)
+    woke = time.monotonic()
+    return Stall(woke, woke - asked) if woke - asked >= THRESHOLD_S else None
+
+
 def main() -> None:
     while True:
-        asked = time.monotonic() + STEP_S
-        time.sleep(STEP_S)
-        woke = time.monotonic()
-        if woke - asked >= THRESHOLD_S:
-            print(f"{woke:.6f} {woke - asked:.6f}", flush=True)
+        stall = sleep_step()
+        if stall is not None:
+            print(f"{stall.at:.6f} {stall.seconds:.6f}", flush=True)
 
 
 if __name__ == "__main__":
