@@ -130,11 +130,21 @@ class ResultStore:
             [body, ttl_ms, done.size, member, tag, held_member],
         )
 
-    def wait(self, caller: str, request_id: str, timeout_s: float) -> bytes | None:
-        """Take the answer, waiting up to ``timeout_s``; None if it did not come."""
+    def wait(
+        self, caller: str, request_id: str, timeout_s: float, *, patience_s: float = 0.0
+    ) -> bytes | None:
+        """Take the answer, waiting up to ``timeout_s``; None if it did not come.
+
+        ``patience_s``: how long the caller would wait in all, when this wait is
+        one slice of a longer one. The reply to the last BLPOP is then read
+        within it rather than within ``timeout_s``: Redis ends a BLPOP's wait by
+        its own clock, from when it runs the command, and an answer it pops
+        just after the caller's socket gave up is gone with the connection
+        (slices of 1 s lost one answer at a slice's end on a busy machine).
+        """
         key = result_key(caller, request_id)
         until = time.monotonic() + timeout_s
-        with _backend_errors(), within(timeout_s + SLACK_S):
+        with _backend_errors(), within(max(timeout_s, patience_s) + SLACK_S):
             try:
                 if timeout_s <= 0:
                     value = self._redis.lpop(key)

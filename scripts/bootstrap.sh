@@ -30,9 +30,12 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 # uv installs the same requirements as pip in a fraction of the time (about
 # 15 s against 70 s here); pip does it where uv cannot be had. Dependency
-# groups need pip 25.1 or newer.
+# groups need pip 25.1 or newer. Both compile the installed modules: where
+# PYTHONDONTWRITEBYTECODE is set nothing else would, and every worker process
+# and command would compile celery, redis and SQLAlchemy from source again
+# (2-3 s of CPU each).
 if .venv/bin/python -m pip install -q --disable-pip-version-check uv >/dev/null 2>&1; then
-  .venv/bin/python -m uv pip install -q --python .venv/bin/python \
+  .venv/bin/python -m uv pip install -q --compile-bytecode --python .venv/bin/python \
     "pip>=25.1" -e '.[loadtest]' --group dev --group bench
 else
   .venv/bin/python -m pip install -q --upgrade "pip>=25.1"

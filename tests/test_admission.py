@@ -110,7 +110,8 @@ def test_a_request_that_cannot_start_before_its_deadline_is_refused(
         client.submit_many([ReadOp("s", f"k{n}") for n in range(50)], timeout=600)
         # The lane drains 10 messages a second (as measured by admission): the
         # 51st waits about 5 s, so a 1 s deadline cannot be met, a 60 s one can.
-        broker.hset(admission_key(queue), mapping={"rate": 10, "rate_at": _deadline(0)})
+        now = _deadline(0)
+        broker.hset(admission_key(queue), mapping={"rate": 10, "rate_at": now, "busy_at": now})
         with pytest.raises(ResourceExhausted, match="deadline") as caught:
             client.submit(ReadOp("s", "late"), timeout=1)
         assert 3.5 <= caught.value.retry_after <= 4.5
@@ -126,7 +127,8 @@ def test_a_request_that_could_start_but_not_be_served_in_time_is_refused(
     with Client("tests", settings, config) as client:
         client.submit_many([ReadOp("s", f"k{n}") for n in range(10)], timeout=600)
         # 10 ahead at 20 a second: half a second of queue, inside 0.8 s ...
-        broker.hset(key, mapping={"rate": 20, "rate_at": _deadline(0)})
+        now = _deadline(0)
+        broker.hset(key, mapping={"rate": 20, "rate_at": now, "busy_at": now})
         client.submit(ReadOp("s", "fits"), timeout=0.8)
         # ... but not once a read is known to take 400 ms after its dequeue.
         publish_service_times(broker, key, {"read": 400.0})
@@ -390,8 +392,8 @@ def test_what_the_workers_prefetched_waits_too(
     now = _deadline(0)
     broker.hset(
         key,
-        mapping={"rate": 10, "rate_at": now, "admitted": 25, "done": 0, "done_at": 0,
-                 "service:read": 1000, "service_at": now},
+        mapping={"rate": 10, "rate_at": now, "busy_at": now, "admitted": 25, "done": 0,
+                 "done_at": 0, "service:read": 1000, "service_at": now},
     )  # fmt: skip
     broker.zadd(held, {f"r{n}:100": now + 60_000 for n in range(25)})
     with Client("tests", settings, config) as client:
@@ -421,6 +423,26 @@ def test_a_window_with_the_list_empty_only_raises_the_drain_rate(
         broker.ltrim(config.lanes.batch.queue, 1, 0)
         client.submit(ReadOp("s", "quiet"), timeout=60)
     assert 16 <= float(broker.hget(key, "rate") or 0) <= 20
+
+
+def test_a_drain_rate_only_ever_measured_with_the_list_empty_refuses_nothing(
+    bounded: tuple[Settings, Config, redis.Redis],
+) -> None:
+    """A floor (what a quiet lane drained) is not what the lane can drain: a
+    burst of cache hits into a lane that had served a few slow reads a second
+    was refused against it. Until a window measures the lane busy, the count
+    and byte bounds alone hold the burst."""
+    settings, config, broker = bounded
+    key = admission_key(config.lanes.batch.queue)
+    with Client("tests", settings, config) as client:
+        client.submit_many([ReadOp("s", f"k{n}") for n in range(50)], timeout=600)
+        broker.hset(key, mapping={"rate": 10, "rate_at": _deadline(0)})
+        client.submit(ReadOp("s", "behind-a-floor"), timeout=1)
+        broker.hset(key, "busy_at", _deadline(0))
+        with pytest.raises(ResourceExhausted) as caught:
+            client.submit(ReadOp("s", "behind-a-measured-rate"), timeout=1)
+        assert caught.value.reason == "queue_too_long"
+    assert broker.llen(config.lanes.batch.queue) == 51
 
 
 def test_the_first_measuring_window_opens_at_the_first_completion(

@@ -28,6 +28,10 @@ DURATION_S = 20.0
 # The stated bound, at this size: 100 keys, each refilled by one read of 100 ms
 # under 7 permits, behind a queue of misses that admission keeps short.
 REFILL_BOUND_S = 8.0
+# Cold right after the rotation, far below the warm 0.97: the lowest one-second
+# hit ratio read 0.36-0.38 on an idle machine and 0.34-0.47 beside two busy loops
+# (once 0.53 over whole seconds, which could straddle the cold moment).
+COLD_BELOW = 0.6
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +60,7 @@ def test_a_rotated_cache_refills_within_the_permits(
     assert refill["cold_at_s"] is not None, "the generation was not rotated"
     # Warm before the rotation, cold right after it, refilled within the bound.
     assert refill["hit_ratio_before"] >= REFILLED, refill
-    assert refill["hit_ratio_lowest_after"] < 0.5, refill
+    assert refill["hit_ratio_lowest_after"] < COLD_BELOW, refill
     assert refill["refilled_s"] is not None, refill["series"]
     assert refill["refilled_s"] <= REFILL_BOUND_S, refill["series"]
     # The refill is the database's work, and it stays inside the permits.

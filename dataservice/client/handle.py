@@ -87,7 +87,10 @@ class Handle:
             # Past the grace, only an answer already there is taken.
             hopeless = ended is not None and ended >= LOST_AFTER_S
             body = self._transport.results.wait(
-                self.caller, self.request_id, 0.0 if hopeless else min(left, EPOCH_CHECK_S)
+                self.caller,
+                self.request_id,
+                0.0 if hopeless else min(left, EPOCH_CHECK_S),
+                patience_s=left,
             )
             if body is not None:
                 self._result = decode_response(body, self.request_id)

@@ -16,7 +16,9 @@ measured drain rate, plus how long a request of its operation takes once
 dequeued: the workers measure that (the p90 of answered requests, per
 operation) and say it every second (:func:`publish_service_times`); an
 estimate the workers stopped renewing more than ``SERVICE_STALE_MS`` ago is not
-relied on, and without one the queue alone decides, as at a cold start.
+relied on, and without one the queue alone decides, as at a cold start. The
+drain rate refuses only once a window measured the lane busy (messages waiting
+in the list): what a quiet lane drained is a floor, not what it can drain.
 
 What waits is the lane's admitted requests not yet done, less those running
 (drain rate x service time): the workers' prefetch waits as much as the list.

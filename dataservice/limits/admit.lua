@@ -5,13 +5,15 @@
 --            bytes    envelope bytes of the held requests (KEYS[3])
 --            done     completed requests (workers add on completion)
 --            admitted requests pushed (this script)
---            rate     completions per second while the queue was busy
+--            rate     completions per second while the queue was busy, raised to
+--                     what a quieter window drained (a floor)
 --            rate_at  when the current measuring window began (server time, ms); the
 --                     first opens at the first completion since the counts began
 --                     (answer.lua), once the workers are there: a window opened
 --                     by a publish while they were still connecting (a start, a
 --                     Redis that restarted empty) measured them as slow
---            busy_at  when a window last measured the lane busy (a queue in the list)
+--            busy_at  when a window last measured the lane busy (a queue in the list);
+--                     until one has, `rate` is only a floor and refuses nothing
 --            done_at  `done` when the current window began
 --            offered  every publish this script has seen, admitted or refused
 --            arrivals publishes counted with exponential decay (time constant
@@ -117,9 +119,9 @@ if rate > 0 and service > 0 then running = rate * service / 1000 end
 local ahead = math.max(depth, redis.call('ZCARD', KEYS[3]))
 ahead = math.min(ahead, depth + 2 * running + 1)
 local waiting = math.max(depth, ahead - running)
--- The rate says what the lane drains only if it was measured busy lately; a
--- lane idle until a burst knows only a floor, and its burst may queue up to
--- its deadline (the deadline check still applies).
+-- The rate says what the lane can drain only once a window measured it busy
+-- (the target below wants that lately); a burst into a lane idle since may
+-- queue up to its deadline at the rate it was measured busy, if ever.
 local busy_at = tonumber(h[10]) or 0
 local empty_at = tonumber(h[8])
 local shedding = h[9] == '1'
@@ -182,7 +184,11 @@ if bytes + size > tonumber(ARGV[4]) then
 end
 -- Only a queue that was measured draining says how long it takes; an empty
 -- one lets the request start at once (the workers refuse one that cannot run).
-if rate > 0 and waiting >= 1 then
+-- A lane never measured busy knows only a floor: what it was given, not what
+-- it can drain. A burst of cache hits into a lane that had served a few slow
+-- reads a second would be refused against a figure a hundred times too low;
+-- the count and byte bounds hold it until a busy window measures the lane.
+if rate > 0 and busy_at > 0 and waiting >= 1 then
   local wait = waiting * 1000 / rate
   if wait + service > remaining then
     return refuse('queue_too_long', math.min(cap, math.max(10, math.ceil(wait + service - remaining))))

@@ -12,23 +12,31 @@ it do.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 from dataservice.enums import LaneName
 from dataservice.errors import DataServiceError, RetryableError
 from dataservice.loadtest.openloop import Adapter
+from dataservice.loadtest.streamwatch import hit_ratio
 from dataservice.metrics.endpoint import scrape_port
 
 # The hit ratio a refilled cache is back at (each write of the mix leaves one
 # miss after it, so a warm cache reads a little under 1).
 REFILLED = 0.9
 SCRAPE_EVERY_S = 0.5
+# The lowest hit ratio after the rotation is taken over one-second windows this
+# far apart: the replicas see a rotation within ``cache.controls_max_age_ms``, so
+# the cold moment falls anywhere in a second, and a whole-second bin that straddles
+# it reads half warm.
+WINDOW_STEP_S = 0.25
 WARM_ATTEMPTS = 20
 WARM_TIMEOUT_S = 10.0
 _READS = "dataservice_cache_reads_total"
@@ -110,15 +118,11 @@ def refill_summary(
 ) -> dict[str, Any]:
     """Per-second series and the refill's figures (``docs/loadtest.md``, "cold-cache")."""
     seconds = list(range(int(duration_s)))
-    hit_ratio: list[float | None] = []
-    database: list[int] = []
-    for s in seconds:
-        begin, end = _at(points, s), _at(points, s + 1)
-        hits, misses = end["hit"] - begin["hit"], end["miss"] - begin["miss"]
-        hit_ratio.append(round(hits / (hits + misses), 4) if hits + misses > 0 else None)
-        database.append(round(end["database"] - begin["database"]))
+    spans = list(pairwise(_at(points, s) for s in range(len(seconds) + 1)))
+    ratios = [hit_ratio(begin, end) for begin, end in spans]
+    database = [round(end["database"] - begin["database"]) for begin, end in spans]
     summary: dict[str, Any] = {
-        "series": {"t": seconds, "hit_ratio": hit_ratio, "database_per_s": database},
+        "series": {"t": seconds, "hit_ratio": ratios, "database_per_s": database},
         "cold_at_s": cold_at_s,
         "refilled_at": REFILLED,
         "refilled_s": None,
@@ -126,10 +130,14 @@ def refill_summary(
     if cold_at_s is None:
         return summary
     first = int(cold_at_s)
-    before = [r for r in hit_ratio[: max(first - 1, 0)] if r is not None]
-    after = hit_ratio[first:]
+    before = [r for r in ratios[: max(first - 1, 0)] if r is not None]
+    after = ratios[first:]
     summary["hit_ratio_before"] = round(sum(before) / len(before), 4) if before else None
-    summary["hit_ratio_lowest_after"] = min((r for r in after if r is not None), default=None)
+    # Over any one-second window from the rotation on, not whole seconds (WINDOW_STEP_S).
+    steps = math.floor((duration_s - 1 - cold_at_s) / WINDOW_STEP_S) + 1
+    starts = [cold_at_s + n * WINDOW_STEP_S for n in range(steps)]
+    windows = [hit_ratio(_at(points, t), _at(points, t + 1)) for t in starts]
+    summary["hit_ratio_lowest_after"] = min((r for r in windows if r is not None), default=None)
     summary["database_peak_per_s"] = max(database[first:], default=0)
     # Refilled from the first second from which every later second reads at least REFILLED.
     for n in range(len(after)):

@@ -221,13 +221,17 @@ def reconnect_ramp(
 
 
 def recovery_s(series: dict[str, Any], lane: LaneName, kill_t: float, seconds: int) -> float | None:
-    """Seconds after the kill until a second's goodput is back to 90% of the seconds before."""
+    """Seconds after the kill until a second's goodput is back to 90% of the
+    seconds before: of their goodput, or of what was offered in them if that is
+    less (the first second's catch-up, answers to requests sent in second 0,
+    must not raise the bar above what callers ask)."""
     goodput = series[lane.value]["goodput"]
     offered = series[lane.value]["offered"]
-    before = [g for t, g in enumerate(goodput) if 1 <= t < int(kill_t)]
+    before = range(1, min(int(kill_t), len(goodput)))
     if not before:
         return None
-    target = 0.9 * sum(before) / len(before)
+    served, asked = sum(goodput[t] for t in before), sum(offered[t] for t in before)
+    target = 0.9 * min(served, asked) / len(before)
     for t in range(int(kill_t) + 1, seconds):
         if goodput[t] >= target and offered[t] > 0:
             return round(t + 1 - kill_t, 2)
