@@ -13,17 +13,30 @@ A reply not read in time closes its connection (it would otherwise answer the
 next command) and raises ``redis.TimeoutError``; a call made once the bound has
 passed raises it without sending anything. Nothing is retried here: whoever
 holds the deadline decides.
+
+The Redis clients and pools the service's processes keep (callers' result
+stores and broker channels, the workers', the change consumer's, the health
+checks') are made with :data:`QUIET`: no client library reported and no
+maintenance notifications asked for. redis-py
+would otherwise read its own package metadata from disk for each new
+connection, send it in two ``CLIENT SETINFO`` round trips (which callers'
+Redis users are refused) and ask for ``CLIENT MAINT_NOTIFICATIONS`` (which a
+Redis before 8 refuses): four times the CPU per connect (``bench/connect.py``),
+paid by every connection at once when a stalled or restarted Redis answers
+again, the moment a caller's thread most needs the interpreter to return on time.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Final
 
 import redis
+from redis.maint_notifications import MaintNotificationsConfig
 
 # What a bounded call may take beyond its caller's deadline: a blocking
 # command's reply, due just as the time runs out, must not race the socket's
@@ -32,6 +45,11 @@ SLACK_S = 0.02
 # The shortest wait a call is given: a socket timeout of 0 would mean
 # non-blocking, not "no time left".
 _FLOOR_S = 0.001
+
+# Keyword arguments of the service's Redis clients and pools (see above).
+QUIET: Final[Mapping[str, Any]] = MappingProxyType(
+    {"driver_info": None, "maint_notifications_config": MaintNotificationsConfig(enabled=False)}
+)
 
 _bound = threading.local()
 
@@ -69,6 +87,11 @@ class _Bounded:
 
     _socket_timeout: float | None
     _socket_connect_timeout: float | None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        for name, value in QUIET.items():
+            kwargs.setdefault(name, value)
+        super().__init__(*args, **kwargs)
 
     @property
     def socket_timeout(self) -> float | None:

@@ -44,7 +44,7 @@ from kombu.utils.json import dumps
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from dataservice.bounded import BoundedConnection, BoundedSSLConnection
+from dataservice.bounded import QUIET, BoundedConnection, BoundedSSLConnection
 from dataservice.config import Config
 from dataservice.keys import EPOCH_KEY
 from dataservice.limits.admission import (
@@ -161,6 +161,10 @@ class _Channel(kombu_redis.Channel):
         except AdmissionRefused as refusal:
             # Not pushed; the publisher learns it from take_refusal().
             refuse(refusal)
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        params: dict[str, Any] = super()._connparams(asynchronous=asynchronous)
+        return {**params, **QUIET}
 
     def admit(self, queue: str, message: dict[str, Any]) -> str:
         """Push a request message onto a lane's queue through admission and

@@ -30,6 +30,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
+from dataservice.bounded import QUIET
 from dataservice.cache.guard import stream_status
 from dataservice.changes.behind import describe_events, describe_lag
 from dataservice.changes.server import describe, reason
@@ -82,6 +83,7 @@ def exit_status(live: list[Check], ready: list[Check]) -> HealthExit:
 def _client(url: str, timeout_s: float) -> redis.Redis:
     return redis.Redis.from_url(
         url,
+        **QUIET,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         retry=Retry(NoBackoff(), 0),

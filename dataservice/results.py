@@ -19,7 +19,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from dataservice.bounded import SLACK_S, BoundedPool, connection_class, within
+from dataservice.bounded import QUIET, SLACK_S, BoundedPool, connection_class, within
 from dataservice.errors import Unavailable
 from dataservice.keys import result_key
 from dataservice.limits.scripts import LuaScript
@@ -78,6 +78,7 @@ class ResultStore:
             "socket_timeout": _WAIT_SLICE_S + 3,
             "socket_connect_timeout": 2,
             "health_check_interval": 30,
+            **QUIET,
         }
         if not bounded:
             return cls(

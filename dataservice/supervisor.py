@@ -21,6 +21,7 @@ from typing import Any
 import redis
 from rich.table import Table
 
+from dataservice.bounded import QUIET
 from dataservice.broker import TASK_NAME, celery_app
 from dataservice.changes.behind import describe_events, describe_lag
 from dataservice.changes.consumer import CHANGES_COMMAND
@@ -102,7 +103,7 @@ class Supervisor:
             args = ("--port", str(flower_port))
             self.pools.append(Pool(None, log_dir / "flower.log", "flower", args))
         self._control = celery_app("dataservice-supervisor", settings, config)
-        self._broker = redis.Redis.from_url(settings.broker_url, socket_timeout=2)
+        self._broker = redis.Redis.from_url(settings.broker_url, socket_timeout=2, **QUIET)
         self._last: Snapshot | None = None
 
     def _spawn(self, pool: Pool) -> None:

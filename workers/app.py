@@ -13,7 +13,7 @@ from celery import Celery, Task
 from celery.worker.control import inspect_command
 
 from dataservice.auth import Authenticator
-from dataservice.bounded import within
+from dataservice.bounded import QUIET, within
 from dataservice.broker import TASK_NAME, celery_app
 from dataservice.cache.runtime import CacheRuntime
 from dataservice.callers import KeyRing, load_keyring
@@ -75,6 +75,7 @@ class LaneRuntime:
         )
         self.limits_redis = redis.Redis.from_url(
             settings.redis_url,
+            **QUIET,
             socket_timeout=_LIMITS_TIMEOUT_S,
             socket_connect_timeout=_LIMITS_TIMEOUT_S,
             max_connections=threads + 2,
@@ -113,6 +114,7 @@ class LaneRuntime:
         # gauges): short timeouts, so that a stalled broker costs a beat, not a thread.
         self._broker = redis.Redis.from_url(
             settings.broker_url,
+            **QUIET,
             socket_timeout=_BROKER_CHATTER_TIMEOUT_S,
             socket_connect_timeout=_BROKER_CHATTER_TIMEOUT_S,
             max_connections=4,

@@ -6,6 +6,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from dataservice.bounded import QUIET
 from dataservice.cache.controls import RolloutControls
 from dataservice.cache.guard import FreshnessGuard
 from dataservice.cache.shadow import ShadowComparisons
@@ -41,6 +42,7 @@ class CacheRuntime:
         # with back-off, turning one timeout into seconds.
         self._client = redis.Redis.from_url(
             settings.redis_url,
+            **QUIET,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
             # The shadow comparisons' threads read and count here too.
@@ -49,6 +51,7 @@ class CacheRuntime:
         )
         self._waits = redis.Redis.from_url(
             settings.redis_url,
+            **QUIET,
             socket_timeout=cache.lock_lease_ms / 1000 + _WAIT_SOCKET_SLACK_S,
             socket_connect_timeout=timeout_s,
             max_connections=threads + 2,

@@ -24,6 +24,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from sqlalchemy import Engine, create_engine
 
+from dataservice.bounded import QUIET
 from dataservice.cache.controls import RolloutControls
 from dataservice.changes.behind import UNKNOWN, UNKNOWN_LAG_S, Behind, LagProbe
 from dataservice.changes.checkpoint import Checkpoints
@@ -77,6 +78,7 @@ class ChangeConsumer:
         )
         self._redis = redis.Redis.from_url(
             settings.redis_url,
+            **QUIET,
             socket_timeout=2,
             socket_connect_timeout=2,
             retry=Retry(NoBackoff(), 0),

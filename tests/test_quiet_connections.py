@@ -1,0 +1,96 @@
+"""The service's Redis connections say what they need on connect and nothing
+more (``dataservice.bounded.QUIET``): no ``CLIENT SETINFO`` (callers' Redis
+users are refused it) and no ``CLIENT MAINT_NOTIFICATIONS`` (a Redis before 8
+refuses it). Each would cost every connection a round trip, and the first an
+error built and thrown away, in the burst of reconnects after a stall.
+
+The commands are taken from what redis-py sends, to the real Redis."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+import redis
+
+from dataservice.broker import celery_app
+from dataservice.client.handle import now_ms
+from dataservice.client.transport import Transport
+from dataservice.config import Config
+from dataservice.health import _client as health_client
+from dataservice.results import ResultStore
+from dataservice.settings import Settings
+
+# What a connection of the service may send before its first command: RESP3's
+# hello (with the credentials), the pool's health check, the database.
+HANDSHAKE = {"HELLO", "AUTH", "PING", "SELECT"}
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of every command redis-py sends, in order."""
+    names: list[str] = []
+    send = redis.connection.AbstractConnection.send_command
+
+    def recording(self: redis.connection.AbstractConnection, *args: Any, **kwargs: Any) -> None:
+        names.append(" ".join(str(a) for a in args[:2]).upper())
+        send(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_command", recording)
+    return names
+
+
+def connect_only(sent: list[str], first_command: str) -> list[str]:
+    """What was sent before ``first_command``, the call's own command."""
+    assert any(name.startswith(first_command) for name in sent), sent
+    before = sent[: next(i for i, name in enumerate(sent) if name.startswith(first_command))]
+    assert before, "no new connection was made"
+    return before
+
+
+def assert_quiet(before: list[str]) -> None:
+    assert {name.split()[0] for name in before} <= HANDSHAKE, before
+
+
+@pytest.mark.parametrize("bounded", [True, False], ids=["caller", "worker"])
+def test_a_result_store_connects_with_the_handshake_alone(
+    settings: Settings, sent: list[str], bounded: bool
+) -> None:
+    store = ResultStore.from_url(settings.result_backend_url, bounded=bounded)
+    try:
+        assert store.wait("tests", uuid.uuid4().hex, 0.0) is None
+    finally:
+        store.close()
+    assert_quiet(connect_only(sent, "LPOP"))
+
+
+def test_a_callers_broker_channel_connects_with_the_handshake_alone(
+    transport: Transport, sent: list[str]
+) -> None:
+    # Asks the broker for its epoch on a channel of the caller's pool.
+    transport.look_at_epoch("an epoch that has ended", deadline_ms=now_ms() + 5000)
+    assert_quiet(connect_only(sent, "GET"))
+
+
+def test_a_workers_broker_channel_connects_with_the_handshake_alone(
+    settings: Settings, config: Config, sent: list[str]
+) -> None:
+    app = celery_app("tests-quiet", settings, config)
+    try:
+        with app.connection_for_write() as connection:
+            connection.default_channel.client.exists("tests:quiet")
+    finally:
+        app.close()
+    assert_quiet(connect_only(sent, "EXISTS"))
+
+
+def test_a_health_check_connects_with_the_handshake_alone(
+    settings: Settings, sent: list[str]
+) -> None:
+    client = health_client(settings.redis_url, 1.0)
+    try:
+        client.exists("tests:quiet")
+    finally:
+        client.close()
+    assert_quiet(connect_only(sent, "EXISTS"))
