@@ -17,13 +17,13 @@ holds the deadline decides.
 The Redis clients and pools the service's processes keep (callers' result
 stores and broker channels, the workers', the change consumer's, the health
 checks') are made with :data:`QUIET`: no client library reported and no
-maintenance notifications asked for. redis-py
-would otherwise read its own package metadata from disk for each new
-connection, send it in two ``CLIENT SETINFO`` round trips (which callers'
-Redis users are refused) and ask for ``CLIENT MAINT_NOTIFICATIONS`` (which a
-Redis before 8 refuses): four times the CPU per connect (``bench/connect.py``),
-paid by every connection at once when a stalled or restarted Redis answers
-again, the moment a caller's thread most needs the interpreter to return on time.
+maintenance notifications asked for. redis-py would otherwise read its own
+package metadata from disk for each new connection, send it in two ``CLIENT
+SETINFO`` round trips (which callers' Redis users are refused) and ask for
+``CLIENT MAINT_NOTIFICATIONS`` (which a Redis before 8 refuses): four times the
+CPU per connect (``bench/connect.py``), paid by every connection at once when a
+stalled or restarted Redis answers again, the moment a caller's thread most
+needs the interpreter to return on time.
 """
 
 from __future__ import annotations
