@@ -144,14 +144,8 @@ def _version(dist: str) -> str:
         return "-"
 
 
-def machine_info(redis_server_url: str, database_url: str) -> dict[str, Any]:
-    from google.protobuf.internal import api_implementation
-
-    client = redis.Redis.from_url(redis_server_url)
-    try:
-        redis_version = str(client.info("server").get("redis_version", "?"))
-    finally:
-        client.close()
+def host() -> dict[str, Any]:
+    """The machine and interpreter a bench runs on, and its load as it starts."""
     try:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:
@@ -162,6 +156,29 @@ def machine_info(redis_server_url: str, database_url: str) -> dict[str, Any]:
         "cpus_usable": len(os.sched_getaffinity(0)),
         "kernel": platform.release(),
         "python": platform.python_version(),
+        "loadavg_at_start": load,
+    }
+
+
+def host_line(machine: dict[str, Any], versions: str) -> str:
+    """:func:`host`'s figures on one console line, with the bench's ``versions``."""
+    m = machine
+    return (
+        f"[bold]machine[/bold]: {m['cpu_model']}, {m['cpus']} CPUs ({m['cpus_usable']} usable), "
+        f"Linux {m['kernel']}, Python {m['python']}, {versions}, load {m['loadavg_at_start']}"
+    )
+
+
+def machine_info(redis_server_url: str, database_url: str) -> dict[str, Any]:
+    from google.protobuf.internal import api_implementation
+
+    client = redis.Redis.from_url(redis_server_url)
+    try:
+        redis_version = str(client.info("server").get("redis_version", "?"))
+    finally:
+        client.close()
+    return {
+        **host(),
         "celery": _version("celery"),
         "kombu": _version("kombu"),
         "redis_py": _version("redis"),
@@ -171,5 +188,4 @@ def machine_info(redis_server_url: str, database_url: str) -> dict[str, Any]:
         "protobuf": f"{_version('protobuf')} ({api_implementation.Type()})",
         "redis_server": redis_version,
         "mariadb": database_version(database_url),
-        "loadavg_at_start": load,
     }

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import secrets
 import statistics
 import sys
@@ -80,7 +78,7 @@ def sample(way: str, url: str, password: str, connects: int) -> tuple[float, flo
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    load = os.getloadavg()
+    host = _env.host()
     admin = redis.Redis.from_url(args.redis_url, socket_timeout=5)
     admin_info = admin.info("server")
     password = secrets.token_urlsafe(24)
@@ -106,13 +104,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     base, service = figures["library default"], figures["service"]
     return {
         "machine": {
-            "cpu_model": _env._cpu_model(),
-            "cpus": os.cpu_count(),
-            "kernel": platform.release(),
-            "python": platform.python_version(),
+            **host,
             "redis-py": _env._version("redis"),
             "redis_server": admin_info["redis_version"],
-            "loadavg_at_start": [round(x, 2) for x in load],
         },
         "connects_per_sample": args.connects,
         "repeats": args.repeats,
@@ -129,11 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     report = run(args)
     console = Console()
     m = report["machine"]
-    console.print(
-        f"[bold]machine[/bold]: {m['cpu_model']}, {m['cpus']} CPUs, Linux {m['kernel']}, "
-        f"Python {m['python']}, redis-py {m['redis-py']}, Redis {m['redis_server']}, "
-        f"load {m['loadavg_at_start']}"
-    )
+    console.print(_env.host_line(m, f"redis-py {m['redis-py']}, Redis {m['redis_server']}"))
     table = Table(title="one new Redis connection as a caller's user (median of rounds)")
     for column in ("connection", "CPU ms", "wall ms"):
         table.add_column(column, justify="left" if column == "connection" else "right")

@@ -29,7 +29,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -157,23 +156,14 @@ def measure_size(size: int, args: argparse.Namespace) -> dict[str, Any]:
 
 def machine() -> dict[str, Any]:
     return {
-        "cpu_model": _env._cpu_model(),
-        "cpus": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
+        **_env.host(),
         "protobuf": f"{_env._version('protobuf')} ({api_implementation.Type()})",
-        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
     }
 
 
 def print_report(console: Console, report: dict[str, Any]) -> None:
     m = report["machine"]
-    console.print(
-        f"[bold]machine[/bold]: {m['cpu_model']}, {m['cpus']} CPUs ({m['cpus_usable']} usable), "
-        f"Linux {m['kernel']}, Python {m['python']}, protobuf {m['protobuf']}, "
-        f"load {m['loadavg_at_start']}"
-    )
+    console.print(_env.host_line(m, f"protobuf {m['protobuf']}"))
     table = Table(title="cache formats: CPU ns per record (median of rounds), stored bytes")
     for column in ("payload", "format", *OPERATIONS, "stored bytes"):
         table.add_column(column, justify="left" if column == "format" else "right")

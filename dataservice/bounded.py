@@ -88,11 +88,6 @@ class _Bounded:
     _socket_timeout: float | None
     _socket_connect_timeout: float | None
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        for name, value in QUIET.items():
-            kwargs.setdefault(name, value)
-        super().__init__(*args, **kwargs)
-
     @property
     def socket_timeout(self) -> float | None:
         return _limited(self._socket_timeout)
