@@ -11,7 +11,13 @@
 -- ARGV[4]  the request's member in KEYS[3]; '' when its slot is not in Redis
 -- ARGV[5]  the message's delivery tag; '' when kombu acknowledges it itself
 -- KEYS[6]  the lane's held requests: ds:admission:<lane queue>:held (admit.lua)
--- ARGV[6]  the request's member there: '<request id>:<bytes>'
+-- ARGV[6]  the request's member there: '<request id>:<bytes>' (a batch's:
+--          '<request id>:<operations>:<bytes>')
+-- ARGV[7]  the operations the message carried (1 but for a batch)
+-- KEYS[7..] a batch's further answers' lists: ds:result:<caller>:<request id>
+--          of each further operation (the first is KEYS[1])
+-- ARGV[8..] for each of those, in the same order, a pair: how long it is kept
+--          (ms, as ARGV[2]) and its encoded ResponseEnvelope
 --
 -- Returns 1.
 --#include limits/complete.lua
@@ -20,7 +26,12 @@ if ARGV[1] ~= '' then
   redis.call('RPUSH', KEYS[1], ARGV[1])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
-complete(KEYS[2], KEYS[6], ARGV[6], ARGV[3])
+for i = 7, #KEYS do
+  local at = 8 + 2 * (i - 7)
+  redis.call('RPUSH', KEYS[i], ARGV[at + 1])
+  redis.call('PEXPIRE', KEYS[i], ARGV[at])
+end
+complete(KEYS[2], KEYS[6], ARGV[6], ARGV[3], ARGV[7])
 if ARGV[4] ~= '' then
   redis.call('ZREM', KEYS[3], ARGV[4])
 end

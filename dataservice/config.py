@@ -67,6 +67,14 @@ class LaneConfig(FrozenModel):
     max_deadline_ms: PositiveInt
     # Celery task events (Flower's tasks page): a Redis PUBLISH or more per request.
     task_events: bool = False
+    # Batches (docs/operations.md, "Batches"): writes and deletes packed into
+    # one signed message, committed a transaction per permit.
+    max_ops_per_message: Annotated[int, Field(gt=0, le=1000)] = 1
+    # A whole batch message's envelope; None: limits.max_request_bytes.
+    max_message_bytes: Annotated[int, Field(gt=0, le=64 << 20)] | None = None
+    max_ops_per_transaction: Annotated[int, Field(gt=0, le=1000)] = 100
+    # How long one transaction may stay open: its statements' time is cut to it.
+    max_transaction_ms: Annotated[int, Field(ge=10, le=60_000)] = 1000
 
     @model_validator(mode="after")
     def _default_within_max(self) -> LaneConfig:
@@ -260,6 +268,31 @@ class Config(FrozenModel):
                     f"limits.max_request_bytes ({self.limits.max_request_bytes})"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _a_batch_fits_its_lane(self) -> Config:
+        for name, lane in (("interactive", self.lanes.interactive), ("batch", self.lanes.batch)):
+            size = self.message_bytes(lane)
+            if size < self.limits.max_request_bytes:
+                raise ValueError(
+                    f"lanes.{name}.max_message_bytes ({size}) is below "
+                    f"limits.max_request_bytes ({self.limits.max_request_bytes})"
+                )
+            if size > lane.admission.max_bytes:
+                raise ValueError(
+                    f"lanes.{name}.max_message_bytes ({size}) exceeds "
+                    f"lanes.{name}.admission.max_bytes ({lane.admission.max_bytes})"
+                )
+            if lane.max_ops_per_message > lane.admission.max_messages:
+                raise ValueError(
+                    f"lanes.{name}.max_ops_per_message ({lane.max_ops_per_message}) exceeds "
+                    f"lanes.{name}.admission.max_messages ({lane.admission.max_messages})"
+                )
+        return self
+
+    def message_bytes(self, lane: LaneConfig) -> int:
+        """The most envelope bytes one message on ``lane`` may carry."""
+        return lane.max_message_bytes or self.limits.max_request_bytes
 
     @property
     def longest_deadline_ms(self) -> int:

@@ -45,6 +45,7 @@ import redis
 from dataservice.codec.requests import OPERATIONS
 from dataservice.config import Config
 from dataservice.keys import EPOCH_KEY, admission_key, held_key, pace_key
+from dataservice.limits.gcra import Rate
 from dataservice.limits.scripts import LuaScript
 from dataservice.refusals import Reason, Refusal
 
@@ -61,6 +62,10 @@ CALLER_HEADER = "ds_caller"
 # The request's operation, for its service time (advisory too: a caller that
 # names another only misleads admission about its own request).
 OPERATION_HEADER = "ds_op"
+# How many operations a batch message carries (absent: one). Admission counts
+# operations, not messages; the worker gives back what the header said, and
+# charges the caller's rate for what the signed envelope holds.
+OPS_HEADER = "ds_ops"
 # A service time the workers have not renewed for this long is not relied on.
 SERVICE_STALE_MS = 5000
 # A queue that has had something waiting for this long stands: not one burst
@@ -125,10 +130,19 @@ class LaneAdmission:
 HELD_GRACE_MS = 5000
 
 
-def held_member(request_id: str, size: int) -> str:
-    """A request among its lane's held ones (``held_key``): its id and the
-    envelope bytes admission counted for it, which ``admit.lua`` builds too."""
-    return f"{request_id}:{size}"
+def held_member(request_id: str, size: int, ops: int = 1) -> str:
+    """A request among its lane's held ones (``held_key``): its id, the
+    operations of a batch, and the envelope bytes admission counted for it,
+    as ``admit.lua`` builds it too."""
+    return f"{request_id}:{size}" if ops <= 1 else f"{request_id}:{ops}:{size}"
+
+
+def message_ops(message: dict[str, Any]) -> int:
+    """The operations a message carries, as its header says (1 unless a batch)."""
+    value = message.get("headers", {}).get(OPS_HEADER)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        return 1
+    return value
 
 
 def held_size(member: str) -> int:
@@ -177,7 +191,7 @@ def remaining_ms(message: dict[str, Any], fallback_ms: int) -> int:
     return value - time.time_ns() // 1_000_000
 
 
-def caller_pacing(config: Config) -> dict[str, tuple[int, int]]:
+def caller_pacing(config: Config) -> dict[str, tuple[int, float]]:
     """Each caller's emission interval (µs) and burst, as the workers' gate applies them
     (plain data: it travels in the broker's transport options, like the bounds)."""
     return {
@@ -217,11 +231,17 @@ def admit(
         secrets.token_hex(8),
         str(message.get("headers", {}).get("id", "")),
     ]
+    ops = message_ops(message)
     caller = message.get("headers", {}).get(CALLER_HEADER)
     paced = pacing.get(caller) if pacing and isinstance(caller, str) else None
     if paced is not None:
         keys.append(pace_key(caller))
-        args += [paced[0], paced[1]]
+        # One step charges the batch's every operation (gcra.py, Rate.charged).
+        rate = Rate(int(paced[0]), paced[1]).charged(ops)
+        args += [rate.interval_us, rate.burst]
+    else:
+        args += [0, 0]
+    args.append(ops)
     answer = _ADMIT(client, keys, args)
     reason = answer[0].decode() if isinstance(answer[0], bytes) else str(answer[0])
     if reason:

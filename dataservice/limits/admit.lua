@@ -26,6 +26,8 @@
 --            empty_at  when a publish last found nothing waiting (server time, ms)
 --            shedding  1 from a refusal for the target wait until the queue is
 --                     back within three quarters of it (or empty)
+--            extra_ops the operations of held batch messages beyond one per
+--                     message: queue lengths and counts are in operations
 -- ARGV[1]  the message, as kombu stores it in the list
 -- ARGV[2]  the request envelope's size in bytes
 -- ARGV[3]  the most messages that may wait in the queue
@@ -57,8 +59,12 @@
 -- ARGV[13] the request's id
 -- KEYS[5]  optional: the caller's publish pacing (GCRA theoretical arrival time, µs),
 --          ds:pace:<caller>, a key of the caller's own
--- ARGV[14] with KEYS[5]: the caller's emission interval (µs per request: 1e6 / rate)
--- ARGV[15] with KEYS[5]: the caller's burst (requests)
+-- ARGV[14] with KEYS[5]: the caller's emission interval (µs per request: 1e6 / rate),
+--          times the message's operations (gcra.py's Rate.for_cost); else 0
+-- ARGV[15] with KEYS[5]: the caller's burst (requests), divided by them; else 0
+-- ARGV[16] the operations the message carries: 1, or a batch's count. Every
+--          count here (the bound of ARGV[3], the drain rate, arrivals) is in
+--          operations, so the lane's bounds mean the same however they are packed
 --
 -- Returns {'', epoch} when the message was pushed (the epoch it was pushed
 -- in, which its caller keeps to tell a lost request from a slow one), or
@@ -73,7 +79,8 @@
 local depth = redis.call('LLEN', KEYS[1])
 local service_field = ARGV[8] ~= '' and ARGV[8] or 'service:'
 local h = redis.call('HMGET', KEYS[2], 'bytes', 'done', 'rate', 'rate_at', 'done_at',
-  'service_at', service_field, 'empty_at', 'shedding', 'busy_at', 'arrivals', 'arrivals_at')
+  'service_at', service_field, 'empty_at', 'shedding', 'busy_at', 'arrivals', 'arrivals_at',
+  'extra_ops')
 -- Workers only subtract; a negative balance (a completion counted twice after
 -- a redelivery) must not become room beyond the bound.
 local bytes = math.max(tonumber(h[1]) or 0, 0)
@@ -84,6 +91,8 @@ local done_at = tonumber(h[5]) or 0
 local size = tonumber(ARGV[2])
 local remaining = tonumber(ARGV[5])
 local cap = tonumber(ARGV[6])
+local ops = tonumber(ARGV[16]) or 1
+local extra = math.max(tonumber(h[13]) or 0, 0)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- Past its deadline and the grace, a held request was lost on the way (a
@@ -93,11 +102,19 @@ local lapsed = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 100
 if #lapsed > 0 then
   for _, member in ipairs(lapsed) do
     bytes = bytes - (tonumber(string.match(member, ':(%d+)$')) or 0)
+    -- A batch's member is '<id>:<operations>:<bytes>'.
+    extra = extra - ((tonumber(string.match(member, ':(%d+):%d+$')) or 1) - 1)
   end
   bytes = math.max(bytes, 0)
+  extra = math.max(extra, 0)
   redis.call('ZREM', KEYS[3], unpack(lapsed))
-  redis.call('HSET', KEYS[2], 'bytes', bytes)
+  redis.call('HSET', KEYS[2], 'bytes', bytes, 'extra_ops', extra)
 end
+-- In operations: each message in the list counts one, and a held batch its
+-- further operations too (while in a worker's hands as well: a little more
+-- than waits, never less).
+local held = redis.call('ZCARD', KEYS[3]) + extra
+depth = depth + extra
 -- Relied on only while the workers keep saying it: no workers, no estimate.
 local service = 0
 if now - (tonumber(h[6]) or 0) <= tonumber(ARGV[9]) then
@@ -116,7 +133,7 @@ local OVERLOAD = 1.1
 -- to what the workers can hold besides the list: as many again as run.
 local running = 0
 if rate > 0 and service > 0 then running = rate * service / 1000 end
-local ahead = math.max(depth, redis.call('ZCARD', KEYS[3]))
+local ahead = math.max(depth, held)
 ahead = math.min(ahead, depth + 2 * running + 1)
 local waiting = math.max(depth, ahead - running)
 -- The rate says what the lane can drain only once a window measured it busy
@@ -139,10 +156,10 @@ end
 local ARRIVAL_TAU_MS = 500
 local arrivals_at = tonumber(h[12]) or now
 local decay = math.exp(-math.max(now - arrivals_at, 0) / ARRIVAL_TAU_MS)
-local arrivals = (tonumber(h[11]) or 0) * decay + 1
+local arrivals = (tonumber(h[11]) or 0) * decay + ops
 local arriving = arrivals * 1000 / ARRIVAL_TAU_MS
 redis.call('HSET', KEYS[2], 'arrivals', tostring(arrivals), 'arrivals_at', now)
-redis.call('HINCRBY', KEYS[2], 'offered', 1)
+redis.call('HINCRBY', KEYS[2], 'offered', ops)
 redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[7]))
 redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[7]))
 if rate_at ~= nil and now - rate_at >= 1000 then
@@ -176,11 +193,11 @@ end
 if remaining <= 0 then
   return refuse('queue_too_long', 10)
 end
-if depth + 1 > tonumber(ARGV[3]) then
-  return refuse('queue_full', drain_ms(depth + 1 - tonumber(ARGV[3])))
+if depth + ops > tonumber(ARGV[3]) then
+  return refuse('queue_full', drain_ms(depth + ops - tonumber(ARGV[3])))
 end
 if bytes + size > tonumber(ARGV[4]) then
-  return refuse('queue_bytes', drain_ms(1))
+  return refuse('queue_bytes', drain_ms(ops))
 end
 -- Only a queue that was measured draining says how long it takes; an empty
 -- one lets the request start at once (the workers refuse one that cannot run).
@@ -237,7 +254,12 @@ if not epoch then
   redis.call('SET', KEYS[4], epoch)
 end
 redis.call('LPUSH', KEYS[1], ARGV[1])
-redis.call('ZADD', KEYS[3], now + remaining + HELD_GRACE_MS, ARGV[13] .. ':' .. size)
+local member = ARGV[13] .. ':' .. size
+if ops > 1 then
+  member = ARGV[13] .. ':' .. ops .. ':' .. size
+  redis.call('HSET', KEYS[2], 'extra_ops', extra + ops - 1)
+end
+redis.call('ZADD', KEYS[3], now + remaining + HELD_GRACE_MS, member)
 redis.call('HSET', KEYS[2], 'bytes', bytes + size)
-redis.call('HINCRBY', KEYS[2], 'admitted', 1)
+redis.call('HINCRBY', KEYS[2], 'admitted', ops)
 return {'', epoch}

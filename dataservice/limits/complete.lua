@@ -2,19 +2,27 @@
 -- hit.lua, not a script of its own (dataservice/limits/scripts.py puts it where
 -- a script says `--#include complete.lua`).
 --
--- complete(admission, held, member, size)
+-- complete(admission, held, member, size, ops)
 --   admission  the lane's admission hash: ds:admission:<lane queue> (admit.lua)
 --   held       the lane's held requests: ds:admission:<lane queue>:held
---   member     the request's member there: '<request id>:<bytes>'
+--   member     the message's member there: '<request id>:<bytes>', or
+--              '<request id>:<operations>:<bytes>' for a batch
 --   size       the envelope bytes admission counted for it
-local function complete(admission, held, member, size)
+--   ops        the operations it carried (1 but for a batch)
+local function complete(admission, held, member, size, ops)
+  ops = tonumber(ops) or 1
   -- Its bytes go back only if it is still held: not if admission already let
   -- it lapse, nor if it was admitted by a Redis that has since restarted empty.
   if redis.call('ZREM', held, member) == 1 then
     local bytes = (tonumber(redis.call('HGET', admission, 'bytes')) or 0) - tonumber(size)
     redis.call('HSET', admission, 'bytes', math.max(bytes, 0))
+    if ops > 1 then
+      local extra = (tonumber(redis.call('HGET', admission, 'extra_ops')) or 0) - (ops - 1)
+      redis.call('HSET', admission, 'extra_ops', math.max(extra, 0))
+    end
   end
-  local done = redis.call('HINCRBY', admission, 'done', 1)
+  -- Completions count operations: the drain rate is in operations per second.
+  local done = redis.call('HINCRBY', admission, 'done', ops)
   -- The first completion since the counts began opens admission's first
   -- measuring window (admit.lua): the workers are there by now.
   if redis.call('HEXISTS', admission, 'rate_at') == 0 then

@@ -84,7 +84,8 @@ class RedisLimits:
 
     def enter_peeking(self, entry: Entry, peek: Peek | None) -> tuple[Slot, Peeked]:
         """The slot, and with ``peek`` what its key holds, read only if admitted."""
-        caller, request_id, rate = entry.caller, entry.request_id, entry.policy.rate
+        caller, request_id = entry.caller, entry.request_id
+        rate = entry.policy.rate.charged(entry.cost)
         # Beyond its deadline (plus the skew) a replay would be dropped as late anyway.
         remember_ms = max(1, entry.deadline_ms - entry.now_ms + self._skew_ms)
         keys = [replay_key(caller, request_id), rate_key(caller), inflight_key(caller)]

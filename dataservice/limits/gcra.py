@@ -3,7 +3,11 @@
 A caller's rate is one request per ``interval_us``, with at most ``burst``
 requests at once above it. Each admitted request moves the caller's
 theoretical arrival time (TAT) one interval on; a request may run at most
-``burst`` intervals ahead of it. The same arithmetic in Lua is ``gcra.lua``,
+``burst`` intervals ahead of it. A message carrying ``n`` operations (a
+batch) is charged as ``n`` requests by one step of the same arithmetic with
+:meth:`Rate.charged`: an interval ``n`` times as long and a burst ``n`` times
+smaller move the TAT ``n`` intervals on and allow it exactly when ``n``
+requests in a row would be. The same arithmetic in Lua is ``gcra.lua``,
 which the Redis scripts include; ``tests/test_limits_contract.py`` runs the
 same cases against both.
 """
@@ -21,7 +25,8 @@ class Rate:
     """One request per ``interval_us`` microseconds, ``burst`` at once above it."""
 
     interval_us: int
-    burst: int
+    # A float only once charged for several requests (:meth:`charged`).
+    burst: float
 
     @classmethod
     @functools.lru_cache(maxsize=1024)
@@ -31,7 +36,14 @@ class Rate:
 
     def share(self, parts: int) -> Rate:
         """One of ``parts`` equal shares; each keeps a burst of at least one."""
-        return Rate(self.interval_us * parts, max(1, self.burst // parts))
+        return Rate(self.interval_us * parts, max(1, int(self.burst // parts)))
+
+    def charged(self, n: int) -> Rate:
+        """The rate whose one step charges ``n`` requests (a batch of ``n``):
+        more than ``burst`` at once never pass."""
+        if n <= 1:
+            return self
+        return Rate(self.interval_us * n, self.burst / n)
 
 
 def check(tat_us: int | None, now_us: int, rate: Rate) -> tuple[int, int]:

@@ -51,7 +51,7 @@ local record = string.sub(entry, colon + 1)
 local read = '\10' .. varint(#record) .. record
 redis.call('RPUSH', KEYS[5], ARGV[9] .. '\82' .. varint(#read) .. read)
 redis.call('PEXPIRE', KEYS[5], ARGV[10])
-complete(KEYS[6], KEYS[9], ARGV[13], ARGV[11])
+complete(KEYS[6], KEYS[9], ARGV[13], ARGV[11], 1)
 if tonumber(ARGV[4]) > 0 then
   redis.call('ZREM', KEYS[3], ARGV[5])
 end

@@ -42,7 +42,7 @@ class LocalLimits:
     def enter(self, entry: Entry) -> Slot:
         policy, caller, capped = entry.policy, entry.caller, entry.capped
         now_us = self._clock_ns() // 1000
-        rate = policy.rate.share(self._replicas)
+        rate = policy.rate.share(self._replicas).charged(entry.cost)
         cap = max(1, policy.max_interactive // self._replicas)
         remember_us = max(1, entry.deadline_ms - entry.now_ms + self._skew_ms) * 1000
         marker = f"{caller}:{entry.request_id}"

@@ -24,6 +24,8 @@ class Entry:
     capped: bool
     # The broker delivered it again (its first worker died before acknowledging).
     redelivered: bool = False
+    # The operations it carries, each charged to the caller's rate (a batch's many).
+    cost: int = 1
 
 
 @dataclass(frozen=True, slots=True)

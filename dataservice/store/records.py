@@ -20,7 +20,7 @@ Two options change that, on writes and deletes only:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -29,6 +29,7 @@ from sqlalchemy import Connection, Engine
 
 from dataservice.refusals import Refusal
 from dataservice.store import statements
+from dataservice.store.group import MAX_GROUP_ATTEMPTS, GroupRaced, Mutation, apply_group
 from dataservice.store.idempotency import Idempotency, IdempotencyConflict, Outcome, Recorded
 from dataservice.store.idempotency import once as _once
 from dataservice.store.idempotency import purge as _purge
@@ -187,6 +188,24 @@ class RecordStore:
         if recorded.outcome is Outcome.REVISION_MISMATCH:
             raise RevisionMismatch(recorded.revision)
         return recorded
+
+    def apply_group(
+        self, mutations: Sequence[Mutation], bounds: Bounds = UNBOUNDED
+    ) -> list[Recorded | None]:
+        """Apply keyed writes and deletes of distinct records in one transaction
+        (``group.py``): each one's outcome, None for a key used for a different
+        request. Rolled back and run again if a concurrent writer got in between."""
+        if not mutations:
+            return []
+        for mutation in mutations:
+            _check(mutation.expected_revision)
+        with self._sessions.connection(bounds) as conn:
+            for _ in range(MAX_GROUP_ATTEMPTS - 1):
+                try:
+                    return apply_group(conn, mutations, self._retention_s)
+                except GroupRaced:
+                    continue
+            return apply_group(conn, mutations, self._retention_s)
 
     def purge_idempotency(self, limit: int, bounds: Bounds = UNBOUNDED) -> int:
         """Delete at most ``limit`` expired idempotency keys; returns how many.

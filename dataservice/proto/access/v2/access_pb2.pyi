@@ -349,6 +349,72 @@ class ListCursor(_message.Message):
 Global___ListCursor: _TypeAlias = ListCursor  # noqa: Y015
 
 @_typing.final
+class BatchOperation(_message.Message):
+    """One operation of a batch (RequestEnvelope.batch): its own id, deadline and
+    idempotency key, answered on its own under its id, exactly as if it had come
+    in a message of its own. A batch carries writes and deletes.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    DEADLINE_UNIX_MS_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    WRITE_FIELD_NUMBER: _builtins.int
+    DELETE_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    deadline_unix_ms: _builtins.int
+    """absolute; at most the envelope's"""
+    idempotency_key: _builtins.str
+    """required, as on a single write or delete"""
+    @_builtins.property
+    def write(self) -> Global___WriteRecordRequest: ...
+    @_builtins.property
+    def delete(self) -> Global___DeleteRecordRequest: ...
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        deadline_unix_ms: _builtins.int = ...,
+        idempotency_key: _builtins.str = ...,
+        write: Global___WriteRecordRequest | None = ...,
+        delete: Global___DeleteRecordRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delete", b"delete", "operation", b"operation", "write", b"write"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline_unix_ms", b"deadline_unix_ms", "delete", b"delete", "idempotency_key", b"idempotency_key", "operation", b"operation", "request_id", b"request_id", "write", b"write"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_operation: _TypeAlias = _typing.Literal["write", "delete"]  # noqa: Y015
+    _WhichOneofArgType_operation: _TypeAlias = _typing.Literal["operation", b"operation"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_operation) -> _WhichOneofReturnType_operation | None: ...
+
+Global___BatchOperation: _TypeAlias = BatchOperation  # noqa: Y015
+
+@_typing.final
+class BatchRequest(_message.Message):
+    """Many operations in one signed message, on the batch lane: the envelope's
+    signature covers them all; each is answered under its own request id.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPERATIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def operations(self) -> _containers.RepeatedCompositeFieldContainer[Global___BatchOperation]: ...
+    def __init__(
+        self,
+        *,
+        operations: _abc.Iterable[Global___BatchOperation] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["operations", b"operations"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatchRequest: _TypeAlias = BatchRequest  # noqa: Y015
+
+@_typing.final
 class RequestEnvelope(_message.Message):
     """What a caller asks for. It travels inside a SignedRequest.
     Field numbers stay below 100 (see SignedRequest).
@@ -365,6 +431,7 @@ class RequestEnvelope(_message.Message):
     WRITE_FIELD_NUMBER: _builtins.int
     DELETE_FIELD_NUMBER: _builtins.int
     LIST_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     caller: _builtins.str
     request_id: _builtins.str
     deadline_unix_ms: _builtins.int
@@ -383,6 +450,12 @@ class RequestEnvelope(_message.Message):
     def delete(self) -> Global___DeleteRecordRequest: ...
     @_builtins.property
     def list(self) -> Global___ListRecordsRequest: ...
+    @_builtins.property
+    def batch(self) -> Global___BatchRequest:
+        """Many writes and deletes at once (batch lane only). The envelope's own
+        deadline is the latest of theirs; its idempotency key is empty.
+        """
+
     def __init__(
         self,
         *,
@@ -395,12 +468,13 @@ class RequestEnvelope(_message.Message):
         write: Global___WriteRecordRequest | None = ...,
         delete: Global___DeleteRecordRequest | None = ...,
         list: Global___ListRecordsRequest | None = ...,
+        batch: Global___BatchRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["delete", b"delete", "list", b"list", "operation", b"operation", "read", b"read", "write", b"write"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "delete", b"delete", "list", b"list", "operation", b"operation", "read", b"read", "write", b"write"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "deadline_unix_ms", b"deadline_unix_ms", "delete", b"delete", "idempotency_key", b"idempotency_key", "issued_at_unix_ms", b"issued_at_unix_ms", "list", b"list", "operation", b"operation", "read", b"read", "request_id", b"request_id", "write", b"write"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "caller", b"caller", "deadline_unix_ms", b"deadline_unix_ms", "delete", b"delete", "idempotency_key", b"idempotency_key", "issued_at_unix_ms", b"issued_at_unix_ms", "list", b"list", "operation", b"operation", "read", b"read", "request_id", b"request_id", "write", b"write"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_operation: _TypeAlias = _typing.Literal["read", "write", "delete", "list"]  # noqa: Y015
+    _WhichOneofReturnType_operation: _TypeAlias = _typing.Literal["read", "write", "delete", "list", "batch"]  # noqa: Y015
     _WhichOneofArgType_operation: _TypeAlias = _typing.Literal["operation", b"operation"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_operation) -> _WhichOneofReturnType_operation | None: ...
 
