@@ -83,7 +83,10 @@ class Authenticator:
         self._lane = lane
         self._lane_config: LaneConfig = config.lanes[lane]
         self._skew_ms = config.auth.max_clock_skew_ms
-        self._max_bytes = config.limits.max_request_bytes + SIGNED_OVERHEAD
+        # A batch message may be larger than one request (lanes.<lane>.max_message_bytes).
+        self._envelope_bytes = config.message_bytes(self._lane_config)
+        self._max_ops = self._lane_config.max_ops_per_message
+        self._max_bytes = self._envelope_bytes + SIGNED_OVERHEAD
 
     def open(self, task_id: str, body: object, now_ms: int) -> pb.RequestEnvelope:
         """The verified and validated envelope of a message.
@@ -117,7 +120,12 @@ class Authenticator:
             )
         # From here on the bytes are the caller's own.
         try:
-            envelope = decode_request(signed.envelope, self._config.limits)
+            envelope = decode_request(
+                signed.envelope,
+                self._config.limits,
+                max_bytes=self._envelope_bytes,
+                max_ops=self._max_ops,
+            )
             if envelope.request_id != task_id:
                 raise InvalidArgument("request_id does not match the message id")
         except InvalidArgument as exc:
@@ -177,18 +185,19 @@ class Authenticator:
                 caller=caller,
             )
         operation = envelope.WhichOneof("operation")
+        if operation == "batch":
+            # Each operation is authorised on its own, as the envelope it would
+            # have had alone (dataservice.worker.batch), so that one the caller
+            # may not do fails alone.
+            self._lane_allowed(policy, caller)
+            return Authorised(envelope, policy, operation)
         if operation is None or operation not in policy.operations:
             raise Rejected(
                 Reason.OPERATION_DENIED,
                 f"the caller may not {operation}",
                 caller=caller,
             )
-        if self._lane.value not in policy.lanes:
-            raise Rejected(
-                Reason.LANE_DENIED,
-                f"the caller may not use the {self._lane.value} lane",
-                caller=caller,
-            )
+        self._lane_allowed(policy, caller)
         scope: str = getattr(envelope, operation).scope
         if not policy.allows_scope(scope):
             raise Rejected(
@@ -197,3 +206,11 @@ class Authenticator:
                 caller=caller,
             )
         return Authorised(envelope, policy, operation)
+
+    def _lane_allowed(self, policy: CallerPolicy, caller: str) -> None:
+        if self._lane.value not in policy.lanes:
+            raise Rejected(
+                Reason.LANE_DENIED,
+                f"the caller may not use the {self._lane.value} lane",
+                caller=caller,
+            )

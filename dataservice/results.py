@@ -11,7 +11,7 @@ still found.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -48,6 +48,8 @@ class Completion:
     size: int
     inflight: tuple[str, str] | None = None
     ack: tuple[str, str, str] | None = None
+    # The operations its message carried, as admission counted them (a batch's many).
+    ops: int = 1
 
 
 @contextmanager
@@ -115,11 +117,33 @@ class ResultStore:
             pipe.pexpire(key, ttl_ms)
             pipe.execute()
 
+    def put_batch(
+        self, caller: str, answers: Sequence[tuple[str, bytes, int]], done: Completion
+    ) -> None:
+        """A batch's answers, ``(request id, body, until when)`` each under its
+        own id, and its message gone from the lane, in one step; an answer
+        already past its expiry is not stored."""
+        now = time.time_ns() // 1_000_000
+        keys, args = [], []
+        for request_id, body, expires_at_ms in answers:
+            if expires_at_ms > now:
+                keys.append(result_key(caller, request_id))
+                args += [expires_at_ms - now, body]
+        self._finish(done.admission_key, b"", 0, done, keys, args)
+
     def complete(self, done: Completion) -> None:
         """Give a request's bytes back to admission when it gets no answer."""
         self._finish(done.admission_key, b"", 0, done)
 
-    def _finish(self, key: str, body: bytes, ttl_ms: int, done: Completion) -> None:
+    def _finish(
+        self,
+        key: str,
+        body: bytes,
+        ttl_ms: int,
+        done: Completion,
+        more_keys: Sequence[str] = (),
+        more_args: Sequence[bytes | int] = (),
+    ) -> None:
         # One script rather than a MULTI of up to nine commands: the same
         # atomicity for a fraction of the client's work.
         inflight, member = done.inflight or (done.admission_key, "")
@@ -127,8 +151,8 @@ class ResultStore:
         held, held_member = done.held
         _ANSWER(
             self._redis,
-            [key, done.admission_key, inflight, index, unacked, held],
-            [body, ttl_ms, done.size, member, tag, held_member],
+            [key, done.admission_key, inflight, index, unacked, held, *more_keys],
+            [body, ttl_ms, done.size, member, tag, held_member, done.ops, *more_args],
         )
 
     def wait(

@@ -63,6 +63,7 @@ class Answers:
         body: object,
         admitted_size: Any,
         ack: tuple[str, str, str] | None = None,
+        admitted_ops: Any = None,
     ) -> bool:
         """Store the answer (if any), give the request's bytes back to
         admission and its in-flight slot back to the gate, and with ``ack``
@@ -73,11 +74,19 @@ class Answers:
         slot = reply.slot if reply is not None else None
         shared = slot is not None and self._slots_with_answers
         inflight = Gate.slot_member(slot) if slot is not None and shared else None
-        held = (self._held_key, held_member(task_id, size))
-        done = Completion(self._admission_key, held, size, inflight, ack)
+        # What admission counted for the message (its header), not what it holds.
+        ops = max(int_header(admitted_ops) or 1, 1)
+        held = (self._held_key, held_member(task_id, size, ops))
+        done = Completion(self._admission_key, held, size, inflight, ack, ops)
         try:
             self._handler.release(reply, released_in_redis=inflight is not None)
-            if reply is None or not reply.caller:
+            if reply is not None and reply.caller and reply.answers:
+                self._results.put_batch(
+                    reply.caller,
+                    [(a.request_id, a.body, a.expires_at_ms) for a in reply.answers],
+                    done,
+                )
+            elif reply is None or not reply.caller:
                 self._results.complete(done)
             else:
                 self._results.put(reply.caller, task_id, reply.body, reply.expires_at_ms, done)

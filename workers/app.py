@@ -20,7 +20,7 @@ from dataservice.callers import KeyRing, load_keyring
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.keys import admission_key
-from dataservice.limits.admission import DEADLINE_HEADER, SIZE_HEADER
+from dataservice.limits.admission import DEADLINE_HEADER, OPS_HEADER, SIZE_HEADER
 from dataservice.limits.gate import Gate
 from dataservice.limits.permits import PERMITS_COMMAND, LanePermits
 from dataservice.metrics import DEPENDENCY_FAILURES, Dependency
@@ -142,6 +142,7 @@ class LaneRuntime:
         deadline: Any,
         admitted_size: Any = None,
         redelivered: bool = False,
+        admitted_ops: Any = None,
     ) -> None:
         """Answer one message; whatever happens, its bytes go back to admission:
         the size admission counted (its header), else the body's."""
@@ -167,7 +168,7 @@ class LaneRuntime:
             until_ms = (int_header(deadline) or 0) + self._grace_ms
             bound_s = max((until_ms - time.time() * 1000) / 1000, _MIN_DELIVERY_S)
             with within(bound_s):
-                self._deliver(task_id, reply, body, admitted_size)
+                self._deliver(task_id, reply, body, admitted_size, None, admitted_ops)
 
     def close(self) -> None:
         self._service_times.stop()
@@ -215,6 +216,7 @@ def register_task(app: Celery, runtime: LaneRuntime) -> None:
             getattr(request, DEADLINE_HEADER, None),
             getattr(request, SIZE_HEADER, None),
             redelivered(request),
+            getattr(request, OPS_HEADER, None),
         )
 
     # Cache hits are answered on the consumer thread; everything else goes on

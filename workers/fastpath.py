@@ -56,7 +56,7 @@ from celery.utils.imports import symbol_by_name
 from celery.worker import state as worker_state
 from kombu.transport.virtual.base import QoS as VirtualQoS
 
-from dataservice.limits.admission import DEADLINE_HEADER, SIZE_HEADER
+from dataservice.limits.admission import DEADLINE_HEADER, OPS_HEADER, SIZE_HEADER
 
 __all__ = [
     "HANDLER_ATTRIBUTE",
@@ -108,6 +108,10 @@ class InlineMessage:
     @property
     def admitted_size(self) -> Any:
         return self.headers.get(SIZE_HEADER)
+
+    @property
+    def admitted_ops(self) -> Any:
+        return self.headers.get(OPS_HEADER)
 
 
 class Outcome(enum.IntEnum):

@@ -129,5 +129,7 @@ class InlineReads:
 
     def _answered(self, message: InlineMessage, reply: Reply | None, body: object) -> Outcome:
         ack = message.acknowledgement if self._ack_with_answers else None
-        stored = self._answers.deliver(message.task_id, reply, body, message.admitted_size, ack)
+        stored = self._answers.deliver(
+            message.task_id, reply, body, message.admitted_size, ack, message.admitted_ops
+        )
         return Outcome.ANSWERED_AND_ACKED if stored and ack else Outcome.ANSWERED

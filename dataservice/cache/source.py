@@ -16,7 +16,7 @@ to the database under the same permits; nothing is made up.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dataservice.cache.breaker import Breaker, BreakerState, CacheDown, Guard
@@ -162,6 +162,20 @@ class CachedSource:
             )
         except CacheDown:
             log.warning("cache: a change could not be invalidated; the change stream will")
+
+    def changed_many(self, changes: Sequence[tuple[str, str, int, bool]]) -> None:
+        """:meth:`changed` for each ``(scope, object_id, revision, deleted)`` of
+        a batch, in one round trip."""
+        rollout = self._controls.current()
+        generations = {rollout.generation, rollout.generation - 1} - {0}
+        floors = [(s, i, r + 1 if deleted else r) for s, i, r, deleted in changes]
+        try:
+            self._guard(
+                lambda: self._cache.invalidate_many(floors, generations, self._ttl_ms),
+                probe=False,
+            )
+        except CacheDown:
+            log.warning("cache: %d changes could not be invalidated; the change stream will", len(changes))
 
     def _fresh(self) -> bool:
         """Whether the change stream keeps up (the freshness guard is off)."""

@@ -175,5 +175,26 @@ class CacheStore:
         return int(_INVALIDATE(self._redis, keys, [floor, tomb_ms]))
 
 
+    def invalidate_many(
+        self,
+        changes: Iterable[tuple[str, str, int]],
+        generations: Iterable[int],
+        tomb_ms: int,
+    ) -> None:
+        """:meth:`invalidate` for each ``(scope, object_id, floor)``, in one round trip."""
+        generations = list(generations)
+        calls = []
+        for scope, object_id, floor in changes:
+            keys = [tombstone_key(scope, object_id), filled_key(scope, object_id)]
+            keys += [
+                record_key(fmt.value, scope, object_id, generation)
+                for generation in generations
+                for fmt in CacheFormat
+            ]
+            calls.append((keys, [floor, tomb_ms]))
+        if calls:
+            _INVALIDATE.many(self._redis, calls)
+
+
 def _bytes(value: object) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode()

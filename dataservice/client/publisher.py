@@ -12,7 +12,8 @@ from dataservice.client import throttle
 from dataservice.client.handle import Handle, now_ms
 from dataservice.client.pacer import PACER
 from dataservice.client.transport import Transport, refused
-from dataservice.codec import request_envelope
+from dataservice.codec import batch_envelope, request_envelope
+from dataservice.codec.requests import MUTATIONS
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.errors import InvalidArgument, ResourceExhausted
@@ -20,6 +21,12 @@ from dataservice.limits.admission import AdmissionRefused
 from dataservice.proto import pb
 from dataservice.refusals import Reason
 from dataservice.types import DeleteOp, Operation, WriteOp
+
+
+# A batch message's own fields around its operations, and each operation's
+# framing beyond its envelope's (tags, lengths): kept out of max_message_bytes.
+_BATCH_FRAMING = 256
+_OPERATION_FRAMING = 16
 
 
 def mutation_key(operation: Operation) -> str:
@@ -86,8 +93,11 @@ class Publisher:
         )
 
     def send_batch(self, operations: Sequence[Operation], deadline_ms: int) -> list[Handle]:
-        """Publish every operation on the batch lane, all validated before any is sent."""
+        """Publish every operation on the batch lane, all validated before any is
+        sent: runs of writes and deletes packed into batch messages
+        (:meth:`_pack`), the rest one message each, in the order given."""
         prepared = [self._envelope(op, deadline_ms, mutation_key(op)) for op in operations]
+        messages = self._pack(prepared)
         # Admission paces a batch at publish (and says how many it took); here
         # only a standing rate refusal holds it back.
         PACER.take(self.caller, None)
@@ -103,30 +113,72 @@ class Publisher:
                     epoch,
                     env.idempotency_key,
                 )
-                for env in prepared[:count]
+                for _, carried in messages[:count]
+                for env in carried
             ]
 
         try:
             epoch = self.transport.publish_many(
                 (
                     (
-                        self._sign(env),
-                        env.request_id,
+                        self._sign(message),
+                        message.request_id,
                         deadline_ms,
-                        env.WhichOneof("operation") or "",
+                        message.WhichOneof("operation") or "",
+                        len(carried),
                     )
-                    for env in prepared
+                    for message, carried in messages
                 ),
                 lane=LaneName.BATCH,
                 caller=self.caller,
             )
         except AdmissionRefused as refusal:
             error = refused(refusal, tuple(handles(refusal.epoch, refusal.sent)))
-            self.throttle.refused(LaneName.BATCH, error, refusal.sent)
+            self.throttle.refused(LaneName.BATCH, error, len(error.accepted))
             self.held_back(error)
             raise error from None
         self.throttle.outcome(LaneName.BATCH, len(prepared), len(prepared))
         return handles(epoch)
+
+    def _pack(
+        self, prepared: Sequence[pb.RequestEnvelope]
+    ) -> list[tuple[pb.RequestEnvelope, list[pb.RequestEnvelope]]]:
+        """The messages that carry ``prepared``, each with the envelopes it carries:
+        consecutive writes and deletes together, at most the lane's
+        ``max_ops_per_message`` (and the caller's burst, which a message's
+        operations are charged against at once) within ``max_message_bytes``;
+        a run of one, and every read and list, as a message of its own."""
+        lane = self._config.lanes[LaneName.BATCH]
+        most = lane.max_ops_per_message
+        if self._rate is not None:
+            most = max(1, min(most, int(self._rate.burst)))
+        room = self._config.message_bytes(lane) - _BATCH_FRAMING
+        messages: list[tuple[pb.RequestEnvelope, list[pb.RequestEnvelope]]] = []
+        run: list[pb.RequestEnvelope] = []
+        size = 0
+
+        def flush() -> None:
+            nonlocal size
+            if len(run) == 1:
+                messages.append((run[0], [run[0]]))
+            elif run:
+                envelope = batch_envelope(self.caller, uuid.uuid4().hex, now_ms(), run)
+                messages.append((envelope, list(run)))
+            run.clear()
+            size = 0
+
+        for envelope in prepared:
+            if envelope.WhichOneof("operation") not in MUTATIONS:
+                flush()
+                messages.append((envelope, [envelope]))
+                continue
+            cost = envelope.ByteSize() + _OPERATION_FRAMING
+            if run and (len(run) >= most or size + cost > room):
+                flush()
+            run.append(envelope)
+            size += cost
+        flush()
+        return messages
 
     def held_back(self, error: ResourceExhausted) -> None:
         """After the service refused the caller for its rate, hold it back here."""

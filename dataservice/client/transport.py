@@ -28,6 +28,7 @@ from dataservice.limits.admission import (
     CALLER_HEADER,
     DEADLINE_HEADER,
     OPERATION_HEADER,
+    OPS_HEADER,
     AdmissionRefused,
 )
 from dataservice.refusals import LIMIT_MESSAGES, Reason
@@ -75,11 +76,15 @@ class Transport:
     ) -> str:
         """Publish one request; returns the broker's epoch it went out in."""
         return self.publish_many(
-            [(body, request_id, deadline_ms, operation)], lane=lane, caller=caller
+            [(body, request_id, deadline_ms, operation, 1)], lane=lane, caller=caller
         )
 
     def publish_many(
-        self, items: Iterable[tuple[bytes, str, int, str]], *, lane: LaneName, caller: str = ""
+        self,
+        items: Iterable[tuple[bytes, str, int, str, int]],
+        *,
+        lane: LaneName,
+        caller: str = "",
     ) -> str:
         """Publish in order; returns the broker's epoch they went out in. A
         refusal raises :class:`AdmissionRefused` (its ``sent``: how many went
@@ -87,7 +92,9 @@ class Transport:
         ``caller`` (when given) holds the messages to that caller's rate at
         admission, as the workers will; each item's operation (``read``, ...;
         '' if unknown) lets admission add what such a request takes to the
-        queue's wait."""
+        queue's wait. Each item: the signed body, the message id, its
+        deadline, its operation and how many operations it carries (a batch's
+        many: admission counts operations)."""
         sent = 0
         epoch = ""
         refusal = None
@@ -105,12 +112,14 @@ class Transport:
                 self._app.pool.acquire(block=True, timeout=left()) as connection,
             ):
                 channel = connection.default_channel
-                for body, request_id, deadline_ms, operation in items:
+                for body, request_id, deadline_ms, operation, ops in items:
                     headers: dict[str, Any] = {DEADLINE_HEADER: deadline_ms}
                     if caller:
                         headers[CALLER_HEADER] = caller
                     if operation:
                         headers[OPERATION_HEADER] = operation
+                    if ops > 1:
+                        headers[OPS_HEADER] = ops
                     message = task_message(body, request_id, queue, headers, self._reply_to)
                     try:
                         epoch = channel.admit(queue, message)

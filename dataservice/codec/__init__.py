@@ -5,17 +5,26 @@
 - :mod:`.records`: a record's one conversion to and from its message.
 """
 
-from dataservice.codec.envelopes import decode_response, error_response, request_envelope
+from dataservice.codec.envelopes import (
+    batch_envelope,
+    batch_operations,
+    decode_response,
+    error_response,
+    request_envelope,
+)
 from dataservice.codec.records import record_from_pb, record_to_pb
 from dataservice.codec.requests import (
     decode_cursor,
     decode_request,
     encode_cursor,
     page_size,
+    validate_batch,
     validate_request,
 )
 
 __all__ = [
+    "batch_envelope",
+    "batch_operations",
     "decode_cursor",
     "decode_request",
     "decode_response",
@@ -25,5 +34,6 @@ __all__ = [
     "record_from_pb",
     "record_to_pb",
     "request_envelope",
+    "validate_batch",
     "validate_request",
 ]

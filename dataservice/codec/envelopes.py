@@ -5,6 +5,7 @@ a ``ResponseEnvelope``, and an answer's bytes back into a result or its error.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -72,6 +73,59 @@ def request_envelope(
     # Fail fast, before anything is sent, with the same rules the worker applies.
     validate_request(envelope, limits)
     return envelope
+
+
+def batch_envelope(
+    caller: str,
+    request_id: str,
+    issued_at_ms: int,
+    operations: Sequence[pb.RequestEnvelope],
+) -> pb.RequestEnvelope:
+    """One envelope carrying ``operations`` (writes and deletes, each already
+    built and checked by :func:`request_envelope`), with their ids, deadlines
+    and keys; its own deadline is the latest of theirs."""
+    batch = pb.BatchRequest()
+    for envelope in operations:
+        operation = batch.operations.add(
+            request_id=envelope.request_id,
+            deadline_unix_ms=envelope.deadline_unix_ms,
+            idempotency_key=envelope.idempotency_key,
+        )
+        member = envelope.WhichOneof("operation")
+        if member == "write":
+            operation.write.CopyFrom(envelope.write)
+        elif member == "delete":
+            operation.delete.CopyFrom(envelope.delete)
+        else:
+            raise InvalidArgument(f"a batch carries writes and deletes, not a {member}")
+    return pb.RequestEnvelope(
+        caller=caller,
+        request_id=request_id,
+        deadline_unix_ms=max(e.deadline_unix_ms for e in operations),
+        issued_at_unix_ms=issued_at_ms,
+        batch=batch,
+    )
+
+
+def batch_operations(envelope: pb.RequestEnvelope) -> list[pb.RequestEnvelope]:
+    """A batch's operations, each as the envelope it would have had on its
+    own (caller and issue time from the batch), not yet checked: check each
+    with :func:`~dataservice.codec.requests.validate_request`."""
+    operations = []
+    for operation in envelope.batch.operations:
+        single = pb.RequestEnvelope(
+            caller=envelope.caller,
+            request_id=operation.request_id,
+            deadline_unix_ms=operation.deadline_unix_ms,
+            issued_at_unix_ms=envelope.issued_at_unix_ms,
+            idempotency_key=operation.idempotency_key,
+        )
+        if operation.WhichOneof("operation") == "write":
+            single.write.CopyFrom(operation.write)
+        else:
+            single.delete.CopyFrom(operation.delete)
+        operations.append(single)
+    return operations
 
 
 def error_response(

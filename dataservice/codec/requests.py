@@ -42,32 +42,66 @@ def _check(pattern: re.Pattern[str], value: str, name: str) -> None:
         raise InvalidArgument(f"{name} is malformed (allowed: {pattern.pattern})")
 
 
-def decode_request(data: object, limits: Limits) -> pb.RequestEnvelope:
-    """Parse and validate one request envelope."""
+def decode_request(
+    data: object, limits: Limits, *, max_bytes: int = 0, max_ops: int = 1
+) -> pb.RequestEnvelope:
+    """Parse and validate one request envelope: at most ``max_bytes``
+    (default ``limits.max_request_bytes``), and a batch of at most ``max_ops``
+    operations, whose own fields :func:`validate_request` checks one by one
+    (:func:`~dataservice.codec.envelopes.batch_operations`)."""
     if not isinstance(data, bytes):
         raise InvalidArgument("the request body must be a protobuf RequestEnvelope")
-    if len(data) > limits.max_request_bytes:
-        raise InvalidArgument(
-            f"request is {len(data)} bytes; the limit is {limits.max_request_bytes}"
-        )
+    bound = max_bytes or limits.max_request_bytes
+    if len(data) > bound:
+        raise InvalidArgument(f"request is {len(data)} bytes; the limit is {bound}")
     envelope = pb.RequestEnvelope()
     try:
         envelope.ParseFromString(data)
     except (DecodeError, ValueError, RecursionError):
         raise InvalidArgument("request is not a valid access.v2.RequestEnvelope") from None
-    validate_request(envelope, limits)
+    if envelope.WhichOneof("operation") == "batch":
+        validate_batch(envelope, max_ops)
+    else:
+        validate_request(envelope, limits)
     return envelope
 
 
-def validate_request(envelope: pb.RequestEnvelope, limits: Limits) -> None:
+def validate_batch(envelope: pb.RequestEnvelope, max_ops: int) -> None:
+    """A batch envelope's own fields and its shape: every operation has a
+    distinct valid request id, a deadline within the envelope's and a write
+    or delete. What each operation asks is checked apart, so that one bad
+    operation fails alone."""
+    _envelope_fields(envelope)
+    if envelope.idempotency_key:
+        raise InvalidArgument("a batch's idempotency keys are its operations'")
+    operations = envelope.batch.operations
+    if not 0 < len(operations) <= max_ops:
+        raise InvalidArgument(f"a batch holds 1 to {max_ops} operations here")
+    seen: set[str] = set()
+    for operation in operations:
+        _check(REQUEST_ID_RE, operation.request_id, "a batch operation's request_id")
+        if operation.request_id in seen or operation.request_id == envelope.request_id:
+            raise InvalidArgument("a batch's request ids must be distinct")
+        seen.add(operation.request_id)
+        if not 0 < operation.deadline_unix_ms <= envelope.deadline_unix_ms:
+            raise InvalidArgument("a batch operation's deadline must be within the envelope's")
+        if operation.WhichOneof("operation") is None:
+            raise InvalidArgument("a batch operation has an unknown or missing operation")
+
+
+def _envelope_fields(envelope: pb.RequestEnvelope) -> None:
     _check(CALLER_RE, envelope.caller, "caller")
     _check(REQUEST_ID_RE, envelope.request_id, "request_id")
     if envelope.deadline_unix_ms <= 0:
         raise InvalidArgument("deadline_unix_ms is missing")
     if envelope.issued_at_unix_ms <= 0:
         raise InvalidArgument("issued_at_unix_ms is missing")
+
+
+def validate_request(envelope: pb.RequestEnvelope, limits: Limits) -> None:
+    _envelope_fields(envelope)
     operation = envelope.WhichOneof("operation")
-    if operation is None:
+    if operation is None or operation == "batch":
         raise InvalidArgument("unknown or missing operation")
     if operation in MUTATIONS:
         _check(IDEMPOTENCY_KEY_RE, envelope.idempotency_key, "idempotency_key")

@@ -47,3 +47,19 @@ class LuaScript:
             return client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
             return client.eval(self.text, len(keys), *keys, *args)
+
+    def many(self, client: redis.Redis, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Run the script once per ``(keys, args)`` in one round trip. For
+        idempotent scripts only: on a server that lacks the script, the calls
+        that found it already ran are run again once it is loaded."""
+        for attempt in range(2):
+            with client.pipeline(transaction=False) as pipe:
+                for keys, args in calls:
+                    pipe.evalsha(self.sha, len(keys), *keys, *args)
+                try:
+                    return list(pipe.execute())
+                except NoScriptError:
+                    if attempt:
+                        raise
+                    client.script_load(self.text)
+        raise AssertionError("unreachable")

@@ -48,6 +48,7 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 
+from dataservice.refusals import Refusal
 from dataservice.store.connections import DEADLINE_OPTION
 from dataservice.store.idempotency import Idempotency, Outcome, Recorded
 
@@ -76,9 +77,9 @@ class Mutation:
         return self.scope, self.object_id
 
 
-class GroupRaced(Exception):
-    """Someone else created a record or recorded a key while the group ran;
-    it was rolled back (nothing applied) and may run again."""
+class GroupRaced(Refusal):
+    """Concurrent writers kept changing the group's records while it ran: it
+    was rolled back, nothing applied, and may be sent again."""
 
 
 @functools.lru_cache(maxsize=256)

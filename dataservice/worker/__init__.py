@@ -4,6 +4,8 @@
   gate, operation, answer): ``RequestHandler.handle(task_id, body, deadline) -> Reply | None``.
 - :mod:`.operations`: one object per operation: ``Operation.run(envelope) -> ResponseEnvelope``;
   reads go through a ``RecordSource`` (the cache's seam).
+- :mod:`.batch`: a batch message's operations, each checked and answered
+  apart, applied a transaction per permit: ``Batch.run(envelope) -> [(op, answer)]``.
 - :mod:`.database`: the time budget and the permit: ``Database.run(op_class, deadline, fn)``.
 - :mod:`.failures`: every internal failure to a status code and retry-after:
   ``verdict(refusal) -> Verdict``.
@@ -19,7 +21,8 @@ from dataservice.limits.gate import Gate
 from dataservice.store import RecordStore
 from dataservice.worker.database import Database
 from dataservice.worker.handler import RequestHandler
-from dataservice.worker.operations import RecordSource, operations
+from dataservice.worker.batch import Batch
+from dataservice.worker.operations import DatabaseSource, RecordSource, operations
 from dataservice.worker.steps import Reply
 
 __all__ = ["Database", "RecordSource", "Reply", "RequestHandler", "build_handler"]
@@ -37,6 +40,13 @@ def build_handler(
     """A lane's request path, stage by stage, its operations reaching the
     database through ``database`` (its permits and time budget), its reads
     through ``source`` (the cache) when there is one."""
-    return RequestHandler(
-        config, lane, authenticator, gate, operations(database, store, config.limits, source)
+    ops = operations(database, store, config.limits, source)
+    batch = Batch(
+        database,
+        store,
+        config.limits,
+        config.lanes[lane],
+        authenticator.authorise,
+        source or DatabaseSource(database, store),
     )
+    return RequestHandler(config, lane, authenticator, gate, ops, batch)

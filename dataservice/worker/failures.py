@@ -28,7 +28,7 @@ from dataservice.limits.admission import AdmissionRefused
 from dataservice.limits.permits import PermitUnavailable
 from dataservice.metrics import Dependency, TimeoutStage
 from dataservice.refusals import Reason, Refusal, Rejected
-from dataservice.store import DeleteRaced, IdempotencyConflict, RevisionMismatch
+from dataservice.store import DeleteRaced, GroupRaced, IdempotencyConflict, RevisionMismatch
 from dataservice.store.connections import ConnectRateLimited, StatementTimeout
 
 log = logging.getLogger(__name__)
@@ -167,6 +167,12 @@ _TABLE: dict[type[Refusal], _Row] = {
         0,
     ),
     DeleteRaced: (StatusCode.CONFLICT, "the record changed while it was being deleted", 0),
+    # Nothing applied: sent again under the same keys, the batch goes through.
+    GroupRaced: (
+        StatusCode.UNAVAILABLE,
+        "the records changed while they were being written",
+        RETRY_DB_UNAVAILABLE_MS,
+    ),
     DatabaseFailure: (StatusCode.INTERNAL, "internal error", 0),
 }
 

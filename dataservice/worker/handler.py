@@ -40,7 +40,8 @@ from dataservice.store.connections import now_ms
 from dataservice.worker.failures import INTERNAL
 from dataservice.worker.operations import Operation
 from dataservice.worker.replies import Replies, ok_reply
-from dataservice.worker.steps import Admitted, Opened, Reply
+from dataservice.worker.batch import Batch, claimed_operations, fan_out, operation_ids
+from dataservice.worker.steps import Admitted, Answer, Opened, Reply
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class RequestHandler:
         authenticator: Authenticator,
         gate: Gate,
         operations: Mapping[str, Operation],
+        batch: Batch | None = None,
         clock: Callable[[], int] = now_ms,
     ) -> None:
         self.lane_name = lane
@@ -67,6 +69,7 @@ class RequestHandler:
         self.authenticator = authenticator
         self.gate = gate
         self._operations = operations
+        self._batch = batch
         self._grace_ms = config.results.grace_ms
         self._clock = clock
         self._capped = lane is LaneName.INTERACTIVE
@@ -100,9 +103,11 @@ class RequestHandler:
             envelope = self.authenticator.open(task_id, body, now)
         except Rejected as rejected:
             trace.caller = rejected.caller
-            return self._replies.refused(
+            reply = self._replies.refused(
                 task_id, rejected, rejected.caller, self._fallback(deadline_ms)
             )
+            # A batch's callers wait on its operations' ids, not the message's.
+            return fan_out(reply, claimed_operations(body), self._grace_ms) if reply.caller else reply
         trace.caller = envelope.caller
         trace.operation = envelope.WhichOneof("operation") or ""
         # The caller's clock: a skew (bounded by the signature check) is not a wait.
@@ -123,6 +128,7 @@ class RequestHandler:
         (then, with ``peek``, read that cache entry in the same round trip, and
         maybe answer it: :class:`~dataservice.limits.gate.Peek`)."""
         task_id, envelope, expires_at_ms = opened.task_id, opened.envelope, opened.expires_at_ms
+        batch = envelope.WhichOneof("operation") == "batch"
         try:
             request = self.authenticator.authorise(envelope)
             entry = Entry(
@@ -133,6 +139,8 @@ class RequestHandler:
                 opened.now_ms,
                 self._capped,
                 redelivered,
+                # A batch is charged to its caller's rate for each of its operations.
+                cost=len(envelope.batch.operations) if batch else 1,
             )
             with tracing.timed(Stage.GATE if peek is None else cache_stage(peek.fmt)):
                 slot, peeked = self.gate.enter_peeking(entry, peek)
@@ -145,7 +153,8 @@ class RequestHandler:
                 REJECTIONS.labels(self.lane_name.value, rejected.reason.value).inc()
                 log.info("dropped request %s: replayed", task_id)
                 return None
-            return self._replies.refused(task_id, rejected, rejected.caller, expires_at_ms)
+            reply = self._replies.refused(task_id, rejected, rejected.caller, expires_at_ms)
+            return fan_out(reply, operation_ids(envelope), self._grace_ms) if batch else reply
         return Admitted(task_id, request, slot, expires_at_ms, peeked, opened.trace)
 
     def serve(self, admitted: Admitted, result: pb.ResponseEnvelope | None = None) -> Reply:
@@ -156,7 +165,8 @@ class RequestHandler:
         except BaseException:
             self.gate.leave(admitted.slot)
             raise
-        REQUESTS.labels(self.lane_name.value, admitted.request.operation, reply.code.name).inc()
+        if not reply.answers:
+            REQUESTS.labels(self.lane_name.value, admitted.request.operation, reply.code.name).inc()
         return dataclasses.replace(reply, slot=admitted.slot)
 
     def answered_by_gate(self, admitted: Admitted) -> None:
@@ -184,6 +194,8 @@ class RequestHandler:
     def _serve(self, admitted: Admitted, response: pb.ResponseEnvelope | None) -> Reply:
         task_id, request, expires_at_ms = admitted.task_id, admitted.request, admitted.expires_at_ms
         envelope = request.envelope
+        if request.operation == "batch":
+            return self._serve_batch(admitted)
         try:
             if response is None:
                 response = self._operations[request.operation].run(envelope)
@@ -194,3 +206,22 @@ class RequestHandler:
             log.error("unexpected %s on %s", type(exc).__name__, task_id, exc_info=True)
             return self._replies.answer(envelope.caller, task_id, INTERNAL, expires_at_ms)
         return ok_reply(envelope.caller, task_id, response, expires_at_ms)
+
+    def _serve_batch(self, admitted: Admitted) -> Reply:
+        """Each operation of a batch answered under its own id, in one reply."""
+        envelope = admitted.request.envelope
+        caller, lane = envelope.caller, self.lane_name.value
+        if self._batch is None:
+            refusal = Rejected(Reason.MALFORMED, "this lane takes no batches", caller=caller)
+            reply = self._replies.refused(admitted.task_id, refusal, caller, admitted.expires_at_ms)
+            return fan_out(reply, operation_ids(envelope), self._grace_ms)
+        answers = []
+        for single, result in self._batch.run(envelope):
+            expires_at_ms = single.deadline_unix_ms + self._grace_ms
+            if isinstance(result, Refusal):
+                reply = self._replies.refused(single.request_id, result, caller, expires_at_ms)
+            else:
+                reply = ok_reply(caller, single.request_id, result, expires_at_ms)
+            REQUESTS.labels(lane, single.WhichOneof("operation") or "", reply.code.name).inc()
+            answers.append(Answer(single.request_id, reply.body, expires_at_ms))
+        return Reply(caller, b"", admitted.expires_at_ms, StatusCode.OK, answers=tuple(answers))

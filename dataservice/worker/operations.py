@@ -9,7 +9,7 @@ or the cache in front of it (:class:`dataservice.cache.CachedSource`).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar, Protocol, TypeVar
 
 from dataservice.codec import decode_cursor, encode_cursor, page_size, record_to_pb
@@ -45,6 +45,9 @@ class RecordSource(Protocol):
     def changed(self, scope: str, object_id: str, revision: int, *, deleted: bool) -> None:
         """A mutation committed (``revision``: the new one, or the one deleted)."""
 
+    def changed_many(self, changes: Sequence[tuple[str, str, int, bool]]) -> None:
+        """:meth:`changed` for each ``(scope, object_id, revision, deleted)`` of a batch."""
+
 
 class DatabaseSource:
     """Every read from the database, under a point-read permit."""
@@ -63,6 +66,9 @@ class DatabaseSource:
 
     def changed(self, scope: str, object_id: str, revision: int, *, deleted: bool) -> None:
         """Nothing to forget: every read is the database's."""
+
+    def changed_many(self, changes: Sequence[tuple[str, str, int, bool]]) -> None:
+        """Nothing to forget."""
 
 
 class Read:
