@@ -124,7 +124,8 @@ class ResultStore:
         own id, and its message gone from the lane, in one step; an answer
         already past its expiry is not stored."""
         now = time.time_ns() // 1_000_000
-        keys, args = [], []
+        keys: list[str] = []
+        args: list[bytes | int] = []
         for request_id, body, expires_at_ms in answers:
             if expires_at_ms > now:
                 keys.append(result_key(caller, request_id))

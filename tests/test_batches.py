@@ -25,7 +25,7 @@ from dataservice import Client, Conflict, DataServiceError, InvalidArgument
 from dataservice.auth import sign
 from dataservice.broker import celery_app
 from dataservice.client.handle import Handle
-from dataservice.codec import batch_envelope, request_envelope
+from dataservice.codec import batch_envelope
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.keys import admission_key
@@ -79,7 +79,9 @@ def rows(engine: Engine, scope: str) -> dict[str, tuple[int, bytes]]:
         return {row[0]: (int(row[1]), bytes(row[2])) for row in found}
 
 
-def _op(scope: str, object_id: str, payload: bytes, key: str, expected: int = 0) -> pb.RequestEnvelope:
+def _op(
+    scope: str, object_id: str, payload: bytes, key: str, expected: int = 0
+) -> pb.RequestEnvelope:
     """A write's envelope as the client would build it, unchecked (so that a
     test can send what a well-behaved client never would)."""
     return pb.RequestEnvelope(
@@ -161,15 +163,20 @@ def test_one_failing_operation_fails_alone_and_a_resend_changes_nothing(
             assert all(before[f"stale-{n}"] == (1, b"v1") for n in range(3))
             # The same batch again, as a caller that timed out would send it.
             again = [
-                _op(scope, op.write.object_id, op.write.payload, op.idempotency_key,
-                    op.write.expected_revision)
+                _op(
+                    scope,
+                    op.write.object_id,
+                    op.write.payload,
+                    op.idempotency_key,
+                    op.write.expected_revision,
+                )
                 for op in ops
             ]
             second = outcomes(send(client, own, again))
             assert rows(database, scope) == before
-            assert [
-                (type(a), getattr(a, "revision", None)) for a in first
-            ] == [(type(a), getattr(a, "revision", None)) for a in second]
+            assert [(type(a), getattr(a, "revision", None)) for a in first] == [
+                (type(a), getattr(a, "revision", None)) for a in second
+            ]
     finally:
         stop_all(workers)
 

@@ -104,7 +104,8 @@ def test_a_key_reused_for_another_request_fails_that_operation_alone(
     reused = Mutation(scope, "k2", b"two", 0, other)
     outcomes = store.apply_group([reused, write(caller, scope, "k3", b"three")])
     assert outcomes[0] is None
-    assert outcomes[1] is not None and outcomes[1].outcome is Outcome.OK
+    assert outcomes[1] is not None
+    assert outcomes[1].outcome is Outcome.OK
     assert revisions(database, scope) == {"k": 1, "k3": 1}
 
 
@@ -132,4 +133,5 @@ def test_groups_writing_side_by_side_never_deadlock_and_lose_nothing(
     assert errors == []
     found = revisions(database, scope)
     assert found.pop("shared") == WRITERS * 20
-    assert len(found) == 300 and set(found.values()) == {1}
+    assert len(found) == 300
+    assert set(found.values()) == {1}

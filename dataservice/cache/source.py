@@ -175,7 +175,9 @@ class CachedSource:
                 probe=False,
             )
         except CacheDown:
-            log.warning("cache: %d changes could not be invalidated; the change stream will", len(changes))
+            log.warning(
+                "cache: %d changes could not be invalidated; the change stream will", len(changes)
+            )
 
     def _fresh(self) -> bool:
         """Whether the change stream keeps up (the freshness guard is off)."""

@@ -174,7 +174,6 @@ class CacheStore:
         ]
         return int(_INVALIDATE(self._redis, keys, [floor, tomb_ms]))
 
-
     def invalidate_many(
         self,
         changes: Iterable[tuple[str, str, int]],

@@ -22,7 +22,6 @@ from dataservice.proto import pb
 from dataservice.refusals import Reason
 from dataservice.types import DeleteOp, Operation, WriteOp
 
-
 # A batch message's own fields around its operations, and each operation's
 # framing beyond its envelope's (tags, lengths): kept out of max_message_bytes.
 _BATCH_FRAMING = 256

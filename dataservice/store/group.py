@@ -112,10 +112,7 @@ def _upsert_sql(n: int) -> str:
 
 @functools.lru_cache(maxsize=256)
 def _delete_sql(n: int) -> str:
-    return (
-        "DELETE FROM records WHERE scope = %s"
-        f" AND object_id IN ({', '.join(['%s'] * n)})"
-    )
+    return f"DELETE FROM records WHERE scope = %s AND object_id IN ({', '.join(['%s'] * n)})"
 
 
 @functools.lru_cache(maxsize=256)
@@ -190,9 +187,7 @@ def _run(
     conn: Connection, ordered: list[Mutation], caller: str, retention_s: int
 ) -> list[Recorded | None]:
     keys = [m.idempotency.key for m in ordered]
-    stored = {
-        row[0]: row for row in conn.exec_driver_sql(_recall_sql(len(keys)), (caller, *keys))
-    }
+    stored = {row[0]: row for row in conn.exec_driver_sql(_recall_sql(len(keys)), (caller, *keys))}
     outcomes: list[Recorded | None] = [None] * len(ordered)
     fresh: list[int] = []
     for i, mutation in enumerate(ordered):
@@ -237,7 +232,10 @@ def _run(
     if upserts:
         rows = inserted + updated
         # 1 per row inserted, 2 per row updated (MySQL's convention).
-        if conn.exec_driver_sql(_upsert_sql(rows), tuple(upserts)).rowcount != inserted + 2 * updated:
+        if (
+            conn.exec_driver_sql(_upsert_sql(rows), tuple(upserts)).rowcount
+            != inserted + 2 * updated
+        ):
             raise GroupRaced
     for scope, ids in _by_scope(deletes).items():
         if conn.exec_driver_sql(_delete_sql(len(ids)), (scope, *ids)).rowcount != len(ids):

@@ -19,9 +19,9 @@ from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.limits.gate import Gate
 from dataservice.store import RecordStore
+from dataservice.worker.batch import Batch
 from dataservice.worker.database import Database
 from dataservice.worker.handler import RequestHandler
-from dataservice.worker.batch import Batch
 from dataservice.worker.operations import DatabaseSource, RecordSource, operations
 from dataservice.worker.steps import Reply
 

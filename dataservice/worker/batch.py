@@ -76,7 +76,9 @@ def groups(pending: Sequence[_Pending], size: int) -> Iterator[list[_Pending]]:
         yield group
 
 
-def _answer(envelope: pb.RequestEnvelope, recorded: Recorded | None) -> pb.ResponseEnvelope | Refusal:
+def _answer(
+    envelope: pb.RequestEnvelope, recorded: Recorded | None
+) -> pb.ResponseEnvelope | Refusal:
     if recorded is None:
         return IdempotencyConflict("the key was used for a different request")
     if recorded.outcome is Outcome.REVISION_MISMATCH:
@@ -208,7 +210,12 @@ class Batch:
         except Refusal as refusal:
             return [(item.envelope, refusal) for item in group]
         changes = [
-            (item.mutation.scope, item.mutation.object_id, recorded.revision, item.mutation.payload is None)
+            (
+                item.mutation.scope,
+                item.mutation.object_id,
+                recorded.revision,
+                item.mutation.payload is None,
+            )
             for item, recorded in zip(group, outcomes, strict=True)
             if recorded is not None
             and recorded.outcome is Outcome.OK

@@ -37,10 +37,10 @@ from dataservice.observe import trace as tracing
 from dataservice.proto import pb
 from dataservice.refusals import Reason, Refusal, Rejected
 from dataservice.store.connections import now_ms
+from dataservice.worker.batch import Batch, claimed_operations, fan_out, operation_ids
 from dataservice.worker.failures import INTERNAL
 from dataservice.worker.operations import Operation
 from dataservice.worker.replies import Replies, ok_reply
-from dataservice.worker.batch import Batch, claimed_operations, fan_out, operation_ids
 from dataservice.worker.steps import Admitted, Answer, Opened, Reply
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,9 @@ class RequestHandler:
                 task_id, rejected, rejected.caller, self._fallback(deadline_ms)
             )
             # A batch's callers wait on its operations' ids, not the message's.
-            return fan_out(reply, claimed_operations(body), self._grace_ms) if reply.caller else reply
+            return (
+                fan_out(reply, claimed_operations(body), self._grace_ms) if reply.caller else reply
+            )
         trace.caller = envelope.caller
         trace.operation = envelope.WhichOneof("operation") or ""
         # The caller's clock: a skew (bounded by the signature check) is not a wait.
