@@ -51,30 +51,33 @@ def make_app(url: str) -> Celery:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from workers.pools import _CHATTY_LOGGERS
-
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--url", required=True, help="Redis URL: broker and result backend")
     parser.add_argument("--concurrency", type=int, required=True)
     parser.add_argument("--loglevel", default="INFO")
     args = parser.parse_args(argv)
+    serve(make_app(args.url), args.concurrency, args.loglevel)
+
+
+def serve(app: Celery, concurrency: int, loglevel: str = "INFO") -> None:
+    """Run ``app``'s worker in the foreground with the lane's options."""
+    from workers.pools import _CHATTY_LOGGERS
 
     logging.basicConfig(
-        level=args.loglevel.upper(),
+        level=loglevel.upper(),
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     for name in _CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
-    app = make_app(args.url)
     worker = app.Worker(
         hostname=f"bare-{os.getpid()}@{socket.gethostname()}",
         queues=[QUEUE],
         pool="threads",
-        concurrency=args.concurrency,
+        concurrency=concurrency,
         prefetch_multiplier=1,
         optimization="fair",
-        loglevel=args.loglevel.upper(),
+        loglevel=loglevel.upper(),
         without_gossip=True,
         without_mingle=True,
     )

@@ -74,6 +74,21 @@ def _claimed_caller(envelope: bytes, task_id: str) -> str:
     return claim.caller
 
 
+def allow_operation(policy: CallerPolicy, caller: str, operation: str, scope: str) -> None:
+    """Raise :class:`Rejected` unless ``policy`` lets its caller do ``operation``
+    on ``scope`` (one operation of a batch: the lane was checked with the batch)."""
+    if operation not in policy.operations:
+        raise Rejected(Reason.OPERATION_DENIED, f"the caller may not {operation}", caller=caller)
+    allow_scope(policy, caller, scope)
+
+
+def allow_scope(policy: CallerPolicy, caller: str, scope: str) -> None:
+    if not policy.allows_scope(scope):
+        raise Rejected(
+            Reason.SCOPE_DENIED, f"the caller may not use scope {scope!r}", caller=caller
+        )
+
+
 class Authenticator:
     """Verifies and authorises the requests arriving on one lane."""
 
@@ -198,13 +213,7 @@ class Authenticator:
                 caller=caller,
             )
         self._lane_allowed(policy, caller)
-        scope: str = getattr(envelope, operation).scope
-        if not policy.allows_scope(scope):
-            raise Rejected(
-                Reason.SCOPE_DENIED,
-                f"the caller may not use scope {scope!r}",
-                caller=caller,
-            )
+        allow_scope(policy, caller, getattr(envelope, operation).scope)
         return Authorised(envelope, policy, operation)
 
     def _lane_allowed(self, policy: CallerPolicy, caller: str) -> None:

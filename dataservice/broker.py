@@ -48,6 +48,7 @@ from dataservice.bounded import QUIET, BoundedConnection, BoundedSSLConnection
 from dataservice.config import Config
 from dataservice.keys import EPOCH_KEY
 from dataservice.limits.admission import (
+    OPS_HEADER,
     SIZE_HEADER,
     AdmissionRefused,
     LaneAdmission,
@@ -97,7 +98,9 @@ class _QoS(kombu_redis.QoS):
       answers and acknowledges at once needs none (its answer and its
       acknowledgement are one step), and one it passes on is written then
       (:meth:`flush`). Until then the message exists only in this worker,
-      as between kombu's ``BRPOP`` and its own bookkeeping.
+      as between kombu's ``BRPOP`` and its own bookkeeping. A batch message
+      (``ds_ops``: never answered on the consumer thread) is written at once:
+      a worker killed in that window would lose every operation it carries.
     """
 
     _pending: tuple[Any, str] | None = None
@@ -105,7 +108,8 @@ class _QoS(kombu_redis.QoS):
     def append(self, message: Any, delivery_tag: str) -> None:
         self.flush()
         delivery_info = message.delivery_info
-        if delivery_info.get("routing_key") in self.channel.lane_queues:
+        batch = OPS_HEADER in (message.headers or {})
+        if delivery_info.get("routing_key") in self.channel.lane_queues and not batch:
             self._pending = (message, delivery_tag)
         else:
             self._write(message, delivery_tag)

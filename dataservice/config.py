@@ -272,16 +272,11 @@ class Config(FrozenModel):
     @model_validator(mode="after")
     def _a_batch_fits_its_lane(self) -> Config:
         for name, lane in (("interactive", self.lanes.interactive), ("batch", self.lanes.batch)):
-            size = self.message_bytes(lane)
-            if size < self.limits.max_request_bytes:
+            size = lane.max_message_bytes
+            if size is not None and size < self.limits.max_request_bytes:
                 raise ValueError(
                     f"lanes.{name}.max_message_bytes ({size}) is below "
                     f"limits.max_request_bytes ({self.limits.max_request_bytes})"
-                )
-            if size > lane.admission.max_bytes:
-                raise ValueError(
-                    f"lanes.{name}.max_message_bytes ({size}) exceeds "
-                    f"lanes.{name}.admission.max_bytes ({lane.admission.max_bytes})"
                 )
             if lane.max_ops_per_message > lane.admission.max_messages:
                 raise ValueError(
@@ -291,8 +286,11 @@ class Config(FrozenModel):
         return self
 
     def message_bytes(self, lane: LaneConfig) -> int:
-        """The most envelope bytes one message on ``lane`` may carry."""
-        return lane.max_message_bytes or self.limits.max_request_bytes
+        """The most envelope bytes one message on ``lane`` may carry: its
+        ``max_message_bytes`` (else one request's), within what its queue may
+        hold at once (a larger message could never be admitted)."""
+        size = lane.max_message_bytes or self.limits.max_request_bytes
+        return min(size, max(lane.admission.max_bytes, self.limits.max_request_bytes))
 
     @property
     def longest_deadline_ms(self) -> int:

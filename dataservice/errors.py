@@ -40,7 +40,8 @@
         ├── CoalescedWaitExpired    a cache follower's deadline came before its leader's record
         ├── RevisionMismatch        a conditional change found another revision
         ├── IdempotencyConflict     a used key, a different request
-        └── DeleteRaced             the record kept changing under a delete
+        ├── DeleteRaced             the record kept changing under a delete
+        └── GroupRaced              concurrent writers kept changing a group's records
 
 Retryable errors sit on their own branch so callers catch one class. A
 ``RequestError`` never carries SQL text or other internals: its message is

@@ -65,6 +65,10 @@ cache and its locks included, only the workers' user.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from dataservice.enums import CacheFormat
+
 RESULT_PREFIX = "ds:result:"
 ADMISSION_PREFIX = "ds:admission:"
 HELD_SUFFIX = ":held"
@@ -181,3 +185,18 @@ def lockwait_key(scope: str, object_id: str) -> str:
 
 def filled_key(scope: str, object_id: str) -> str:
     return f"{FILLED_PREFIX}{scope}:{object_id}"
+
+
+def change_keys(scope: str, object_id: str, generations: Iterable[int]) -> list[str]:
+    """What a committed change to one record touches, in the order
+    ``cache/forget.lua`` takes them: its tombstone, its leader's word, then its
+    entries in every format and each of ``generations``."""
+    return [
+        tombstone_key(scope, object_id),
+        filled_key(scope, object_id),
+        *(
+            record_key(fmt, scope, object_id, generation)
+            for generation in generations
+            for fmt in CacheFormat
+        ),
+    ]

@@ -251,7 +251,7 @@ def test_envelope_without_operation_is_rejected(limits: Limits) -> None:
 def test_envelope_with_only_an_unknown_operation_is_rejected(limits: Limits) -> None:
     message = envelope()
     message.ClearField("read")
-    data = message.SerializeToString() + b"\x72\x00"  # field 14, empty: a future operation
+    data = message.SerializeToString() + b"\x7a\x00"  # field 15, empty: a future operation
     reject(data, limits, "unknown or missing operation")
 
 

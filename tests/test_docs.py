@@ -295,6 +295,7 @@ SAMPLES: dict[str, object] = {
     "scope": "sc0pe",
     "object_id": "0bj:1d",
     "generation": 7,
+    "generations": [7],
 }
 PLACEHOLDERS = {
     "scope": "sc0pe",
@@ -329,7 +330,11 @@ def _built() -> dict[str, str]:
         if inspect.isfunction(builder) and builder.__module__ == keys.__name__:
             params = inspect.signature(builder).parameters
             assert set(params) <= set(SAMPLES), f"keys.{name}: no sample for {set(params)}"
-            built[name] = builder(**{p: SAMPLES[p] for p in params})
+            made = builder(**{p: SAMPLES[p] for p in params})
+            if isinstance(made, list):  # the keys of one step, each built above too
+                built.update((f"{name}[{i}]", key) for i, key in enumerate(made))
+            else:
+                built[name] = made
         elif name.endswith("_KEY") and isinstance(builder, str):
             built[name] = builder  # a fixed key
     return built

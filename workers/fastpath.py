@@ -33,10 +33,11 @@ What the default strategy does that this path keeps, or does not:
 - Not kept: task signals, Celery's per-task log lines, ``inspect
   active``/``reserved`` listing, time limits (the threads pool has none
   either) and result storage.
-- Falls back to the default strategy for: protocol 1 messages; an ``eta``,
-  ``countdown`` or ``expires``; a revoked id or stamp; a task rate limit
-  (checked per message); a result Celery would store; embedded callbacks,
-  errbacks, chains or chords; autoscaler hooks; a body Celery cannot decode.
+- Falls back to the default strategy for: batch messages (``ds_ops``);
+  protocol 1 messages; an ``eta``, ``countdown`` or ``expires``; a revoked id
+  or stamp; a task rate limit (checked per message); a result Celery would
+  store; embedded callbacks, errbacks, chains or chords; autoscaler hooks; a
+  body Celery cannot decode.
 
 The pool path sees the same ``redelivered`` flag through :func:`redelivered`.
 """
@@ -228,6 +229,9 @@ class _InlineStrategy:
             or not isinstance(task_id, str)
             or headers.get("eta")
             or headers.get("expires")
+            # A batch is never answered here: it goes to the pool at once, and
+            # its delivery is recorded before its (larger) envelope is opened.
+            or headers.get(OPS_HEADER)
             or task_id in worker_state.revoked
             or (headers.get("stamped_headers") and worker_state.revoked_stamps)
             or self._rate_limited()

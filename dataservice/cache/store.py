@@ -18,6 +18,7 @@ from dataservice.cache.formats import CODECS, frame, unframe
 from dataservice.enums import CacheFormat
 from dataservice.keys import (
     FENCE_KEY,
+    change_keys,
     filled_key,
     lock_key,
     lockwait_key,
@@ -166,33 +167,26 @@ class CacheStore:
     ) -> int:
         """A committed change: drop every format in each of ``generations`` and
         leave a tombstone for ``tomb_ms`` refusing fills below revision ``floor``."""
-        keys = [tombstone_key(scope, object_id), filled_key(scope, object_id)]
-        keys += [
-            record_key(fmt.value, scope, object_id, generation)
-            for generation in generations
-            for fmt in CacheFormat
-        ]
-        return int(_INVALIDATE(self._redis, keys, [floor, tomb_ms]))
+        return self.invalidate_many([(scope, object_id, floor)], generations, tomb_ms)
 
     def invalidate_many(
         self,
         changes: Iterable[tuple[str, str, int]],
         generations: Iterable[int],
         tomb_ms: int,
-    ) -> None:
-        """:meth:`invalidate` for each ``(scope, object_id, floor)``, in one round trip."""
+    ) -> int:
+        """:meth:`invalidate` for each ``(scope, object_id, floor)``, in one
+        script call (a batch's group); how many cached entries went."""
         generations = list(generations)
-        calls = []
+        keys: list[str] = []
+        floors: list[int] = []
         for scope, object_id, floor in changes:
-            keys = [tombstone_key(scope, object_id), filled_key(scope, object_id)]
-            keys += [
-                record_key(fmt.value, scope, object_id, generation)
-                for generation in generations
-                for fmt in CacheFormat
-            ]
-            calls.append((keys, [floor, tomb_ms]))
-        if calls:
-            _INVALIDATE.many(self._redis, calls)
+            keys += change_keys(scope, object_id, generations)
+            floors.append(floor)
+        if not floors:
+            return 0
+        per = len(keys) // len(floors)
+        return int(_INVALIDATE(self._redis, keys, [tomb_ms, per, *floors]))
 
 
 def _bytes(value: object) -> bytes:

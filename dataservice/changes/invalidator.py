@@ -7,9 +7,8 @@ from collections.abc import Iterable
 import redis
 
 from dataservice.changes.stream import RecordChange
-from dataservice.enums import CacheFormat
 from dataservice.errors import StaleToken
-from dataservice.keys import CHANGES_LEASE_KEY, filled_key, record_key, tombstone_key
+from dataservice.keys import CHANGES_LEASE_KEY, change_keys
 from dataservice.limits.scripts import LuaScript
 
 _APPLY = LuaScript("apply.lua", "dataservice.changes")
@@ -28,15 +27,9 @@ class Invalidator:
         keys = [CHANGES_LEASE_KEY]
         floors = []
         for change in changes:
-            scope, object_id = change.scope, change.object_id
-            keys += [tombstone_key(scope, object_id), filled_key(scope, object_id)]
-            keys += [
-                record_key(fmt.value, scope, object_id, generation)
-                for generation in generations
-                for fmt in CacheFormat
-            ]
+            keys += change_keys(change.scope, change.object_id, generations)
             floors.append(change.floor)
-        per_record = 2 + 2 * len(generations)
+        per_record = (len(keys) - 1) // max(len(floors), 1)
         deleted = int(_APPLY(self._redis, keys, [token, self._tombstone_ms, per_record, *floors]))
         if deleted < 0:
             raise StaleToken

@@ -19,16 +19,17 @@ from __future__ import annotations
 import builtins
 import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeVar
 
 from dataservice.callers import CallerKey, load_keyring
-from dataservice.client.handle import Handle, now_ms
+from dataservice.client.handle import Handle, gather, now_ms
 from dataservice.client.publisher import Publisher, mutation_key
 from dataservice.client.transport import Transport
 from dataservice.config import Config
 from dataservice.enums import LaneName, ReadMode
 from dataservice.errors import (
+    DataServiceError,
     InternalError,
     InvalidArgument,
     ResourceExhausted,
@@ -167,6 +168,12 @@ class Client:
         """
         deadline = self._publisher.deadline(LaneName.BATCH, timeout)
         return self._publisher.send_batch(builtins.list(operations), deadline)
+
+    def results(self, handles: Sequence[Handle]) -> builtins.list[Result | DataServiceError]:
+        """Every handle's answer, or the error it raises, in their order, as
+        :meth:`Handle.result` would give each; collected in one round trip
+        per few hundred answers (a batch's answers come together)."""
+        return gather(handles)
 
     # Internals --------------------------------------------------------------
 

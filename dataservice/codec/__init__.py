@@ -19,6 +19,7 @@ from dataservice.codec.requests import (
     encode_cursor,
     page_size,
     validate_batch,
+    validate_operation,
     validate_request,
 )
 
@@ -35,5 +36,6 @@ __all__ = [
     "record_to_pb",
     "request_envelope",
     "validate_batch",
+    "validate_operation",
     "validate_request",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from typing import get_args
+from typing import Any, get_args
 
 from google.protobuf.message import DecodeError
 
@@ -103,18 +103,23 @@ def validate_request(envelope: pb.RequestEnvelope, limits: Limits) -> None:
     operation = envelope.WhichOneof("operation")
     if operation is None or operation == "batch":
         raise InvalidArgument("unknown or missing operation")
+    validate_operation(operation, getattr(envelope, operation), envelope.idempotency_key, limits)
+
+
+def validate_operation(operation: str, request: Any, idempotency_key: str, limits: Limits) -> None:
+    """What one operation asks (``request``: its message), alone or in a batch."""
     if operation in MUTATIONS:
-        _check(IDEMPOTENCY_KEY_RE, envelope.idempotency_key, "idempotency_key")
-    elif envelope.idempotency_key:
+        _check(IDEMPOTENCY_KEY_RE, idempotency_key, "idempotency_key")
+    elif idempotency_key:
         raise InvalidArgument("idempotency_key is only allowed on write and delete")
     if operation == "read":
-        read = envelope.read
+        read = request
         _check(SCOPE_RE, read.scope, "scope")
         _check(OBJECT_ID_RE, read.object_id, "object_id")
         if read.mode not in READ_MODES:
             raise InvalidArgument("mode must be READ_MODE_ALLOW_CACHED or READ_MODE_PRIMARY")
     elif operation == "write":
-        write = envelope.write
+        write = request
         _check(SCOPE_RE, write.scope, "scope")
         _check(OBJECT_ID_RE, write.object_id, "object_id")
         if len(write.payload) > limits.max_payload_bytes:
@@ -122,10 +127,10 @@ def validate_request(envelope: pb.RequestEnvelope, limits: Limits) -> None:
                 f"payload is {len(write.payload)} bytes; the limit is {limits.max_payload_bytes}"
             )
     elif operation == "delete":
-        _check(SCOPE_RE, envelope.delete.scope, "scope")
-        _check(OBJECT_ID_RE, envelope.delete.object_id, "object_id")
+        _check(SCOPE_RE, request.scope, "scope")
+        _check(OBJECT_ID_RE, request.object_id, "object_id")
     else:
-        listing = envelope.list
+        listing = request
         _check(SCOPE_RE, listing.scope, "scope")
         if listing.cursor:
             decode_cursor(listing.cursor, listing.scope)

@@ -74,7 +74,7 @@
 -- longer than its deadline, or the standing queue is past its target wait) or
 -- 'rate_limited' (the caller is over its rate:
 -- the workers would refuse it).
---#include gcra.lua
+--#include limits/gcra.lua
 
 local depth = redis.call('LLEN', KEYS[1])
 local service_field = ARGV[8] ~= '' and ARGV[8] or 'service:'

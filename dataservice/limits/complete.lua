@@ -1,6 +1,6 @@
 -- A request leaving its lane, as admission counts it: shared by answer.lua and
 -- hit.lua, not a script of its own (dataservice/limits/scripts.py puts it where
--- a script says `--#include complete.lua`).
+-- a script says `--#include limits/complete.lua`).
 --
 -- complete(admission, held, member, size, ops)
 --   admission  the lane's admission hash: ds:admission:<lane queue> (admit.lua)

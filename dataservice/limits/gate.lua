@@ -22,10 +22,10 @@
 -- 'replayed', 'rate_limited' or 'concurrency_limited'.
 -- A request id is remembered whatever the outcome: each attempt uses a new one.
 -- A message the broker delivers again (its worker died before acknowledging
--- it) passes once more: the marker goes from '1' to 'r', and a third delivery,
--- or a replay of a redelivery, is refused.
---#include gcra.lua
---#include gate_enter.lua
+-- it) passes again, up to four deliveries in all: the marker counts them
+-- ('1', '2', ...); a fifth delivery, or any copy not marked redelivered, is refused.
+--#include limits/gcra.lua
+--#include limits/gate_enter.lua
 
 local reason, retry_ms = gate_enter()
 if reason ~= '' then

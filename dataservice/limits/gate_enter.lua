@@ -8,11 +8,18 @@ local function gate_enter()
   local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local now_ms = math.floor(now_us / 1000)
 
+  -- The marker counts the deliveries seen. A copy the broker delivers again
+  -- (its worker died before acknowledging it) passes, up to MAX_DELIVERIES in
+  -- all: a worker killed again and again must not cost its requests their
+  -- answers. Any other copy is a replay. ('r' was a redelivery's marker.)
+  local MAX_DELIVERIES = 4
   if redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) == false then
-    if ARGV[8] ~= '1' or redis.call('GET', KEYS[1]) ~= '1' then
+    local seen = redis.call('GET', KEYS[1])
+    local deliveries = tonumber(seen) or (seen == 'r' and 2) or MAX_DELIVERIES
+    if ARGV[8] ~= '1' or deliveries >= MAX_DELIVERIES then
       return 'replayed', 0
     end
-    redis.call('SET', KEYS[1], 'r', 'KEEPTTL')
+    redis.call('SET', KEYS[1], deliveries + 1, 'KEEPTTL')
   end
 
   local new_tat, retry_ms = gcra_check(KEYS[2], now_us, tonumber(ARGV[2]), tonumber(ARGV[3]))

@@ -1,6 +1,6 @@
 -- The rate algorithm (GCRA), shared by gate.lua and admit.lua: not a script of
 -- its own. dataservice/limits/scripts.py puts it where a script says
--- `--#include gcra.lua`. The same arithmetic in Python: dataservice/limits/gcra.py.
+-- `--#include limits/gcra.lua`. The same arithmetic in Python: dataservice/limits/gcra.py.
 --
 -- gcra_check(key, now_us, interval_us, burst)
 --   key          a string key holding the theoretical arrival time (TAT, µs), or nothing

@@ -20,9 +20,9 @@
 -- Returns {reason, retry_after_ms} as gate.lua when refused, {'', 0, 'hit'}
 -- when answered, {'', 0, 'miss'} when admitted without an entry (the
 -- request goes on to the database, holding its slot).
---#include gcra.lua
---#include gate_enter.lua
---#include complete.lua
+--#include limits/gcra.lua
+--#include limits/gate_enter.lua
+--#include limits/complete.lua
 
 local reason, retry_ms = gate_enter()
 if reason ~= '' then

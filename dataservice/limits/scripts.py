@@ -1,8 +1,10 @@
 """Lua scripts, loaded from their ``.lua`` files (the limits' here, the cache's
 in :mod:`dataservice.cache`).
 
-A line ``--#include <name>.lua`` in a script is replaced by that fragment
-(``gcra.lua``: one rate algorithm for every script that needs it). A script
+A line ``--#include <path>.lua`` in a script is replaced by that fragment, its
+path taken from the ``dataservice`` package's root wherever the script lives
+(``limits/gcra.lua``: one rate algorithm for every script that needs it;
+``cache/forget.lua``: one invalidation for the workers and the change stream). A script
 runs by EVALSHA, and by EVAL (which also loads it) the first time a server
 lacks it.
 """
@@ -17,6 +19,7 @@ import redis
 from redis.exceptions import NoScriptError
 
 _INCLUDE = "--#include "
+_ROOT = "dataservice"
 
 
 def _text(package: str, name: str) -> str:
@@ -28,7 +31,7 @@ def compose(name: str, package: str = __package__) -> str:
     lines = []
     for line in _text(package, name).splitlines():
         if line.startswith(_INCLUDE):
-            lines.append(_text(package, line.removeprefix(_INCLUDE).strip()))
+            lines.append(_text(_ROOT, line.removeprefix(_INCLUDE).strip()))
         else:
             lines.append(line)
     return "\n".join(lines) + "\n"
@@ -47,19 +50,3 @@ class LuaScript:
             return client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
             return client.eval(self.text, len(keys), *keys, *args)
-
-    def many(self, client: redis.Redis, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
-        """Run the script once per ``(keys, args)`` in one round trip. For
-        idempotent scripts only: on a server that lacks the script, the calls
-        that found it already ran are run again once it is loaded."""
-        for attempt in range(2):
-            with client.pipeline(transaction=False) as pipe:
-                for keys, args in calls:
-                    pipe.evalsha(self.sha, len(keys), *keys, *args)
-                try:
-                    return list(pipe.execute())
-                except NoScriptError:
-                    if attempt:
-                        raise
-                    client.script_load(self.text)
-        raise AssertionError("unreachable")

@@ -46,7 +46,6 @@ def build_handler(
         store,
         config.limits,
         config.lanes[lane],
-        authenticator.authorise,
         source or DatabaseSource(database, store),
     )
     return RequestHandler(config, lane, authenticator, gate, ops, batch)

@@ -32,9 +32,9 @@ from typing import ClassVar
 
 from google.protobuf.message import DecodeError
 
-from dataservice.auth import Authorised
-from dataservice.codec import batch_operations, validate_request
-from dataservice.config import LaneConfig, Limits
+from dataservice.auth import allow_operation
+from dataservice.codec import validate_operation
+from dataservice.config import CallerPolicy, LaneConfig, Limits
 from dataservice.enums import OperationClass
 from dataservice.errors import InvalidArgument
 from dataservice.identifiers import REQUEST_ID_RE
@@ -45,17 +45,24 @@ from dataservice.store.connections import now_ms
 from dataservice.store.idempotency import Outcome, Recorded
 from dataservice.worker.database import Database
 from dataservice.worker.failures import RecordMissing
-from dataservice.worker.operations import RecordSource, idempotency
+from dataservice.worker.operations import RecordSource, keyed
 from dataservice.worker.steps import Answer, Reply
 
-# What each operation of a batch comes to: its own envelope, and its answer's
-# result part or why it was refused.
-Answered = tuple[pb.RequestEnvelope, pb.ResponseEnvelope | Refusal]
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """What one operation of a batch comes to: its answer's result part, or
+    why it was refused."""
+
+    request_id: str
+    deadline_ms: int
+    operation: str
+    result: pb.ResponseEnvelope | Refusal
 
 
 @dataclass(frozen=True, slots=True)
 class _Pending:
-    envelope: pb.RequestEnvelope
+    operation: pb.BatchOperation
     mutation: Mutation
 
 
@@ -77,18 +84,18 @@ def groups(pending: Sequence[_Pending], size: int) -> Iterator[list[_Pending]]:
 
 
 def _answer(
-    envelope: pb.RequestEnvelope, recorded: Recorded | None
+    operation: pb.BatchOperation, recorded: Recorded | None
 ) -> pb.ResponseEnvelope | Refusal:
     if recorded is None:
         return IdempotencyConflict("the key was used for a different request")
     if recorded.outcome is Outcome.REVISION_MISMATCH:
         return RevisionMismatch(recorded.revision)
-    if envelope.WhichOneof("operation") == "write":
+    if operation.WhichOneof("operation") == "write":
         if recorded.revision is None:
             return IdempotencyConflict("the key was used for a delete")
         return pb.ResponseEnvelope(
             write=pb.WriteRecordResponse(
-                object_id=envelope.write.object_id,
+                object_id=operation.write.object_id,
                 revision=recorded.revision,
                 created=recorded.created,
             )
@@ -97,7 +104,7 @@ def _answer(
         return RecordMissing()
     return pb.ResponseEnvelope(
         delete=pb.DeleteRecordResponse(
-            object_id=envelope.delete.object_id, revision=recorded.revision
+            object_id=operation.delete.object_id, revision=recorded.revision
         )
     )
 
@@ -151,7 +158,6 @@ class Batch:
         store: RecordStore,
         limits: Limits,
         lane: LaneConfig,
-        authorise: Callable[[pb.RequestEnvelope], Authorised],
         source: RecordSource,
         clock: Callable[[], int] = now_ms,
     ) -> None:
@@ -160,63 +166,72 @@ class Batch:
         self._limits = limits
         self._group_size = lane.max_ops_per_transaction
         self._transaction_ms = lane.max_transaction_ms
-        self._authorise = authorise
         self._source = source
         self._clock = clock
 
-    def run(self, envelope: pb.RequestEnvelope) -> list[Answered]:
+    def run(self, envelope: pb.RequestEnvelope, policy: CallerPolicy) -> list[Answered]:
+        """Each operation's answer (``policy``: the batch's caller's); those
+        that were late, none."""
+        caller = envelope.caller
         answered: list[Answered] = []
         pending: list[_Pending] = []
+        # A batch's operations mostly share a scope: each (operation, scope) is
+        # authorised once.
+        allowed: dict[tuple[str, str], Rejected | None] = {}
         now = self._clock()
-        for single in batch_operations(envelope):
+        for operation in envelope.batch.operations:
+            name = operation.WhichOneof("operation") or ""
+            request = operation.write if name == "write" else operation.delete
             try:
-                validate_request(single, self._limits)
+                validate_operation(name, request, operation.idempotency_key, self._limits)
             except InvalidArgument as exc:
-                refusal = Rejected(Reason.MALFORMED, exc.message, caller=envelope.caller)
-                answered.append((single, refusal))
+                refusal = Rejected(Reason.MALFORMED, exc.message, caller=caller)
+                answered.append(
+                    Answered(operation.request_id, operation.deadline_unix_ms, name, refusal)
+                )
                 continue
-            try:
-                self._authorise(single)
-            except Rejected as rejected:
-                answered.append((single, rejected))
+            key = (name, request.scope)
+            if key not in allowed:
+                try:
+                    allow_operation(policy, caller, name, request.scope)
+                    allowed[key] = None
+                except Rejected as rejected:
+                    allowed[key] = rejected
+            denied = allowed[key]
+            if denied is not None:
+                answered.append(
+                    Answered(operation.request_id, operation.deadline_unix_ms, name, denied)
+                )
                 continue
-            if single.deadline_unix_ms <= now:
+            if operation.deadline_unix_ms <= now:
                 continue  # late: dropped, as a late request is
-            operation = single.WhichOneof("operation")
-            request = single.write if operation == "write" else single.delete
-            payload = single.write.payload if operation == "write" else None
             mutation = Mutation(
                 request.scope,
                 request.object_id,
-                payload,
+                operation.write.payload if name == "write" else None,
                 request.expected_revision,
-                idempotency(single),
+                keyed(caller, operation.idempotency_key, name, request),
             )
-            pending.append(_Pending(single, mutation))
+            pending.append(_Pending(operation, mutation))
         for group in groups(pending, self._group_size):
             answered += self._apply(group)
         return answered
 
     def _apply(self, group: list[_Pending]) -> list[Answered]:
         """One group, one transaction under one permit; each operation's answer."""
-        deadline_ms = min(item.envelope.deadline_unix_ms for item in group)
+        deadline_ms = min(item.operation.deadline_unix_ms for item in group)
         # The transaction's time bound: its last statement is sent before it.
         bound_ms = min(deadline_ms, self._clock() + self._transaction_ms)
         mutations = [item.mutation for item in group]
         try:
-            outcomes = self._database.run(
+            outcomes: list[Recorded | None] = self._database.run(
                 self.op_class, bound_ms, lambda bounds: self._store.apply_group(mutations, bounds)
             )
         except Refusal as refusal:
-            return [(item.envelope, refusal) for item in group]
+            return [_answered(item.operation, refusal) for item in group]
         changes = [
-            (
-                item.mutation.scope,
-                item.mutation.object_id,
-                recorded.revision,
-                item.mutation.payload is None,
-            )
-            for item, recorded in zip(group, outcomes, strict=True)
+            (m.scope, m.object_id, recorded.revision, m.payload is None)
+            for m, recorded in zip(mutations, outcomes, strict=True)
             if recorded is not None
             and recorded.outcome is Outcome.OK
             and recorded.revision is not None
@@ -224,6 +239,11 @@ class Batch:
         if changes:
             self._source.changed_many(changes)
         return [
-            (item.envelope, _answer(item.envelope, recorded))
+            _answered(item.operation, _answer(item.operation, recorded))
             for item, recorded in zip(group, outcomes, strict=True)
         ]
+
+
+def _answered(operation: pb.BatchOperation, result: pb.ResponseEnvelope | Refusal) -> Answered:
+    name = operation.WhichOneof("operation") or ""
+    return Answered(operation.request_id, operation.deadline_unix_ms, name, result)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping
 
 from dataservice.auth import Authenticator
@@ -218,12 +219,15 @@ class RequestHandler:
             reply = self._replies.refused(admitted.task_id, refusal, caller, admitted.expires_at_ms)
             return fan_out(reply, operation_ids(envelope), self._grace_ms)
         answers = []
-        for single, result in self._batch.run(envelope):
-            expires_at_ms = single.deadline_unix_ms + self._grace_ms
-            if isinstance(result, Refusal):
-                reply = self._replies.refused(single.request_id, result, caller, expires_at_ms)
+        counts: Counter[tuple[str, str]] = Counter()
+        for one in self._batch.run(envelope, admitted.request.policy):
+            expires_at_ms = one.deadline_ms + self._grace_ms
+            if isinstance(one.result, Refusal):
+                reply = self._replies.refused(one.request_id, one.result, caller, expires_at_ms)
             else:
-                reply = ok_reply(caller, single.request_id, result, expires_at_ms)
-            REQUESTS.labels(lane, single.WhichOneof("operation") or "", reply.code.name).inc()
-            answers.append(Answer(single.request_id, reply.body, expires_at_ms))
+                reply = ok_reply(caller, one.request_id, one.result, expires_at_ms)
+            counts[(one.operation, reply.code.name)] += 1
+            answers.append(Answer(one.request_id, reply.body, expires_at_ms))
+        for (operation, code), count in counts.items():
+            REQUESTS.labels(lane, operation, code).inc(count)
         return Reply(caller, b"", admitted.expires_at_ms, StatusCode.OK, answers=tuple(answers))

@@ -12,6 +12,8 @@ import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar, Protocol, TypeVar
 
+from google.protobuf.message import Message
+
 from dataservice.codec import decode_cursor, encode_cursor, page_size, record_to_pb
 from dataservice.config import Limits
 from dataservice.enums import OperationClass, ReadMode
@@ -92,11 +94,16 @@ def idempotency(envelope: pb.RequestEnvelope) -> Idempotency:
     """The key a mutation's outcome is recorded under, and what it was asked:
     the operation's own fields, so a retry matches whatever else changed."""
     operation = envelope.WhichOneof("operation") or ""
-    request = getattr(envelope, operation)
+    return keyed(envelope.caller, envelope.idempotency_key, operation, getattr(envelope, operation))
+
+
+def keyed(caller: str, key: str, operation: str, request: Message) -> Idempotency:
+    """:func:`idempotency` of one operation (alone or in a batch: the same
+    request has the same fingerprint either way)."""
     fingerprint = hashlib.sha256(
         operation.encode() + b"\0" + request.SerializeToString(deterministic=True)
     ).digest()
-    return Idempotency(envelope.caller, envelope.idempotency_key, fingerprint)
+    return Idempotency(caller, key, fingerprint)
 
 
 class _Mutation:

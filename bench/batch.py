@@ -1,0 +1,634 @@
+"""Batch writes through the service against a stock Celery task and mysqlclient alone.
+
+    .venv/bin/python bench/batch.py [--writes 20000] [--runs 3] [--json out.json]
+
+Sets everything up itself: its own Redis db numbers (``--service-db``,
+``--bare-db``; never db 0) flushed, the ``dataservice_bench`` database
+recreated with ``dataservice db upgrade``, one ``dataservice worker --lane
+batch`` with the shipped ``queues.yml`` (its permits, concurrency and batch
+bounds) and a stock Celery worker (:mod:`bench.bare_upsert`, threads pool,
+as many threads as the lane's permits) as subprocesses. Then, in each run,
+every system writes ``--writes`` records of 1 KB to distinct ids of a scope
+of its own, the systems taking turns (A B C, then C B A, ...):
+
+- **service**: one ``Client.submit_many`` of every write, then each handle's
+  answer (the client packs them into batch messages; the worker commits them
+  a transaction per permit);
+- **stock Celery**: ``upsert.delay(...)`` per write, then each result's
+  ``.get()``; the task runs the service's own upsert statement;
+- **mysqlclient**: as many connections as the lane has permits, each writing
+  its share in 100-row transactions, one statement per row (``rows``) and,
+  apart, one multi-row ``executemany`` per transaction (``executemany``);
+- **service, 8 callers one at a time**: 8 threads each ``submit(...).result()``
+  in turn, one write per message (``--single-writes`` in all).
+
+Throughput is writes over the time from the first publish to the last answer
+(or commit). While the service runs, the bench samples the worker's
+``dataservice_permits_in_use`` gauge (``--metrics-port``) every 50 ms, and
+``information_schema.innodb_trx`` every 10 ms: a transaction seen in
+samples spanning ``t`` was open at least ``t``, and at most ``t`` plus two
+sampling intervals. CPU per write is read from ``/proc`` for this process
+(the client), the worker, redis-server and mariadbd.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import MySQLdb
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.engine import make_url
+
+from bench import _env
+from bench.bare_upsert import UPSERT_TASK, upsert_args
+from bench.bare_upsert import make_app as bare_app
+from dataservice.client import Client
+from dataservice.config import Config
+from dataservice.enums import LaneName
+from dataservice.errors import DataServiceError, ResourceExhausted
+from dataservice.loadtest.environment import flush_redis, run_callers_file
+from dataservice.localservices import free_port
+from dataservice.metrics.endpoint import scrape_port
+from dataservice.processes import WorkerProcess, worker_argv, worker_environ
+from dataservice.settings import Settings
+from dataservice.types import WriteOp, WriteResult
+
+SERVICE = "service"
+BARE = "stock celery"
+ROWS = "mysqlclient rows"
+MANY = "mysqlclient executemany"
+SINGLES = "service, 8 callers one at a time"
+SYSTEMS = (SERVICE, BARE, ROWS, MANY, SINGLES)
+PAYLOAD_BYTES = 1024
+ROWS_PER_TRANSACTION = 100
+SINGLE_CALLERS = 8
+CPU_COMPONENTS = ("client", "worker", "redis", "mariadb")
+# The issue's targets: service / stock task, service / mysqlclient (rows).
+TARGETS = {BARE: 10.0, ROWS: 0.5}
+PERMIT_BUSY_TARGET = 0.7
+PERMITS_EVERY_S = 0.05
+TRX_EVERY_S = 0.01
+_UPSERT_SQL = (
+    "INSERT INTO records (scope, object_id, revision, payload, created_at, updated_at)"
+    " VALUES (%s, %s, 1, %s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"
+    " ON DUPLICATE KEY UPDATE revision = revision + 1, payload = VALUES(payload),"
+    " updated_at = VALUES(updated_at)"
+)
+
+
+# Samplers ------------------------------------------------------------------------
+
+
+class PermitSampler:
+    """The batch lane's permits in use, from the worker's metrics page."""
+
+    def __init__(self, port: int) -> None:
+        self._port = port
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="permits", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(PERMITS_EVERY_S):
+            for sample in scrape_port(self._port) or ():
+                if (
+                    sample.name == "dataservice_permits_in_use"
+                    and sample.labels.get("lane") == LaneName.BATCH.value
+                ):
+                    self.samples.append(sample.value)
+
+    def __enter__(self) -> PermitSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class TransactionSampler:
+    """How long InnoDB transactions stay open, by sampling ``innodb_trx``."""
+
+    def __init__(self, database_url: str) -> None:
+        url = make_url(database_url)
+        self._connect = {
+            "host": url.host or "127.0.0.1",
+            "port": url.port or 3306,
+            "user": url.username or "root",
+            "passwd": url.password or "",
+        }
+        self._seen: dict[str, tuple[float, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="innodb_trx", daemon=True)
+
+    def _run(self) -> None:
+        conn = MySQLdb.connect(**self._connect, autocommit=True)
+        try:
+            cursor = conn.cursor()
+            cursor.execute("SELECT CONNECTION_ID()")
+            own = cursor.fetchone()[0]
+            while not self._stop.wait(TRX_EVERY_S):
+                now = time.monotonic()
+                cursor.execute(
+                    "SELECT trx_id FROM information_schema.innodb_trx"
+                    " WHERE trx_mysql_thread_id <> %s",
+                    (own,),
+                )
+                for (trx_id,) in cursor.fetchall():
+                    first, _ = self._seen.get(trx_id, (now, now))
+                    self._seen[trx_id] = (first, now)
+        finally:
+            conn.close()
+
+    @property
+    def longest_ms(self) -> float:
+        """The longest time one transaction was seen open (ms; a lower bound)."""
+        return max(((last - first) * 1000 for first, last in self._seen.values()), default=0.0)
+
+    @property
+    def count(self) -> int:
+        return len(self._seen)
+
+    def __enter__(self) -> TransactionSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# Systems -------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One system's run: how many writes, how long, what failed, what it cost."""
+
+    writes: int
+    seconds: float
+    errors: int = 0
+    first_error: str | None = None
+    cpu_s: dict[str, float | None] = field(default_factory=dict)
+    permits: dict[str, float] = field(default_factory=dict)
+    transactions: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def per_s(self) -> float:
+        return self.writes / self.seconds if self.seconds else float("nan")
+
+
+def _payload(n: int) -> bytes:
+    return (b"%08d" % n) * (PAYLOAD_BYTES // 8)
+
+
+def _answers(client: Client, handles: list[Any]) -> tuple[int, str | None]:
+    errors, first = 0, None
+    for answer in client.results(handles):
+        if not isinstance(answer, WriteResult):
+            errors += 1
+            first = first or f"{type(answer).__name__}: {answer}"
+    return errors, first
+
+
+def write_service(client: Client, scope: str, count: int) -> tuple[int, str | None]:
+    """As a batch job would: everything in one ``submit_many``; what admission
+    refuses (with what it accepted before) goes again after its retry-after."""
+    ops = [
+        WriteOp(scope, f"r{n:06d}", _payload(n), idempotency_key=f"{scope}-{n}")
+        for n in range(count)
+    ]
+    handles: list[Any] = []
+    while len(handles) < len(ops):
+        try:
+            handles += client.submit_many(ops[len(handles) :])
+        except ResourceExhausted as exc:
+            handles += exc.accepted
+            time.sleep(exc.retry_after)
+    return _answers(client, handles)
+
+
+def write_singles(
+    settings: Settings, config: Config, scope: str, count: int
+) -> tuple[int, str | None]:
+    per_caller = count // SINGLE_CALLERS
+
+    def caller(index: int) -> tuple[int, str | None]:
+        with Client(_env.CALLER, settings, config) as client:
+            errors, first = 0, None
+            for n in range(index * per_caller, (index + 1) * per_caller):
+                try:
+                    client.submit(WriteOp(scope, f"s{n:06d}", _payload(n))).result()
+                except DataServiceError as exc:
+                    errors += 1
+                    first = first or f"{type(exc).__name__}: {exc}"
+            return errors, first
+
+    with ThreadPoolExecutor(SINGLE_CALLERS) as pool:
+        outcomes = list(pool.map(caller, range(SINGLE_CALLERS)))
+    return sum(e for e, _ in outcomes), next((f for _, f in outcomes if f), None)
+
+
+def write_bare(app: Any, scope: str, count: int) -> tuple[int, str | None]:
+    task = app.tasks[UPSERT_TASK]
+    results = [task.delay(*upsert_args(scope, f"r{n:06d}", _payload(n))) for n in range(count)]
+    errors, first = 0, None
+    for result in results:
+        try:
+            result.get(timeout=120)
+        except Exception as exc:
+            errors += 1
+            first = first or f"{type(exc).__name__}: {exc}"
+    return errors, first
+
+
+def write_mysqlclient(
+    database_url: str, scope: str, count: int, connections: int, *, many: bool
+) -> tuple[int, str | None]:
+    url = make_url(database_url)
+
+    def writer(index: int) -> None:
+        conn = MySQLdb.connect(
+            host=url.host or "127.0.0.1",
+            port=url.port or 3306,
+            user=url.username or "root",
+            passwd=url.password or "",
+            db=url.database,
+            autocommit=True,
+        )
+        try:
+            cursor = conn.cursor()
+            mine = list(range(index, count, connections))
+            for start in range(0, len(mine), ROWS_PER_TRANSACTION):
+                rows = [
+                    (scope, f"r{n:06d}", _payload(n))
+                    for n in mine[start : start + ROWS_PER_TRANSACTION]
+                ]
+                cursor.execute("START TRANSACTION")
+                if many:
+                    cursor.executemany(_UPSERT_SQL, rows)
+                else:
+                    for row in rows:
+                        cursor.execute(_UPSERT_SQL, row)
+                cursor.execute("COMMIT")
+        finally:
+            conn.close()
+
+    with ThreadPoolExecutor(connections) as pool:
+        list(pool.map(writer, range(connections)))
+    return 0, None
+
+
+# Orchestration -------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--writes", type=int, default=20_000, help="writes per system and run")
+    p.add_argument(
+        "--bare-writes", type=int, help="the stock task's writes per run (default: --writes)"
+    )
+    p.add_argument(
+        "--single-writes", type=int, default=2000, help="writes of the 8 one-at-a-time callers"
+    )
+    p.add_argument("--runs", type=int, default=3, help="alternating runs")
+    p.add_argument("--quick", action="store_true", help="a small run that only checks it works")
+    p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument("--redis-host", default="127.0.0.1")
+    p.add_argument("--redis-port", type=int, default=6379)
+    p.add_argument("--service-db", type=int, default=9, help="Redis db for the service")
+    p.add_argument("--bare-db", type=int, default=10, help="Redis db for stock Celery")
+    p.add_argument(
+        "--database-url",
+        default="mysql+mysqldb://root@127.0.0.1:3306/dataservice_bench",
+        help="the bench database (must end in _bench: it is dropped and recreated)",
+    )
+    args = p.parse_args(argv)
+    if args.quick:
+        args.writes, args.bare_writes, args.single_writes, args.runs = 1000, 200, 200, 1
+    if 0 in (args.service_db, args.bare_db) or args.service_db == args.bare_db:
+        p.error("--service-db and --bare-db must differ and must not be 0")
+    if args.writes < 1 or args.runs < 1 or args.single_writes < SINGLE_CALLERS:
+        p.error("need writes >= 1, runs >= 1 and single-writes >= 8")
+    return args
+
+
+@dataclass
+class Bench:
+    args: argparse.Namespace
+    console: Console
+    settings: Settings
+    config: Config
+    service_url: str
+    bare_url: str
+    environ: dict[str, str]
+    workers: dict[str, WorkerProcess]
+    metrics_port: int
+    machine: dict[str, Any] = field(default_factory=dict)
+    pids: dict[str, int | None] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, args: argparse.Namespace) -> Bench:
+        service_url = _env.redis_url(args.redis_host, args.redis_port, args.service_db)
+        bare_url = _env.redis_url(args.redis_host, args.redis_port, args.bare_db)
+        logdir = Path(tempfile.mkdtemp(prefix="dataservice-bench-batch-"))
+        settings = Settings(
+            config_path=_env.REPO / "queues.yml",
+            broker_url=service_url,
+            result_backend_url=service_url,
+            redis_url=service_url,
+            database_url=args.database_url,
+            callers_file=run_callers_file(logdir, _env.CALLER),
+        )
+        config = settings.load()
+        environ = worker_environ(settings)
+        environ["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(_env.REPO), os.environ.get("PYTHONPATH")])
+        )
+        port = free_port()
+        threads = str(config.lanes.batch.permits)
+        workers = {
+            SERVICE: WorkerProcess(
+                worker_argv(LaneName.BATCH, "--metrics-port", str(port)),
+                environ,
+                logdir / "service-worker.log",
+                SERVICE,
+            ),
+            BARE: WorkerProcess(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.bare_upsert",
+                    "--url",
+                    bare_url,
+                    "--concurrency",
+                    threads,
+                    "--database-url",
+                    args.database_url,
+                ],
+                environ,
+                logdir / "bare.log",
+                "bare",
+            ),
+        }
+        console = Console() if sys.stdout.isatty() else Console(width=150)
+        return cls(args, console, settings, config, service_url, bare_url, environ, workers, port)
+
+    def setup(self) -> None:
+        for url in (self.service_url, self.bare_url):
+            flush_redis(url)
+        with self.console.status("creating the bench database"):
+            _env.reset_database(self.args.database_url, self.environ)
+        self.machine = _env.machine_info(self.service_url, self.args.database_url)
+        with self.console.status("starting workers"):
+            for worker in self.workers.values():
+                worker.start()
+            with Client(_env.CALLER, self.settings, self.config) as probe:
+                _env.wait_ready(
+                    self.workers[SERVICE],
+                    lambda: probe.submit(WriteOp("probe", "p", b"p"), timeout=0.5).result(),
+                )
+            task = bare_app(self.bare_url).tasks[UPSERT_TASK]
+            _env.wait_ready(
+                self.workers[BARE],
+                lambda: task.delay(*upsert_args("probe", "p", b"p")).get(timeout=0.5),
+            )
+        self.pids = {
+            SERVICE: self.workers[SERVICE].pid,
+            BARE: self.workers[BARE].pid,
+            "redis": _env.find_pid("redis-server"),
+            "mariadb": _env.find_pid("mariadbd", "mysqld"),
+        }
+
+    def cleanup(self) -> None:
+        for worker in self.workers.values():
+            worker.stop()
+        for url in (self.service_url, self.bare_url):
+            flush_redis(url)
+        _env.drop_database(self.args.database_url)
+        self.console.print(f"[dim]worker logs: {self.workers[SERVICE].log_path.parent}[/dim]")
+
+    def _cpu(self, worker: str | None) -> dict[str, float | None]:
+        return {
+            "client": time.process_time(),
+            "worker": _env.process_cpu_s(self.pids[worker]) if worker else 0.0,
+            "redis": _env.process_cpu_s(self.pids["redis"]) if self.pids["redis"] else None,
+            "mariadb": _env.process_cpu_s(self.pids["mariadb"]) if self.pids["mariadb"] else None,
+        }
+
+    def _timed(
+        self, worker: str | None, count: int, write: Callable[[], tuple[int, str | None]]
+    ) -> Run:
+        before = self._cpu(worker)
+        started = time.perf_counter()
+        errors, first = write()
+        seconds = time.perf_counter() - started
+        after = self._cpu(worker)
+        cpu = {
+            part: None
+            if after[part] is None or before[part] is None
+            else after[part] - before[part]  # type: ignore[operator]
+            for part in CPU_COMPONENTS
+        }
+        return Run(count, seconds, errors, first, cpu)
+
+    def run(self, system: str, run_index: int) -> Run:
+        args = self.args
+        scope = f"run{run_index}-{SYSTEMS.index(system)}"
+        permits = self.config.lanes.batch.permits
+        if system == SERVICE:
+            with (
+                Client(_env.CALLER, self.settings, self.config) as client,
+                PermitSampler(self.metrics_port) as sampled,
+                TransactionSampler(args.database_url) as trx,
+            ):
+                run = self._timed(
+                    SERVICE, args.writes, lambda: write_service(client, scope, args.writes)
+                )
+            # The samples while writes were in flight (the sampler's first and
+            # last may fall before the first publish or after the last answer).
+            busy = sampled.samples
+            run.permits = {
+                "capacity": permits,
+                "mean_in_use": statistics.fmean(busy) if busy else 0.0,
+                "busy_share": (statistics.fmean(busy) / permits) if busy else 0.0,
+                "max_in_use": max(busy, default=0.0),
+                "samples": len(busy),
+            }
+            run.transactions = {
+                "seen": trx.count,
+                "longest_seen_ms": round(trx.longest_ms, 1),
+                "at_most_ms": round(trx.longest_ms + 2 * TRX_EVERY_S * 1000, 1),
+                "bound_ms": self.config.lanes.batch.max_transaction_ms,
+            }
+            return run
+        if system == SINGLES:
+            return self._timed(
+                SERVICE,
+                args.single_writes,
+                lambda: write_singles(self.settings, self.config, scope, args.single_writes),
+            )
+        if system == BARE:
+            count = args.bare_writes or args.writes
+            app = bare_app(self.bare_url)
+            try:
+                return self._timed(BARE, count, lambda: write_bare(app, scope, count))
+            finally:
+                app.close()
+        many = system == MANY
+        return self._timed(
+            None,
+            args.writes,
+            lambda: write_mysqlclient(args.database_url, scope, args.writes, permits, many=many),
+        )
+
+    def measure(self) -> dict[str, list[Run]]:
+        systems = SYSTEMS
+        runs: dict[str, list[Run]] = {s: [] for s in systems}
+        for r in range(self.args.runs):
+            for system in systems if r % 2 == 0 else systems[::-1]:
+                self.console.print(f"[dim]run {r + 1}/{self.args.runs}: {system}[/dim]")
+                runs[system].append(self.run(system, r))
+                for worker in self.workers.values():
+                    worker.check_alive()
+        return runs
+
+
+def report(bench: Bench, runs: dict[str, list[Run]]) -> dict[str, Any]:
+    def summary(system_runs: list[Run]) -> dict[str, Any]:
+        rates = [run.per_s for run in system_runs]
+        writes = sum(run.writes for run in system_runs)
+        cpu = {}
+        for part in CPU_COMPONENTS:
+            values = [run.cpu_s.get(part) for run in system_runs]
+            cpu[part] = (
+                None
+                if any(v is None for v in values)
+                else round(1000 * sum(v for v in values if v is not None) / writes, 3)
+            )
+        return {
+            "writes_per_s": round(statistics.median(rates), 1),
+            "runs_writes_per_s": [round(rate, 1) for rate in rates],
+            "errors": sum(run.errors for run in system_runs),
+            "first_error": next((r.first_error for r in system_runs if r.first_error), None),
+            "cpu_ms_per_write": cpu,
+            "permits": [run.permits for run in system_runs if run.permits],
+            "transactions": [run.transactions for run in system_runs if run.transactions],
+        }
+
+    results = {system: summary(system_runs) for system, system_runs in runs.items()}
+    service = runs[SERVICE]
+    ratios = {}
+    for baseline in (BARE, ROWS, MANY, SINGLES):
+        per_run = [s.per_s / b.per_s for s, b in zip(service, runs[baseline], strict=True)]
+        ratios[baseline] = {
+            "median": round(statistics.median(per_run), 2),
+            "runs": [round(x, 2) for x in per_run],
+            "target": TARGETS.get(baseline),
+            "meets_target": (
+                None if baseline not in TARGETS else min(per_run) >= TARGETS[baseline]
+            ),
+        }
+    lane = bench.config.lanes.batch
+    return {
+        "command": " ".join(["python", "bench/batch.py", *sys.argv[1:]]),
+        "machine": bench.machine,
+        "setup": {
+            "writes": bench.args.writes,
+            "bare_writes": bench.args.bare_writes or bench.args.writes,
+            "single_writes": bench.args.single_writes,
+            "runs": bench.args.runs,
+            "payload_bytes": PAYLOAD_BYTES,
+            "permits": lane.permits,
+            "concurrency": lane.concurrency,
+            "max_ops_per_message": lane.max_ops_per_message,
+            "max_ops_per_transaction": lane.max_ops_per_transaction,
+            "max_transaction_ms": lane.max_transaction_ms,
+            "rows_per_transaction": ROWS_PER_TRANSACTION,
+        },
+        "results": results,
+        "service_over": ratios,
+        "permits_busy_target": PERMIT_BUSY_TARGET,
+    }
+
+
+def print_report(console: Console, data: dict[str, Any]) -> None:
+    console.print(_env.host_line(data["machine"], f"MariaDB {data['machine']['mariadb']}"))
+    s = data["setup"]
+    console.print(
+        f"[bold]setup[/bold]: {s['writes']} writes of {s['payload_bytes']} B per run "
+        f"(stock task {s['bare_writes']}), {s['runs']} runs; batch lane {s['permits']} permits, "
+        f"{s['max_ops_per_message']} ops/message, {s['max_ops_per_transaction']} ops/transaction"
+    )
+    table = Table(title="batch writes")
+    for column in ("system", "writes/s (median)", "runs", "errors", *CPU_COMPONENTS):
+        table.add_column(column if column not in CPU_COMPONENTS else f"CPU {column}\nms/write")
+    for system, r in data["results"].items():
+        cpu = r["cpu_ms_per_write"]
+        table.add_row(
+            system,
+            f"{r['writes_per_s']:.0f}",
+            ", ".join(f"{x:.0f}" for x in r["runs_writes_per_s"]),
+            str(r["errors"]),
+            *("-" if cpu[p] is None else f"{cpu[p]:.3f}" for p in CPU_COMPONENTS),
+        )
+    console.print(table)
+    ratios = Table(title="service (submit_many) / baseline")
+    for column in ("baseline", "median", "runs", "target"):
+        ratios.add_column(column)
+    for baseline, r in data["service_over"].items():
+        target = "-"
+        if r["target"] is not None:
+            met = "[green]met[/green]" if r["meets_target"] else "[red]missed[/red]"
+            target = f">= {r['target']}x: {met}"
+        ratios.add_row(
+            baseline, f"{r['median']:.2f}x", ", ".join(f"{x:.2f}" for x in r["runs"]), target
+        )
+    console.print(ratios)
+    for p, t in zip(
+        data["results"][SERVICE]["permits"], data["results"][SERVICE]["transactions"], strict=True
+    ):
+        console.print(
+            f"permits: {p['busy_share']:.0%} busy on average (target >= "
+            f"{data['permits_busy_target']:.0%}), at most {p['max_in_use']:.0f} of "
+            f"{p['capacity']} in use; transactions: {t['seen']} seen, the longest open "
+            f"{t['longest_seen_ms']}-{t['at_most_ms']} ms (bound {t['bound_ms']} ms)"
+        )
+    for system, r in data["results"].items():
+        if r["errors"]:
+            console.print(f"[red]{system}: {r['errors']} failed (first: {r['first_error']})[/red]")
+
+
+def main(argv: list[str] | None = None) -> int:
+    bench = Bench.create(parse_args(argv))
+    try:
+        bench.setup()
+        data = report(bench, bench.measure())
+    finally:
+        bench.cleanup()
+    print_report(bench.console, data)
+    if bench.args.json:
+        bench.args.json.write_text(json.dumps(data, indent=2) + "\n")
+        bench.console.print(f"wrote {bench.args.json}")
+    failed = any(r["errors"] for r in data["results"].values())
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
