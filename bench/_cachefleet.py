@@ -51,6 +51,11 @@ _READS = text(
     " WHERE user_host LIKE :user AND command_type = 'Query'"
     " AND argument LIKE '%SELECT %FROM records%' AND argument LIKE :key"
 )
+_STATEMENTS = text(
+    "SELECT argument FROM mysql.general_log"
+    " WHERE user_host LIKE :user AND command_type = 'Query' AND argument LIKE :text"
+    " ORDER BY event_time"
+)
 _CONNECTIONS = text("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = :user")
 
 
@@ -128,6 +133,16 @@ class CountingDatabase:
         record = f"'{object_id}'" if object_id is not None else ""
         key = f"%records.scope = '{scope}' AND records.object_id = {record}%"
         return self._scalar(_READS, {"user": f"{SERVICE_USER}[%", "key": key})
+
+    def statements(self, containing: str) -> list[str]:
+        """The statements the workers sent that contain ``containing`` (plain
+        text: no LIKE wildcards), oldest first."""
+        assert self.root is not None, "not started"
+        with self.root.connect() as conn:
+            rows = conn.execute(
+                _STATEMENTS, {"user": f"{SERVICE_USER}[%", "text": f"%{containing}%"}
+            ).all()
+        return [_text(row[0]) for row in rows]
 
     def connections(self) -> int:
         """Connections the workers hold open now, busy or idle."""
@@ -265,3 +280,7 @@ def until_each_answers(
     finally:
         control.close()
     return answered
+
+
+def _text(value: object) -> str:
+    return bytes(value).decode() if isinstance(value, bytes | bytearray) else str(value)

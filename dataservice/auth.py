@@ -206,6 +206,14 @@ class Authenticator:
             # may not do fails alone.
             self._lane_allowed(policy, caller)
             return Authorised(envelope, policy, operation)
+        if operation == "read_many":
+            # The allowlist's "read"; each read's scope is authorised on its
+            # own before any lookup (dataservice.worker.readmany), so that one
+            # the caller may not read fails alone.
+            if "read" not in policy.operations:
+                raise Rejected(Reason.OPERATION_DENIED, "the caller may not read", caller=caller)
+            self._lane_allowed(policy, caller)
+            return Authorised(envelope, policy, operation)
         if operation is None or operation not in policy.operations:
             raise Rejected(
                 Reason.OPERATION_DENIED,

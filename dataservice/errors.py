@@ -38,6 +38,7 @@
         ├── DatabaseFailure         any other database error
         ├── RecordMissing           no such record
         ├── CoalescedWaitExpired    a cache follower's deadline came before its leader's record
+        ├── ResponseFull            a read_many's answer had no room left for a record
         ├── RevisionMismatch        a conditional change found another revision
         ├── IdempotencyConflict     a used key, a different request
         ├── DeleteRaced             the record kept changing under a delete

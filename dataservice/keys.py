@@ -35,6 +35,9 @@ key                                    what it holds
                                        with the leader's lease as its expiry
 ``ds:lockwait:<scope>:<id>``           how many replicas wait for that leader
 ``ds:filled:<scope>:<id>``             the leader's word to them: a list, one item each
+``ds:shared:<scope>:<id>``             a leader's record (or ``absent``) while the cache is
+                                       not read, with when its read ended: requests sent
+                                       before then take it (``docs/cache.md``)
 ``ds:cache:fence``                     the fencing-token counter
 ``ds:cache:rollout``                   a hash: the rollout controls (``dataservice cache``)
 ``ds:cache:audit``                     a stream: every change to the controls, who and
@@ -85,6 +88,7 @@ RECORD_PREFIX = "record:"
 LOCK_PREFIX = "ds:lock:"
 LOCKWAIT_PREFIX = "ds:lockwait:"
 FILLED_PREFIX = "ds:filled:"
+SHARED_PREFIX = "ds:shared:"
 CACHE_PREFIX = "ds:cache:"
 FENCE_KEY = CACHE_PREFIX + "fence"
 ROLLOUT_KEY = CACHE_PREFIX + "rollout"
@@ -110,6 +114,7 @@ WORKER_STATE_PREFIXES = (
     LOCK_PREFIX,
     LOCKWAIT_PREFIX,
     FILLED_PREFIX,
+    SHARED_PREFIX,
     CACHE_PREFIX,
     CHANGES_PREFIX,
 )
@@ -185,6 +190,10 @@ def lockwait_key(scope: str, object_id: str) -> str:
 
 def filled_key(scope: str, object_id: str) -> str:
     return f"{FILLED_PREFIX}{scope}:{object_id}"
+
+
+def shared_key(scope: str, object_id: str) -> str:
+    return f"{SHARED_PREFIX}{scope}:{object_id}"
 
 
 def change_keys(scope: str, object_id: str, generations: Iterable[int]) -> list[str]:

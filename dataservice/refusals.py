@@ -47,6 +47,9 @@ class Reason(StrEnum):
     # The client's own throttle: the service was refusing most of what this
     # process sent (dataservice/client/throttle.py); nothing was sent.
     THROTTLED = "throttled"
+    # One read of a read_many whose record did not fit in the answer
+    # (limits.max_response_bytes): asked again, it comes in the next one.
+    RESPONSE_FULL = "response_full"
 
 
 # What admission at publish may answer (``dataservice/limits/admit.lua``).
@@ -68,6 +71,7 @@ LIMIT_MESSAGES = {
     Reason.QUEUE_BYTES: "the lane queue holds too many bytes",
     Reason.QUEUE_TOO_LONG: "the lane queue is too long to serve the request before its deadline",
     Reason.THROTTLED: "the service is refusing most requests on this lane; not sent",
+    Reason.RESPONSE_FULL: "the answer had no room left for this record; ask for it again",
 }
 
 

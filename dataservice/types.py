@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from dataservice.enums import ReadMode
+from dataservice.errors import RequestError
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,14 @@ class DeleteResult:
 class Page:
     records: tuple[Record, ...]
     next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReadMany:
+    """The answers to a :class:`ReadManyOp`, in its order: each read's record,
+    or the error it would have raised alone (``NotFound``, ``PermissionDenied``, ...)."""
+
+    results: tuple[Record | RequestError, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,5 +76,13 @@ class ListOp:
     cursor: str | None = None
 
 
-Operation = ReadOp | WriteOp | DeleteOp | ListOp
-Result = Record | WriteResult | DeleteResult | Page
+@dataclass(frozen=True, slots=True)
+class ReadManyOp:
+    """Many reads in one message (``Client.read_many``): each authorised and
+    answered on its own, the answers together."""
+
+    reads: tuple[ReadOp, ...]
+
+
+Operation = ReadOp | WriteOp | DeleteOp | ListOp | ReadManyOp
+Result = Record | WriteResult | DeleteResult | Page | ReadMany

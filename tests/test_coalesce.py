@@ -146,3 +146,44 @@ def test_the_breaker_opens_after_failures_in_a_row_and_probes_once() -> None:
         BreakerState.HALF_OPEN,
         BreakerState.CLOSED,
     ]
+
+
+class MsClock:
+    def __init__(self) -> None:
+        self.now = 1_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def test_a_finished_read_answers_requests_sent_before_it_ended_and_no_later_one() -> None:
+    clock = MsClock()
+    reads: list[str] = []
+
+    def read() -> str:
+        reads.append("read")
+        clock.now += 600  # the read takes 600 ms
+        return f"record {len(reads)}"
+
+    coalescer: Coalescer[str] = Coalescer(max_keys=10, keep_ms=5_000, clock=clock)
+    assert coalescer.run("k", read, 5, issued_ms=1_000) == "record 1"  # ended at 1,600
+    # Sent while it ran (a wave the threads reached only after it ended): its answer.
+    assert coalescer.run("k", read, 5, issued_ms=1_400) == "record 1"
+    assert coalescer.run("k", read, 5, issued_ms=1_600) == "record 1"
+    # Sent after it ended: a read of its own.
+    assert coalescer.run("k", read, 5, issued_ms=1_601) == "record 2"
+    # Without a send time (a PRIMARY read would have none): never a finished read's.
+    assert coalescer.run("k", read, 5) == "record 3"
+    assert len(reads) == 3
+
+
+def test_a_finished_read_is_kept_only_so_long_and_for_so_many_keys() -> None:
+    clock = MsClock()
+    coalescer: Coalescer[str] = Coalescer(max_keys=2, keep_ms=1_000, clock=clock)
+    for key in ("a", "b", "c"):
+        coalescer.run(key, lambda key=key: f"first {key}", 5, issued_ms=clock.now)
+    # "a" made way for "c": two keys at most.
+    assert coalescer.run("a", lambda: "again a", 5, issued_ms=0) == "again a"
+    assert coalescer.run("c", lambda: "again c", 5, issued_ms=0) == "first c"
+    clock.now += 1_000
+    assert coalescer.run("c", lambda: "again c", 5, issued_ms=0) == "again c"

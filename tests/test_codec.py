@@ -97,12 +97,13 @@ def reject(data: object, limits: Limits, match: str) -> InvalidArgument:
 
 
 def pad_to(data: bytes, size: int) -> bytes:
-    """``data`` plus one unknown bytes field (number 15) so the total is ``size``."""
+    """``data`` plus one unknown bytes field (number 99) so the total is ``size``."""
+    tag = _varint(99 << 3 | 2)
     for length_bytes in range(1, 6):
-        filler = size - len(data) - 1 - length_bytes
+        filler = size - len(data) - len(tag) - length_bytes
         header = _varint(filler) if filler >= 0 else b""
         if len(header) == length_bytes:
-            return data + b"\x7a" + header + b"\x00" * filler
+            return data + tag + header + b"\x00" * filler
     raise AssertionError(f"cannot pad {len(data)} bytes to {size}")
 
 
@@ -251,7 +252,7 @@ def test_envelope_without_operation_is_rejected(limits: Limits) -> None:
 def test_envelope_with_only_an_unknown_operation_is_rejected(limits: Limits) -> None:
     message = envelope()
     message.ClearField("read")
-    data = message.SerializeToString() + b"\x7a\x00"  # field 15, empty: a future operation
+    data = message.SerializeToString() + b"\x82\x01\x00"  # field 16, empty: a future operation
     reject(data, limits, "unknown or missing operation")
 
 

@@ -11,7 +11,8 @@ def test_public_api_is_pinned() -> None:
         [
             "Client", "Config", "ConfigError", "Conflict", "DataServiceError", "DeadlineExceeded",
             "DeleteOp", "DeleteResult", "Handle", "InternalError", "InvalidArgument", "LaneName",
-            "ListOp", "NotFound", "Operation", "Page", "PermissionDenied", "ReadMode", "ReadOp",
+            "ListOp", "NotFound", "Operation", "Page", "PermissionDenied", "ReadMany",
+            "ReadManyOp", "ReadMode", "ReadOp",
             "Record", "RequestError", "RequestLost", "ResourceExhausted", "ResultNotReady",
             "RetryableError",
             "ServiceSetupError",

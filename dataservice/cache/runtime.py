@@ -13,6 +13,7 @@ from dataservice.cache.shadow import ShadowComparisons
 from dataservice.cache.source import CachedSource
 from dataservice.cache.store import CacheStore
 from dataservice.config import Config
+from dataservice.enums import LaneName
 from dataservice.metrics import FRESHNESS_GUARD
 from dataservice.settings import Settings
 from dataservice.store import RecordStore
@@ -35,6 +36,7 @@ class CacheRuntime:
         threads: int,
     ) -> None:
         cache = config.cache
+        lane_config = config.lanes[LaneName(lane)]
         timeout_s = cache.socket_timeout_ms / 1000
         # Tight timeouts: a cache that stalls must cost less than the database
         # it stands in front of; the breaker takes it from there.
@@ -71,7 +73,19 @@ class CacheRuntime:
             cache.shadow, database.permits, store, self.store, self._client, lane
         )
         self.source = CachedSource(
-            database, store, self.store, self.controls, cache, lane, shadow, guard=guard
+            database,
+            store,
+            self.store,
+            self.controls,
+            cache,
+            lane,
+            shadow,
+            guard=guard,
+            # A read_many's misses: this many ids per SELECT, one SELECT per permit.
+            keys_per_select=lane_config.max_ops_per_transaction,
+            # A coalesced read's record serves requests sent before it ended
+            # for as long as one of them may still wait for it.
+            share_ms=min(lane_config.max_deadline_ms, cache.ttl_s * 1000),
         )
 
     def close(self) -> None:

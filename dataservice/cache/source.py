@@ -2,12 +2,15 @@
 
 The order for one read (``docs/cache.md``, "A read"):
 
-1. ``PRIMARY`` reads, reads the rollout keeps off the cache (bypass, outside
-   the read percentage, no read format) and reads while the breaker is open go
-   to the database under a point-read permit, like any read.
-2. Otherwise one ``GET`` of the format read: a hit answers.
-3. A miss is coalesced in the process (:mod:`dataservice.cache.coalesce`),
-   then across replicas (:mod:`dataservice.cache.replicas`).
+1. ``PRIMARY`` reads go to the database under a point-read permit, alone:
+   one is never answered by a read that began before it arrived.
+2. Otherwise, unless the cache is not read (bypass, outside the read
+   percentage, no read format, the freshness guard engaged, the breaker
+   open), one ``GET`` of the format read: a hit answers.
+3. A miss, and an ``ALLOW_CACHED`` read that does not use the cache, is
+   coalesced in the process (:mod:`dataservice.cache.coalesce`), then across
+   replicas while Redis answers (:mod:`dataservice.cache.replicas`): the
+   database sees one read per key at a time whatever the cache is doing.
 
 A Redis error at any step counts against the breaker, and the read goes on
 to the database under the same permits; nothing is made up.
@@ -38,6 +41,7 @@ from dataservice.store import RecordStore
 from dataservice.store.connections import now_ms
 from dataservice.worker.database import Database
 from dataservice.worker.failures import CoalescedWaitExpired
+from dataservice.worker.operations import Found, read_in_bulk
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +78,12 @@ class CachedSource:
         shadow: ShadowComparisons,
         clock: Callable[[], int] = now_ms,
         guard: FreshnessGuard | None = None,
+        keys_per_select: int = 100,
+        share_ms: int = 0,
     ) -> None:
         self._database = database
         self._store = store
+        self._keys_per_select = keys_per_select
         self._cache = cache
         self._controls = controls
         self._lane = lane
@@ -88,10 +95,21 @@ class CachedSource:
         self.breaker = Breaker(config.breaker, on_change=BREAKER.labels(lane).set)
         self._guard = Guard(self.breaker, self._failed)
         self._replicas = ReplicaCoalescing(
-            cache, self._guard, controls, self._database_read, config, lane, clock
+            cache,
+            self._guard,
+            controls,
+            self._database_read,
+            self._bulk_read,
+            config,
+            lane,
+            clock,
+            share_ms,
         )
         self._coalescer: Coalescer[pb.Record | None] = Coalescer(
-            config.max_inflight_keys, on_follow=COALESCED.labels(lane, "process").inc
+            config.max_inflight_keys,
+            on_follow=COALESCED.labels(lane, "process").inc,
+            keep_ms=share_ms,
+            clock=clock,
         )
 
     def peek_key(
@@ -125,26 +143,76 @@ class CachedSource:
         CACHE_READS.labels(self._lane, target.fmt.value, "hit").inc()
 
     def read(
-        self, scope: str, object_id: str, mode: ReadMode, deadline_ms: int, request_id: str
+        self,
+        scope: str,
+        object_id: str,
+        mode: ReadMode,
+        deadline_ms: int,
+        request_id: str,
+        issued_ms: int | None = None,
     ) -> pb.Record | None:
+        """The record (None: there is none) as ``mode`` allows; ``issued_ms``
+        (when the request was sent) lets a coalesced read that ended after it
+        answer it."""
         if mode is ReadMode.PRIMARY:
             return self._database_read(scope, object_id, deadline_ms)
         rollout = self._controls.current()
         fmt = rollout.read_format(request_id) if self._fresh() else None
+        key = (scope, object_id)
         if fmt is not None:
             try:
                 record = self._get(fmt, scope, object_id, rollout.generation)
             except CacheDown:
-                fmt = None
-            else:
-                if record is not None:
-                    self._shadow.offer(rollout, fmt, scope, object_id, record, request_id)
-                    return record
-                CACHE_READS.labels(self._lane, fmt.value, "miss").inc()
-        key = (scope, object_id)
-        if fmt is None:
-            return self._coalesced(key, deadline_ms, self._database_read, scope, object_id)
-        return self._coalesced(key, deadline_ms, self._miss, scope, object_id, fmt)
+                # Redis just failed this read: coalesced in the process only.
+                return self._coalesced(
+                    key,
+                    deadline_ms,
+                    issued_ms,
+                    lambda: self._database_read(scope, object_id, deadline_ms),
+                )
+            if record is not None:
+                self._shadow.offer(rollout, fmt, scope, object_id, record, request_id)
+                return record
+            CACHE_READS.labels(self._lane, fmt.value, "miss").inc()
+        return self._coalesced(
+            key,
+            deadline_ms,
+            issued_ms,
+            lambda: self._miss(scope, object_id, fmt, deadline_ms, issued_ms),
+        )
+
+    def read_many(
+        self,
+        keys: Sequence[tuple[str, str]],
+        mode: ReadMode,
+        deadline_ms: int,
+        request_id: str,
+        issued_ms: int | None = None,
+    ) -> Found:
+        """Many reads (a read_many's, of one mode), as :meth:`read` reads one:
+        the hits in one MGET, the misses coalesced a step for all at once
+        (:meth:`ReplicaCoalescing.read_many`). Hits are not shadow-compared."""
+        if mode is ReadMode.PRIMARY:
+            return self._bulk_read(keys, deadline_ms)
+        rollout = self._controls.current()
+        fmt = rollout.read_format(request_id) if self._fresh() else None
+        found: Found = {}
+        misses = list(keys)
+        if fmt is not None:
+            try:
+                with tracing.timed(cache_stage(fmt)):
+                    hits = self._guard(lambda: self._cache.get_many(fmt, keys, rollout.generation))
+            except CacheDown:
+                return self._bulk_read(keys, deadline_ms)
+            found.update(hits)
+            misses = [key for key in keys if key not in hits]
+            if hits:
+                CACHE_READS.labels(self._lane, fmt.value, "hit").inc(len(hits))
+            if misses:
+                CACHE_READS.labels(self._lane, fmt.value, "miss").inc(len(misses))
+        if misses:
+            found.update(self._replicas.read_many(misses, fmt, deadline_ms, issued_ms))
+        return found
 
     def changed(self, scope: str, object_id: str, revision: int, *, deleted: bool) -> None:
         """A mutation of this service committed: drop the record's entries now,
@@ -194,25 +262,33 @@ class CachedSource:
         return record
 
     def _miss(
-        self, scope: str, object_id: str, fmt: CacheFormat, deadline_ms: int
+        self,
+        scope: str,
+        object_id: str,
+        fmt: CacheFormat | None,
+        deadline_ms: int,
+        issued_ms: int | None,
     ) -> pb.Record | None:
         if not self._coalesce:
             return self._replicas.read_alone(scope, object_id, fmt, deadline_ms)
-        return self._replicas.read(scope, object_id, fmt, deadline_ms)
+        return self._replicas.read(scope, object_id, fmt, deadline_ms, issued_ms)
 
     def _coalesced(
         self,
         key: tuple[str, str],
         deadline_ms: int,
-        read: Callable[..., pb.Record | None],
-        *args: object,
+        issued_ms: int | None,
+        read: Callable[[], pb.Record | None],
     ) -> pb.Record | None:
-        """``read(*args, deadline_ms)``, shared with this process's concurrent
-        misses of ``key``; a follower whose leader failed tries again itself."""
+        """``read()``, shared with this process's concurrent misses of ``key``
+        (and with those sent before it ended); a follower whose leader failed
+        tries again itself."""
         if not self._coalesce:
-            return read(*args, deadline_ms)
-        shared = self._coalescer
-        return _shared(shared, self._clock, key, deadline_ms, lambda: read(*args, deadline_ms))
+            return read()
+        return _shared(self._coalescer, self._clock, key, deadline_ms, issued_ms, read)
+
+    def _bulk_read(self, keys: Sequence[tuple[str, str]], deadline_ms: int) -> Found:
+        return read_in_bulk(self._database, self._store, keys, deadline_ms, self._keys_per_select)
 
     def _database_read(self, scope: str, object_id: str, deadline_ms: int) -> pb.Record | None:
         record = self._database.run(
@@ -232,13 +308,14 @@ def _shared(
     clock: Callable[[], int],
     key: tuple[str, str],
     deadline_ms: int,
+    issued_ms: int | None,
     read: Callable[[], pb.Record | None],
 ) -> pb.Record | None:
     """``read()`` through ``coalescer``; a follower whose leader failed tries again itself."""
     while True:
         wait_ms = deadline_ms - clock() - ANSWER_MARGIN_MS
         try:
-            return coalescer.run(key, read, wait_ms / 1000)
+            return coalescer.run(key, read, wait_ms / 1000, issued_ms)
         except FollowerTimedOut:
             raise CoalescedWaitExpired from None
         except LeaderFailed:

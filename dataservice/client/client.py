@@ -32,6 +32,7 @@ from dataservice.errors import (
     DataServiceError,
     InternalError,
     InvalidArgument,
+    RequestError,
     ResourceExhausted,
     RetryableError,
 )
@@ -44,6 +45,8 @@ from dataservice.types import (
     ListOp,
     Operation,
     Page,
+    ReadMany,
+    ReadManyOp,
     ReadOp,
     Record,
     Result,
@@ -51,7 +54,7 @@ from dataservice.types import (
     WriteResult,
 )
 
-R = TypeVar("R", Record, WriteResult, DeleteResult, Page)
+R = TypeVar("R", Record, WriteResult, DeleteResult, Page, ReadMany)
 
 # Refusals a call does not retry itself: the lane cannot serve it within its
 # deadline now (a later attempt would have less time still), or this
@@ -119,6 +122,59 @@ class Client:
     ) -> Record:
         return _expect(self._call(ReadOp(scope, object_id, mode), timeout), Record)
 
+    def read_many(
+        self,
+        scope: str,
+        ids: Iterable[str | tuple[str, str]],
+        *,
+        mode: ReadMode = ReadMode.ALLOW_CACHED,
+        timeout: float | None = None,
+    ) -> builtins.list[Record | RequestError]:
+        """Each id's record, or the error reading it alone would have raised
+        (``NotFound``, ``PermissionDenied``, ...), in the order given.
+
+        An id is an object id in ``scope``, or a ``(scope, object_id)`` pair.
+        Up to ``lanes.interactive.max_ops_per_message`` reads go in one message
+        (the cache answers its hits in one round trip, the database its misses
+        a ``SELECT`` per permit); more are sent in further messages, one after
+        another. A record the answer had no room for (``response_full``) is
+        asked for again; a read answered retryably is retried as :meth:`read`
+        retries, all within the one deadline. Errors of the whole call (a
+        refused publish, the deadline) are raised as :meth:`read` raises them.
+        """
+        reads = [
+            ReadOp(scope, one, mode) if isinstance(one, str) else ReadOp(one[0], one[1], mode)
+            for one in ids
+        ]
+        deadline = self._publisher.deadline(LaneName.INTERACTIVE, timeout)
+        most = self.config.lanes.interactive.max_ops_per_message
+        results: builtins.list[Record | RequestError | None] = [None] * len(reads)
+        todo = builtins.list(range(len(reads)))
+        attempt = 1
+        retry = self.config.client.retry
+        while todo:
+            again: builtins.list[int] = []
+            wait_s = 0.0
+            for start in range(0, len(todo), most):
+                chunk = todo[start : start + most]
+                operation = ReadManyOp(tuple(reads[i] for i in chunk))
+                answer = _expect(self._call(operation, None, deadline), ReadMany)
+                for i, one in zip(chunk, answer.results, strict=True):
+                    results[i] = one
+                    if not isinstance(one, RetryableError):
+                        continue
+                    if one.reason == Reason.RESPONSE_FULL:
+                        again.append(i)
+                    elif attempt < retry.max_attempts and one.reason not in FINAL_REFUSALS:
+                        again.append(i)
+                        wait_s = max(wait_s, one.retry_after)
+            todo, attempt = again, attempt + 1
+            if todo and wait_s:
+                if now_ms() + wait_s * 1000 >= deadline:
+                    break
+                time.sleep(wait_s)
+        return [one for one in results if one is not None]
+
     def write(
         self,
         scope: str,
@@ -177,9 +233,12 @@ class Client:
 
     # Internals --------------------------------------------------------------
 
-    def _call(self, operation: Operation, timeout: float | None) -> Result:
+    def _call(
+        self, operation: Operation, timeout: float | None, deadline: int | None = None
+    ) -> Result:
         """One interactive call: attempts until an answer, a final error or the deadline."""
-        deadline = self._publisher.deadline(LaneName.INTERACTIVE, timeout)
+        if deadline is None:
+            deadline = self._publisher.deadline(LaneName.INTERACTIVE, timeout)
         key = mutation_key(operation)
         retry = self.config.client.retry
         attempt = 1

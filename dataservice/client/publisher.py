@@ -12,7 +12,7 @@ from dataservice.client import throttle
 from dataservice.client.handle import Handle, now_ms
 from dataservice.client.pacer import PACER
 from dataservice.client.transport import Transport, refused
-from dataservice.codec import batch_envelope, request_envelope
+from dataservice.codec import batch_envelope, operation_count, request_envelope
 from dataservice.codec.requests import MUTATIONS
 from dataservice.config import Config
 from dataservice.enums import LaneName
@@ -63,9 +63,10 @@ class Publisher:
 
         A refusal is raised as ``ResourceExhausted``; the caller, which also
         sees the service's refusals, passes either to :meth:`held_back`."""
-        self.throttle.check(LaneName.INTERACTIVE)
-        PACER.take(self.caller, self._rate)
         envelope = self._envelope(operation, deadline_ms, key)
+        ops = operation_count(envelope)
+        self.throttle.check(LaneName.INTERACTIVE)
+        PACER.take(self.caller, None if self._rate is None else self._rate.charged(ops))
         try:
             epoch = self.transport.publish(
                 self._sign(envelope),
@@ -74,6 +75,7 @@ class Publisher:
                 deadline_ms=deadline_ms,
                 caller=self.caller,
                 operation=envelope.WhichOneof("operation") or "",
+                ops=ops,
             )
         except AdmissionRefused as refusal:
             error = refused(refusal)

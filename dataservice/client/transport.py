@@ -73,10 +73,12 @@ class Transport:
         deadline_ms: int,
         caller: str = "",
         operation: str = "",
+        ops: int = 1,
     ) -> str:
-        """Publish one request; returns the broker's epoch it went out in."""
+        """Publish one request (of ``ops`` operations); returns the broker's
+        epoch it went out in."""
         return self.publish_many(
-            [(body, request_id, deadline_ms, operation, 1)], lane=lane, caller=caller
+            [(body, request_id, deadline_ms, operation, ops)], lane=lane, caller=caller
         )
 
     def publish_many(

@@ -17,9 +17,11 @@ from dataservice.codec.requests import (
     decode_cursor,
     decode_request,
     encode_cursor,
+    operation_count,
     page_size,
     validate_batch,
     validate_operation,
+    validate_read_many,
     validate_request,
 )
 
@@ -31,11 +33,13 @@ __all__ = [
     "decode_response",
     "encode_cursor",
     "error_response",
+    "operation_count",
     "page_size",
     "record_from_pb",
     "record_to_pb",
     "request_envelope",
     "validate_batch",
     "validate_operation",
+    "validate_read_many",
     "validate_request",
 ]

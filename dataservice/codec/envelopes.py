@@ -14,7 +14,7 @@ from dataservice.codec.records import record_from_pb
 from dataservice.codec.requests import validate_request
 from dataservice.config import Limits
 from dataservice.enums import StatusCode
-from dataservice.errors import InternalError, InvalidArgument, error_for
+from dataservice.errors import InternalError, InvalidArgument, RequestError, error_for
 from dataservice.proto import pb
 from dataservice.types import (
     DeleteOp,
@@ -22,6 +22,8 @@ from dataservice.types import (
     ListOp,
     Operation,
     Page,
+    ReadMany,
+    ReadManyOp,
     ReadOp,
     Result,
     WriteOp,
@@ -50,8 +52,27 @@ def request_envelope(
     limits: Limits,
 ) -> pb.RequestEnvelope:
     """The envelope for ``operation``, checked by the rules the worker applies."""
+    envelope = pb.RequestEnvelope(
+        caller=caller,
+        request_id=request_id,
+        deadline_unix_ms=deadline_ms,
+        issued_at_unix_ms=issued_at_ms,
+        idempotency_key=idempotency_key,
+    )
+    if isinstance(operation, ReadManyOp):
+        envelope.read_many.reads.extend(_message(read) for read in operation.reads)
+    else:
+        member = _MESSAGES.get(type(operation), ("", None))[0]
+        getattr(envelope, member).CopyFrom(_message(operation))
+    # Fail fast, before anything is sent, with the same rules the worker applies.
+    validate_request(envelope, limits)
+    return envelope
+
+
+def _message(operation: Operation) -> Any:
+    """The request message of one operation."""
     try:
-        member, message = _MESSAGES[type(operation)]
+        _, message = _MESSAGES[type(operation)]
     except KeyError:
         raise InvalidArgument(f"unknown operation type {type(operation).__name__}") from None
     fields = {}
@@ -62,17 +83,7 @@ def request_envelope(
         if field.name != "idempotency_key":
             # An absent cursor is the empty string on the wire; a read mode its number.
             fields[field.name] = "" if value is None else value
-    envelope = pb.RequestEnvelope(
-        caller=caller,
-        request_id=request_id,
-        deadline_unix_ms=deadline_ms,
-        issued_at_unix_ms=issued_at_ms,
-        idempotency_key=idempotency_key,
-    )
-    getattr(envelope, member).CopyFrom(message(**fields))
-    # Fail fast, before anything is sent, with the same rules the worker applies.
-    validate_request(envelope, limits)
-    return envelope
+    return message(**fields)
 
 
 def batch_envelope(
@@ -149,16 +160,8 @@ def decode_response(body: bytes, request_id: str) -> Result:
         raise InternalError(
             "the service sent an unreadable answer", request_id=request_id
         ) from None
-    code = response.status.code
-    if code != pb.STATUS_CODE_OK:
-        status = StatusCode(code) if code in StatusCode._value2member_map_ else StatusCode.INTERNAL
-        raise error_for(
-            status,
-            response.status.message,
-            request_id=request_id,
-            retry_after=response.status.retry_after_ms / 1000,
-            reason=response.status.reason,
-        )
+    if response.status.code != pb.STATUS_CODE_OK:
+        raise _error(response.status, request_id)
     kind = response.WhichOneof("result")
     if kind == "read":
         return record_from_pb(response.read.record)
@@ -173,4 +176,24 @@ def decode_response(body: bytes, request_id: str) -> Result:
             records=tuple(record_from_pb(r) for r in page.records),
             next_cursor=page.next_cursor or None,
         )
+    if kind == "read_many":
+        return ReadMany(
+            tuple(
+                record_from_pb(one.record)
+                if one.status.code == pb.STATUS_CODE_OK
+                else _error(one.status, request_id)
+                for one in response.read_many.results
+            )
+        )
     raise InternalError("the service sent an answer without a result", request_id=request_id)
+
+
+def _error(status: pb.Status, request_id: str) -> RequestError:
+    code = StatusCode(status.code) if status.code in StatusCode._value2member_map_ else None
+    return error_for(
+        code or StatusCode.INTERNAL,
+        status.message,
+        request_id=request_id,
+        retry_after=status.retry_after_ms / 1000,
+        reason=status.reason,
+    )

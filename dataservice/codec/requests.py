@@ -59,8 +59,11 @@ def decode_request(
         envelope.ParseFromString(data)
     except (DecodeError, ValueError, RecursionError):
         raise InvalidArgument("request is not a valid access.v2.RequestEnvelope") from None
-    if envelope.WhichOneof("operation") == "batch":
+    operation = envelope.WhichOneof("operation")
+    if operation == "batch":
         validate_batch(envelope, max_ops)
+    elif operation == "read_many":
+        validate_read_many(envelope, max_ops)
     else:
         validate_request(envelope, limits)
     return envelope
@@ -89,6 +92,27 @@ def validate_batch(envelope: pb.RequestEnvelope, max_ops: int) -> None:
             raise InvalidArgument("a batch operation has an unknown or missing operation")
 
 
+def operation_count(envelope: pb.RequestEnvelope) -> int:
+    """How many operations an envelope carries: admission, the caller's rate
+    and a lane's bounds count these, not messages."""
+    operation = envelope.WhichOneof("operation")
+    if operation == "batch":
+        return len(envelope.batch.operations)
+    if operation == "read_many":
+        return len(envelope.read_many.reads)
+    return 1
+
+
+def validate_read_many(envelope: pb.RequestEnvelope, max_ops: int) -> None:
+    """A read_many envelope's own fields and its size in reads. Each read is
+    checked apart (:func:`validate_operation`), so that one bad id fails alone."""
+    _envelope_fields(envelope)
+    if envelope.idempotency_key:
+        raise InvalidArgument("idempotency_key is only allowed on write and delete")
+    if not 0 < len(envelope.read_many.reads) <= max_ops:
+        raise InvalidArgument(f"a read_many holds 1 to {max_ops} reads here")
+
+
 def _envelope_fields(envelope: pb.RequestEnvelope) -> None:
     _check(CALLER_RE, envelope.caller, "caller")
     _check(REQUEST_ID_RE, envelope.request_id, "request_id")
@@ -103,6 +127,12 @@ def validate_request(envelope: pb.RequestEnvelope, limits: Limits) -> None:
     operation = envelope.WhichOneof("operation")
     if operation is None or operation == "batch":
         raise InvalidArgument("unknown or missing operation")
+    if operation == "read_many":
+        # Each read as the worker checks it; their number, by the lane's bound.
+        for read in envelope.read_many.reads:
+            validate_operation("read", read, "", limits)
+        validate_read_many(envelope, len(envelope.read_many.reads) or 1)
+        return
     validate_operation(operation, getattr(envelope, operation), envelope.idempotency_key, limits)
 
 

@@ -12,6 +12,7 @@ lacks it.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
@@ -50,3 +51,33 @@ class LuaScript:
             return client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
             return client.eval(self.text, len(keys), *keys, *args)
+
+
+def run_pipelined(
+    client: redis.Redis, calls: Sequence[tuple[LuaScript, list[str], list[Any]]]
+) -> list[Any]:
+    """Each ``(script, keys, args)`` in one round trip, in order; their results.
+
+    A server that lacks a script answers its calls NOSCRIPT without running
+    them: those alone are run again once it is loaded, so a script that is not
+    idempotent still runs once. Any other error is raised."""
+    results = _pipelined(client, calls)
+    missing = [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
+    if missing:
+        for script in {calls[i][0] for i in missing}:
+            client.script_load(script.text)
+        for i, result in zip(missing, _pipelined(client, [calls[i] for i in missing]), strict=True):
+            results[i] = result
+    for result in results:
+        if isinstance(result, Exception):
+            raise result
+    return results
+
+
+def _pipelined(
+    client: redis.Redis, calls: Sequence[tuple[LuaScript, list[str], list[Any]]]
+) -> list[Any]:
+    with client.pipeline(transaction=False) as pipe:
+        for script, keys, args in calls:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        return list(pipe.execute(raise_on_error=False))

@@ -20,6 +20,7 @@ Two options change that, on writes and deletes only:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -72,6 +73,15 @@ class RevisionMismatch(Refusal):
         self.current = current
 
 
+@functools.lru_cache(maxsize=128)
+def _read_many_sql(n: int) -> str:
+    # A row-constructor IN on the primary key: one range scan of n points.
+    return (
+        "SELECT scope, object_id, revision, payload, updated_at FROM records"
+        f" WHERE (scope, object_id) IN ({', '.join(['(%s, %s)'] * n)})"
+    )
+
+
 def _check(expected_revision: int) -> None:
     if expected_revision < 0:
         raise ValueError("expected_revision must be 0 (unconditional) or a revision")
@@ -97,6 +107,18 @@ class RecordStore:
         with self._sessions.connection(bounds) as conn:
             row = conn.execute(statements.READ, {"scope": scope, "object_id": object_id}).first()
         return None if row is None else _record(*row)
+
+    def read_many(
+        self, keys: Sequence[tuple[str, str]], bounds: Bounds = UNBOUNDED
+    ) -> dict[tuple[str, str], Record]:
+        """The records found among ``keys`` (``(scope, object_id)`` pairs), in
+        one primary-key range statement; the caller bounds how many."""
+        if not keys:
+            return {}
+        params = tuple(part for key in keys for part in key)
+        with self._sessions.connection(bounds) as conn:
+            rows = conn.exec_driver_sql(_read_many_sql(len(keys)), params).all()
+        return {(row[0], row[1]): _record(*row[1:]) for row in rows}
 
     def write(
         self,

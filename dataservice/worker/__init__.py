@@ -2,8 +2,10 @@
 
 - :mod:`.handler`: the order of the contract (open, drop if late, authorise,
   gate, operation, answer): ``RequestHandler.handle(task_id, body, deadline) -> Reply | None``.
-- :mod:`.operations`: one object per operation: ``Operation.run(envelope) -> ResponseEnvelope``;
+- :mod:`.operations`: one object per operation: ``Operation.run(request) -> ResponseEnvelope``;
   reads go through a ``RecordSource`` (the cache's seam).
+- :mod:`.readmany`: many reads in one message, each authorised and answered
+  on its own, looked up together.
 - :mod:`.batch`: a batch message's operations, each checked and answered
   apart, applied a transaction per permit: ``Batch.run(envelope) -> [(op, answer)]``.
 - :mod:`.database`: the time budget and the permit: ``Database.run(op_class, deadline, fn)``.
@@ -40,12 +42,8 @@ def build_handler(
     """A lane's request path, stage by stage, its operations reaching the
     database through ``database`` (its permits and time budget), its reads
     through ``source`` (the cache) when there is one."""
+    lane_config = config.lanes[lane]
+    source = source or DatabaseSource(database, store, lane_config.max_ops_per_transaction)
     ops = operations(database, store, config.limits, source)
-    batch = Batch(
-        database,
-        store,
-        config.limits,
-        config.lanes[lane],
-        source or DatabaseSource(database, store),
-    )
+    batch = Batch(database, store, config.limits, lane_config, source)
     return RequestHandler(config, lane, authenticator, gate, ops, batch)

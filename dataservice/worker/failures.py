@@ -27,7 +27,7 @@ from dataservice.enums import StatusCode
 from dataservice.limits.admission import AdmissionRefused
 from dataservice.limits.permits import PermitUnavailable
 from dataservice.metrics import Dependency, TimeoutStage
-from dataservice.refusals import Reason, Refusal, Rejected
+from dataservice.refusals import LIMIT_MESSAGES, Reason, Refusal, Rejected
 from dataservice.store import DeleteRaced, GroupRaced, IdempotencyConflict, RevisionMismatch
 from dataservice.store.connections import ConnectRateLimited, StatementTimeout
 
@@ -58,6 +58,13 @@ class DatabaseFailure(Refusal):
 
 class RecordMissing(Refusal):
     """No such record."""
+
+
+class ResponseFull(Refusal):
+    """One read of a read_many: the answer had no room left for its record."""
+
+    def __init__(self) -> None:
+        super().__init__(LIMIT_MESSAGES[Reason.RESPONSE_FULL], reason=Reason.RESPONSE_FULL)
 
 
 class CoalescedWaitExpired(Refusal):
@@ -174,6 +181,7 @@ _TABLE: dict[type[Refusal], _Row] = {
         RETRY_DB_UNAVAILABLE_MS,
     ),
     DatabaseFailure: (StatusCode.INTERNAL, "internal error", 0),
+    ResponseFull: (None, None, 0),
 }
 
 # A check's reason -> the code its refusal is answered with.
@@ -198,6 +206,7 @@ REASON_CODES: dict[Reason, StatusCode] = {
     Reason.QUEUE_TOO_LONG: StatusCode.RESOURCE_EXHAUSTED,
     # The client's own (never sent): the code a caller sees is the same.
     Reason.THROTTLED: StatusCode.RESOURCE_EXHAUSTED,
+    Reason.RESPONSE_FULL: StatusCode.RESOURCE_EXHAUSTED,
 }
 
 _STAGES: dict[type[Refusal], TimeoutStage] = {

@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 
 from dataservice.auth import Authenticator
+from dataservice.codec import operation_count
 from dataservice.config import Config, LaneConfig
 from dataservice.enums import LaneName, StatusCode
 from dataservice.limits.gate import Gate, Peek
@@ -142,8 +143,9 @@ class RequestHandler:
                 opened.now_ms,
                 self._capped,
                 redelivered,
-                # A batch is charged to its caller's rate for each of its operations.
-                cost=len(envelope.batch.operations) if batch else 1,
+                # A batch or a read_many is charged to its caller's rate for
+                # each of its operations.
+                cost=operation_count(envelope),
             )
             with tracing.timed(Stage.GATE if peek is None else cache_stage(peek.fmt)):
                 slot, peeked = self.gate.enter_peeking(entry, peek)
@@ -201,13 +203,15 @@ class RequestHandler:
             return self._serve_batch(admitted)
         try:
             if response is None:
-                response = self._operations[request.operation].run(envelope)
+                response = self._operations[request.operation].run(request)
         except Refusal as refusal:
             return self._replies.refused(task_id, refusal, envelope.caller, expires_at_ms)
         except Exception as exc:
             # A bug, not the request's fault: answer rather than leave the caller waiting.
             log.error("unexpected %s on %s", type(exc).__name__, task_id, exc_info=True)
             return self._replies.answer(envelope.caller, task_id, INTERNAL, expires_at_ms)
+        if request.operation == "read_many":
+            self._replies.refused_reads(response.read_many)
         return ok_reply(envelope.caller, task_id, response, expires_at_ms)
 
     def _serve_batch(self, admitted: Admitted) -> Reply:

@@ -8,19 +8,23 @@ or the cache in front of it (:class:`dataservice.cache.CachedSource`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar, Protocol, TypeVar
 
 from google.protobuf.message import Message
 
+from dataservice.auth import Authorised
 from dataservice.codec import decode_cursor, encode_cursor, page_size, record_to_pb
 from dataservice.config import Limits
 from dataservice.enums import OperationClass, ReadMode
 from dataservice.proto import pb
+from dataservice.refusals import Refusal
 from dataservice.store import Idempotency, RecordStore
 from dataservice.worker.database import Database
 from dataservice.worker.failures import RecordMissing
+from dataservice.worker.readmany import ReadMany
 
 T = TypeVar("T")
 # Per-record framing inside a ListRecordsResponse, on top of id and payload.
@@ -32,17 +36,41 @@ _PAGE_OVERHEAD = 512
 class Operation(Protocol):
     op_class: ClassVar[OperationClass]
 
-    def run(self, envelope: pb.RequestEnvelope) -> pb.ResponseEnvelope:
-        """The answer's result for a verified, authorised envelope."""
+    def run(self, request: Authorised) -> pb.ResponseEnvelope:
+        """The answer's result for a verified, authorised request."""
         ...
+
+
+# A read_many's outcome for one key: the record, None (no such record), or
+# why it could not be read.
+Found = dict[tuple[str, str], "pb.Record | Refusal | None"]
 
 
 class RecordSource(Protocol):
     """Where a read finds a record, within the request's deadline."""
 
     def read(
-        self, scope: str, object_id: str, mode: ReadMode, deadline_ms: int, request_id: str
-    ) -> pb.Record | None: ...
+        self,
+        scope: str,
+        object_id: str,
+        mode: ReadMode,
+        deadline_ms: int,
+        request_id: str,
+        issued_ms: int | None = None,
+    ) -> pb.Record | None:
+        """``issued_ms``: when the request was sent (the caller's signed clock)."""
+        ...
+
+    def read_many(
+        self,
+        keys: Sequence[tuple[str, str]],
+        mode: ReadMode,
+        deadline_ms: int,
+        request_id: str,
+        issued_ms: int | None = None,
+    ) -> Found:
+        """Each of ``keys`` (distinct ``(scope, object_id)`` pairs) read at once."""
+        ...
 
     def changed(self, scope: str, object_id: str, revision: int, *, deleted: bool) -> None:
         """A mutation committed (``revision``: the new one, or the one deleted)."""
@@ -54,17 +82,34 @@ class RecordSource(Protocol):
 class DatabaseSource:
     """Every read from the database, under a point-read permit."""
 
-    def __init__(self, database: Database, store: RecordStore) -> None:
+    def __init__(self, database: Database, store: RecordStore, keys_per_select: int = 100) -> None:
         self._database = database
         self._store = store
+        self._keys_per_select = keys_per_select
 
     def read(
-        self, scope: str, object_id: str, mode: ReadMode, deadline_ms: int, request_id: str
+        self,
+        scope: str,
+        object_id: str,
+        mode: ReadMode,
+        deadline_ms: int,
+        request_id: str,
+        issued_ms: int | None = None,
     ) -> pb.Record | None:
         record = self._database.run(
             Read.op_class, deadline_ms, lambda bounds: self._store.read(scope, object_id, bounds)
         )
         return record_to_pb(record) if record is not None else None
+
+    def read_many(
+        self,
+        keys: Sequence[tuple[str, str]],
+        mode: ReadMode,
+        deadline_ms: int,
+        request_id: str,
+        issued_ms: int | None = None,
+    ) -> Found:
+        return read_in_bulk(self._database, self._store, keys, deadline_ms, self._keys_per_select)
 
     def changed(self, scope: str, object_id: str, revision: int, *, deleted: bool) -> None:
         """Nothing to forget: every read is the database's."""
@@ -73,17 +118,50 @@ class DatabaseSource:
         """Nothing to forget."""
 
 
+def read_in_bulk(
+    database: Database,
+    store: RecordStore,
+    keys: Sequence[tuple[str, str]],
+    deadline_ms: int,
+    keys_per_select: int,
+) -> Found:
+    """``keys`` from the database: one ``SELECT ... IN`` of at most
+    ``keys_per_select`` keys per point-read permit, one after another (one
+    permit is one active statement). A chunk that fails fails its keys only."""
+    found: Found = {}
+    for start in range(0, len(keys), keys_per_select):
+        chunk = keys[start : start + keys_per_select]
+        try:
+            rows = database.run(
+                OperationClass.POINT_READ,
+                deadline_ms,
+                functools.partial(store.read_many, chunk),
+            )
+        except Refusal as refusal:
+            found.update((key, refusal) for key in chunk)
+            continue
+        for key in chunk:
+            row = rows.get(key)
+            found[key] = record_to_pb(row) if row is not None else None
+    return found
+
+
 class Read:
     op_class: ClassVar[OperationClass] = OperationClass.POINT_READ
 
     def __init__(self, source: RecordSource) -> None:
         self._source = source
 
-    def run(self, envelope: pb.RequestEnvelope) -> pb.ResponseEnvelope:
-        request = envelope.read
-        mode = ReadMode(request.mode)
+    def run(self, request: Authorised) -> pb.ResponseEnvelope:
+        envelope = request.envelope
+        read = envelope.read
         record = self._source.read(
-            request.scope, request.object_id, mode, envelope.deadline_unix_ms, envelope.request_id
+            read.scope,
+            read.object_id,
+            ReadMode(read.mode),
+            envelope.deadline_unix_ms,
+            envelope.request_id,
+            envelope.issued_at_unix_ms,
         )
         if record is None:
             raise RecordMissing
@@ -142,7 +220,8 @@ class _Mutation:
 
 
 class Write(_Mutation):
-    def run(self, envelope: pb.RequestEnvelope) -> pb.ResponseEnvelope:
+    def run(self, request: Authorised) -> pb.ResponseEnvelope:
+        envelope = request.envelope
         w = envelope.write
         outcome = self._apply(envelope, w, self._store.write, w.payload)
         self._source.changed(w.scope, w.object_id, outcome.revision, deleted=False)
@@ -153,7 +232,8 @@ class Write(_Mutation):
 
 
 class Delete(_Mutation):
-    def run(self, envelope: pb.RequestEnvelope) -> pb.ResponseEnvelope:
+    def run(self, request: Authorised) -> pb.ResponseEnvelope:
+        envelope = request.envelope
         d = envelope.delete
         revision = self._apply(envelope, d, self._store.delete)
         if revision is None:
@@ -174,15 +254,16 @@ class List:
         self._store = store
         self._limits = limits
 
-    def run(self, envelope: pb.RequestEnvelope) -> pb.ResponseEnvelope:
-        request = envelope.list
-        size = page_size(request, self._limits)
-        after = decode_cursor(request.cursor, request.scope) if request.cursor else ""
+    def run(self, request: Authorised) -> pb.ResponseEnvelope:
+        envelope = request.envelope
+        listing = envelope.list
+        size = page_size(listing, self._limits)
+        after = decode_cursor(listing.cursor, listing.scope) if listing.cursor else ""
         # One extra row tells whether another page follows.
         rows = self._database.run(
             self.op_class,
             envelope.deadline_unix_ms,
-            lambda bounds: self._store.list(request.scope, after, size + 1, bounds),
+            lambda bounds: self._store.list(listing.scope, after, size + 1, bounds),
         )
         page = pb.ListRecordsResponse()
         room = self._limits.max_response_bytes - _PAGE_OVERHEAD
@@ -193,7 +274,7 @@ class List:
             room -= cost
             page.records.append(record_to_pb(record))
         if len(page.records) < len(rows):
-            page.next_cursor = encode_cursor(request.scope, page.records[-1].object_id)
+            page.next_cursor = encode_cursor(listing.scope, page.records[-1].object_id)
         return pb.ResponseEnvelope(list=page)
 
 
@@ -208,4 +289,5 @@ def operations(
         "write": Write(database, store, source),
         "delete": Delete(database, store, source),
         "list": List(database, store, limits),
+        "read_many": ReadMany(source, limits),
     }

@@ -10,6 +10,7 @@ and its log line (:mod:`dataservice.observe.requestlog`).
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 from dataservice.codec import error_response
 from dataservice.enums import LaneName, StatusCode
@@ -65,6 +66,12 @@ class Replies:
         if answer.stage is not None:
             TIMEOUTS.labels(self._lane, answer.stage.value).inc()
         return self.answer(caller, task_id, answer, expires_at_ms)
+
+    def refused_reads(self, answer: pb.ReadManyResponse) -> None:
+        """Count the reads of a read_many refused by a check, each once."""
+        reasons = Counter(r.status.reason for r in answer.results if r.status.reason)
+        for reason, count in reasons.items():
+            REJECTIONS.labels(self._lane, reason).inc(count)
 
     def answer(self, caller: str, task_id: str, answer: Verdict, expires_at_ms: int) -> Reply:
         reason = answer.reason.value if answer.reason is not None else ""

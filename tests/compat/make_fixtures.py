@@ -98,6 +98,78 @@ def request_list() -> pb.RequestEnvelope:
     )
 
 
+def request_batch() -> pb.RequestEnvelope:
+    """Two operations in one signed message (the batch lane)."""
+    return pb.RequestEnvelope(
+        caller="billing",
+        request_id="req-batch-1",
+        deadline_unix_ms=DEADLINE_UNIX_MS,
+        issued_at_unix_ms=ISSUED_AT_UNIX_MS,
+        batch=pb.BatchRequest(
+            operations=[
+                pb.BatchOperation(
+                    request_id="req-batch-1-w",
+                    deadline_unix_ms=DEADLINE_UNIX_MS,
+                    idempotency_key="idem-batch-1-w",
+                    write=pb.WriteRecordRequest(
+                        scope="tenant-a", object_id="invoice:44", payload=PAYLOAD
+                    ),
+                ),
+                pb.BatchOperation(
+                    request_id="req-batch-1-d",
+                    deadline_unix_ms=DEADLINE_UNIX_MS - 1000,
+                    idempotency_key="idem-batch-1-d",
+                    delete=pb.DeleteRecordRequest(
+                        scope="tenant-a", object_id="invoice:40", expected_revision=2
+                    ),
+                ),
+            ]
+        ),
+    )
+
+
+def request_read_many() -> pb.RequestEnvelope:
+    return pb.RequestEnvelope(
+        caller="billing",
+        request_id="req-many-1",
+        deadline_unix_ms=DEADLINE_UNIX_MS,
+        issued_at_unix_ms=ISSUED_AT_UNIX_MS,
+        read_many=pb.ReadManyRequest(
+            reads=[
+                pb.ReadRecordRequest(
+                    scope="tenant-a", object_id="invoice:42", mode=pb.READ_MODE_ALLOW_CACHED
+                ),
+                pb.ReadRecordRequest(
+                    scope="tenant-b", object_id="invoice:7", mode=pb.READ_MODE_ALLOW_CACHED
+                ),
+            ]
+        ),
+    )
+
+
+def response_read_many() -> pb.ResponseEnvelope:
+    """Each read's own result, in order: a record, then a refusal."""
+    return pb.ResponseEnvelope(
+        request_id="req-many-1",
+        status=pb.Status(code=pb.STATUS_CODE_OK),
+        read_many=pb.ReadManyResponse(
+            results=[
+                pb.ReadManyResult(
+                    status=pb.Status(code=pb.STATUS_CODE_OK),
+                    record=_record("invoice:42", 3, PAYLOAD),
+                ),
+                pb.ReadManyResult(
+                    status=pb.Status(
+                        code=pb.STATUS_CODE_PERMISSION_DENIED,
+                        message="the caller may not use scope 'tenant-b'",
+                        reason="scope_denied",
+                    )
+                ),
+            ]
+        ),
+    )
+
+
 def response_read() -> pb.ResponseEnvelope:
     return pb.ResponseEnvelope(
         request_id="req-read-1",
@@ -159,10 +231,13 @@ FIXTURES: dict[str, Callable[[], Message]] = {
     "request_write": request_write,
     "request_delete": request_delete,
     "request_list": request_list,
+    "request_batch": request_batch,
+    "request_read_many": request_read_many,
     "response_read": response_read,
     "response_write": response_write,
     "response_delete": response_delete,
     "response_list": response_list,
+    "response_read_many": response_read_many,
     "response_error": response_error,
     "record": record,
     "list_cursor": list_cursor,

@@ -13,7 +13,9 @@ pool:
 (c) today's reader decodes an older writer's bytes, and the codec refuses
     them: an older caller never sets ``issued_at_unix_ms``, which every request
     now needs (callers must upgrade to sign requests anyway);
-(d) an older reader sees no operation in a ``list`` envelope.
+(d) an older reader sees no operation in a ``list`` envelope;
+(e) nor in a ``batch`` or ``read_many`` one, nor a result in a ``read_many``
+    answer, and what it passes on is today's message still.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ FIXTURE_DIR = HERE / "fixtures" / "v2"
 MAKE_FIXTURES = HERE / "make_fixtures.py"
 
 WIRETYPE_VARINT = 0
+# Operations a batch or read_many envelope may carry in these checks.
+MAX_OPS = 10
 
 # The values each golden fixture must decode to, written out independently of
 # make_fixtures.py: if the script or the schema changes what the bytes mean,
@@ -89,6 +93,72 @@ EXPECTED: dict[str, Message] = {
         issued_at_unix_ms=_ISSUED_AT,
         list=pb.ListRecordsRequest(
             scope="tenant-a", page_size=25, cursor="Cgh0ZW5hbnQtYRIKaW52b2ljZTo0MQ"
+        ),
+    ),
+    "request_batch": pb.RequestEnvelope(
+        caller="billing",
+        request_id="req-batch-1",
+        deadline_unix_ms=_DEADLINE,
+        issued_at_unix_ms=_ISSUED_AT,
+        batch=pb.BatchRequest(
+            operations=[
+                pb.BatchOperation(
+                    request_id="req-batch-1-w",
+                    deadline_unix_ms=_DEADLINE,
+                    idempotency_key="idem-batch-1-w",
+                    write=pb.WriteRecordRequest(
+                        scope="tenant-a", object_id="invoice:44", payload=_PAYLOAD
+                    ),
+                ),
+                pb.BatchOperation(
+                    request_id="req-batch-1-d",
+                    deadline_unix_ms=_DEADLINE - 1000,
+                    idempotency_key="idem-batch-1-d",
+                    delete=pb.DeleteRecordRequest(
+                        scope="tenant-a", object_id="invoice:40", expected_revision=2
+                    ),
+                ),
+            ]
+        ),
+    ),
+    "request_read_many": pb.RequestEnvelope(
+        caller="billing",
+        request_id="req-many-1",
+        deadline_unix_ms=_DEADLINE,
+        issued_at_unix_ms=_ISSUED_AT,
+        read_many=pb.ReadManyRequest(
+            reads=[
+                pb.ReadRecordRequest(
+                    scope="tenant-a", object_id="invoice:42", mode=pb.READ_MODE_ALLOW_CACHED
+                ),
+                pb.ReadRecordRequest(
+                    scope="tenant-b", object_id="invoice:7", mode=pb.READ_MODE_ALLOW_CACHED
+                ),
+            ]
+        ),
+    ),
+    "response_read_many": pb.ResponseEnvelope(
+        request_id="req-many-1",
+        status=pb.Status(code=pb.STATUS_CODE_OK),
+        read_many=pb.ReadManyResponse(
+            results=[
+                pb.ReadManyResult(
+                    status=pb.Status(code=pb.STATUS_CODE_OK),
+                    record=pb.Record(
+                        object_id="invoice:42",
+                        revision=3,
+                        payload=_PAYLOAD,
+                        updated_at_unix_ms=_UPDATED_AT,
+                    ),
+                ),
+                pb.ReadManyResult(
+                    status=pb.Status(
+                        code=pb.STATUS_CODE_PERMISSION_DENIED,
+                        message="the caller may not use scope 'tenant-b'",
+                        reason="scope_denied",
+                    )
+                ),
+            ]
         ),
     ),
     "response_read": pb.ResponseEnvelope(
@@ -313,7 +383,7 @@ def test_todays_writer_still_produces_the_golden_bytes(name: str) -> None:
 
 @pytest.mark.parametrize("name", REQUEST_FIXTURES)
 def test_golden_request_fixture_passes_the_codec(name: str, limits: Limits) -> None:
-    assert decode_request(fixture_bytes(name), limits) == EXPECTED[name]
+    assert decode_request(fixture_bytes(name), limits, max_ops=MAX_OPS) == EXPECTED[name]
 
 
 def test_golden_list_cursors_still_decode_for_their_scope() -> None:
@@ -395,7 +465,7 @@ def test_request_passed_through_an_older_reader_still_validates(
 ) -> None:
     # A relay on r0 must not strip issued_at, or today's codec would refuse the request.
     old = r0.message("RequestEnvelope").FromString(fixture_bytes(name))
-    assert decode_request(old.SerializeToString(), limits) == EXPECTED[name]
+    assert decode_request(old.SerializeToString(), limits, max_ops=MAX_OPS) == EXPECTED[name]
 
 
 @pytest.mark.parametrize("name", ["record", "response_read"])
@@ -583,3 +653,44 @@ def test_list_envelope_passed_through_an_older_reader_still_validates(
     envelope = decode_request(old.SerializeToString(), limits)
 
     assert envelope == EXPECTED["request_list"]
+
+
+# --- (e) batches, read_many and an older reader ------------------------------------
+
+
+@pytest.mark.parametrize(("name", "field"), [("request_batch", 14), ("request_read_many", 15)])
+def test_many_operation_envelopes_have_no_operation_for_older_reader(
+    r0: Schema, name: str, field: int
+) -> None:
+    old = r0.message("RequestEnvelope").FromString(fixture_bytes(name))
+
+    assert old.WhichOneof("operation") is None
+    assert old.request_id == EXPECTED[name].request_id  # type: ignore[attr-defined]
+    assert set(unknown_fields(old)) == {5, field}  # issued_at, and the operations
+
+
+def test_read_many_response_has_no_result_for_older_reader(r0: Schema) -> None:
+    old = r0.message("ResponseEnvelope").FromString(fixture_bytes("response_read_many"))
+
+    assert old.WhichOneof("result") is None
+    assert old.status.code == pb.STATUS_CODE_OK
+    assert set(unknown_fields(old)) == {15}
+
+
+@pytest.mark.parametrize("name", ["request_batch", "request_read_many", "response_read_many"])
+def test_many_operations_passed_through_an_older_reader_are_todays_message(
+    r0: Schema, name: str
+) -> None:
+    expected = EXPECTED[name]
+    old = r0.message(expected.DESCRIPTOR.name).FromString(fixture_bytes(name))
+
+    assert type(expected).FromString(old.SerializeToString()) == expected
+
+
+def test_todays_reader_takes_a_single_operation_message_as_it_always_has(limits: Limits) -> None:
+    """Single-operation messages stay valid beside batches: an older caller's
+    write (no batch) decodes and validates unchanged."""
+    envelope = decode_request(fixture_bytes("request_write"), limits, max_ops=MAX_OPS)
+
+    assert envelope.WhichOneof("operation") == "write"
+    assert envelope == EXPECTED["request_write"]

@@ -415,6 +415,82 @@ class BatchRequest(_message.Message):
 Global___BatchRequest: _TypeAlias = BatchRequest  # noqa: Y015
 
 @_typing.final
+class ReadManyRequest(_message.Message):
+    """Many reads in one message, on the interactive lane (Client.read_many). Each
+    read is validated, authorised and answered on its own, as it would be alone;
+    the answers come back together, in order, in one ReadManyResponse.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    READS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def reads(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReadRecordRequest]: ...
+    def __init__(
+        self,
+        *,
+        reads: _abc.Iterable[Global___ReadRecordRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reads", b"reads"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadManyRequest: _TypeAlias = ReadManyRequest  # noqa: Y015
+
+@_typing.final
+class ReadManyResult(_message.Message):
+    """One read of a ReadManyRequest: its record, or the status it would have been
+    answered with alone (NOT_FOUND, PERMISSION_DENIED, ...). RESOURCE_EXHAUSTED
+    with reason "response_full": the response had no room left for it; ask again.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    RECORD_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def status(self) -> Global___Status: ...
+    @_builtins.property
+    def record(self) -> Global___Record: ...
+    def __init__(
+        self,
+        *,
+        status: Global___Status | None = ...,
+        record: Global___Record | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["record", b"record", "status", b"status"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["record", b"record", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadManyResult: _TypeAlias = ReadManyResult  # noqa: Y015
+
+@_typing.final
+class ReadManyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReadManyResult]:
+        """one per read, in the request's order"""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___ReadManyResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadManyResponse: _TypeAlias = ReadManyResponse  # noqa: Y015
+
+@_typing.final
 class RequestEnvelope(_message.Message):
     """What a caller asks for. It travels inside a SignedRequest.
     Field numbers stay below 100 (see SignedRequest).
@@ -432,6 +508,7 @@ class RequestEnvelope(_message.Message):
     DELETE_FIELD_NUMBER: _builtins.int
     LIST_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
+    READ_MANY_FIELD_NUMBER: _builtins.int
     caller: _builtins.str
     request_id: _builtins.str
     deadline_unix_ms: _builtins.int
@@ -456,6 +533,10 @@ class RequestEnvelope(_message.Message):
         deadline is the latest of theirs; its idempotency key is empty.
         """
 
+    @_builtins.property
+    def read_many(self) -> Global___ReadManyRequest:
+        """Many reads, answered together (ReadManyResponse)."""
+
     def __init__(
         self,
         *,
@@ -469,12 +550,13 @@ class RequestEnvelope(_message.Message):
         delete: Global___DeleteRecordRequest | None = ...,
         list: Global___ListRecordsRequest | None = ...,
         batch: Global___BatchRequest | None = ...,
+        read_many: Global___ReadManyRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "delete", b"delete", "list", b"list", "operation", b"operation", "read", b"read", "write", b"write"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "delete", b"delete", "list", b"list", "operation", b"operation", "read", b"read", "read_many", b"read_many", "write", b"write"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "caller", b"caller", "deadline_unix_ms", b"deadline_unix_ms", "delete", b"delete", "idempotency_key", b"idempotency_key", "issued_at_unix_ms", b"issued_at_unix_ms", "list", b"list", "operation", b"operation", "read", b"read", "request_id", b"request_id", "write", b"write"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "caller", b"caller", "deadline_unix_ms", b"deadline_unix_ms", "delete", b"delete", "idempotency_key", b"idempotency_key", "issued_at_unix_ms", b"issued_at_unix_ms", "list", b"list", "operation", b"operation", "read", b"read", "read_many", b"read_many", "request_id", b"request_id", "write", b"write"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_operation: _TypeAlias = _typing.Literal["read", "write", "delete", "list", "batch"]  # noqa: Y015
+    _WhichOneofReturnType_operation: _TypeAlias = _typing.Literal["read", "write", "delete", "list", "batch", "read_many"]  # noqa: Y015
     _WhichOneofArgType_operation: _TypeAlias = _typing.Literal["operation", b"operation"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_operation) -> _WhichOneofReturnType_operation | None: ...
 
@@ -561,6 +643,7 @@ class ResponseEnvelope(_message.Message):
     WRITE_FIELD_NUMBER: _builtins.int
     DELETE_FIELD_NUMBER: _builtins.int
     LIST_FIELD_NUMBER: _builtins.int
+    READ_MANY_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     @_builtins.property
     def status(self) -> Global___Status: ...
@@ -572,6 +655,8 @@ class ResponseEnvelope(_message.Message):
     def delete(self) -> Global___DeleteRecordResponse: ...
     @_builtins.property
     def list(self) -> Global___ListRecordsResponse: ...
+    @_builtins.property
+    def read_many(self) -> Global___ReadManyResponse: ...
     def __init__(
         self,
         *,
@@ -581,12 +666,13 @@ class ResponseEnvelope(_message.Message):
         write: Global___WriteRecordResponse | None = ...,
         delete: Global___DeleteRecordResponse | None = ...,
         list: Global___ListRecordsResponse | None = ...,
+        read_many: Global___ReadManyResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["delete", b"delete", "list", b"list", "read", b"read", "result", b"result", "status", b"status", "write", b"write"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delete", b"delete", "list", b"list", "read", b"read", "read_many", b"read_many", "result", b"result", "status", b"status", "write", b"write"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete", b"delete", "list", b"list", "read", b"read", "request_id", b"request_id", "result", b"result", "status", b"status", "write", b"write"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete", b"delete", "list", b"list", "read", b"read", "read_many", b"read_many", "request_id", b"request_id", "result", b"result", "status", b"status", "write", b"write"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["read", "write", "delete", "list"]  # noqa: Y015
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["read", "write", "delete", "list", "read_many"]  # noqa: Y015
     _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
 
