@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -20,6 +21,7 @@ from dataservice.config import Config
 from dataservice.enums import CacheFormat
 from dataservice.proto import pb
 from dataservice.worker.failures import CoalescedWaitExpired, verdict
+from dataservice.worker.operations import Found
 from tests.support import now_ms
 
 
@@ -43,8 +45,11 @@ class Database:
 def replica(config: Config, redis_client: redis.Redis, database: Database) -> ReplicaCoalescing:
     guard = Guard(Breaker(config.cache.breaker), lambda exc: None)
     controls = RolloutControls(redis_client, config.cache)
+    def bulk(keys: Sequence[tuple[str, str]], deadline_ms: int) -> Found:
+        return {key: database(*key, deadline_ms) for key in keys}
+
     return ReplicaCoalescing(
-        CacheStore(redis_client), guard, controls, database, config.cache, "interactive"
+        CacheStore(redis_client), guard, controls, database, bulk, config.cache, "interactive"
     )
 
 
