@@ -201,7 +201,7 @@ def measure_groups(
                 pipe.set(key, frame(0, body))
             pipe.execute()
         mutations = [
-            Mutation(scope, i, b"p" * 1024, 0, Idempotency("bench", f"{scope}-{t}-{i}", b"f"))
+            Mutation(scope, i, b"p" * 1024, 0, Idempotency("bench", f"{scope}-{t}-{i}", bytes(32)))
             for i in ids
         ]
         outcomes = store.apply_group(mutations)

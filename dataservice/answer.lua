@@ -14,10 +14,6 @@
 -- ARGV[6]  the request's member there: '<request id>:<bytes>' (a batch's:
 --          '<request id>:<operations>:<bytes>')
 -- ARGV[7]  the operations the message carried (1 but for a batch)
--- KEYS[7..] a batch's further answers' lists: ds:result:<caller>:<request id>
---          of each further operation (the first is KEYS[1])
--- ARGV[8..] for each of those, in the same order, a pair: how long it is kept
---          (ms, as ARGV[2]) and its encoded ResponseEnvelope
 --
 -- Returns 1.
 --#include limits/complete.lua
@@ -25,11 +21,6 @@
 if ARGV[1] ~= '' then
   redis.call('RPUSH', KEYS[1], ARGV[1])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-for i = 7, #KEYS do
-  local at = 8 + 2 * (i - 7)
-  redis.call('RPUSH', KEYS[i], ARGV[at + 1])
-  redis.call('PEXPIRE', KEYS[i], ARGV[at])
 end
 complete(KEYS[2], KEYS[6], ARGV[6], ARGV[3], ARGV[7])
 if ARGV[4] ~= '' then

@@ -120,34 +120,11 @@ class ResultStore:
             pipe.pexpire(key, ttl_ms)
             pipe.execute()
 
-    def put_batch(
-        self, caller: str, answers: Sequence[tuple[str, bytes, int]], done: Completion
-    ) -> None:
-        """A batch's answers, ``(request id, body, until when)`` each under its
-        own id, and its message gone from the lane, in one step; an answer
-        already past its expiry is not stored."""
-        now = time.time_ns() // 1_000_000
-        keys: list[str] = []
-        args: list[bytes | int] = []
-        for request_id, body, expires_at_ms in answers:
-            if expires_at_ms > now:
-                keys.append(result_key(caller, request_id))
-                args += [expires_at_ms - now, body]
-        self._finish(done.admission_key, b"", 0, done, keys, args)
-
     def complete(self, done: Completion) -> None:
         """Give a request's bytes back to admission when it gets no answer."""
         self._finish(done.admission_key, b"", 0, done)
 
-    def _finish(
-        self,
-        key: str,
-        body: bytes,
-        ttl_ms: int,
-        done: Completion,
-        more_keys: Sequence[str] = (),
-        more_args: Sequence[bytes | int] = (),
-    ) -> None:
+    def _finish(self, key: str, body: bytes, ttl_ms: int, done: Completion) -> None:
         # One script rather than a MULTI of up to nine commands: the same
         # atomicity for a fraction of the client's work.
         inflight, member = done.inflight or (done.admission_key, "")
@@ -155,8 +132,8 @@ class ResultStore:
         held, held_member = done.held
         _ANSWER(
             self._redis,
-            [key, done.admission_key, inflight, index, unacked, held, *more_keys],
-            [body, ttl_ms, done.size, member, tag, held_member, done.ops, *more_args],
+            [key, done.admission_key, inflight, index, unacked, held],
+            [body, ttl_ms, done.size, member, tag, held_member, done.ops],
         )
 
     def wait(

@@ -24,7 +24,7 @@ from sqlalchemy import Engine, text
 from dataservice import Client, Conflict, DataServiceError, InvalidArgument
 from dataservice.auth import sign
 from dataservice.broker import celery_app
-from dataservice.client.handle import Handle
+from dataservice.client.handle import Carrier, Handle
 from dataservice.codec import batch_envelope
 from dataservice.config import Config
 from dataservice.enums import LaneName
@@ -92,14 +92,12 @@ def rows(engine: Engine, scope: str) -> dict[str, tuple[int, bytes]]:
 
 def _op(
     scope: str, object_id: str, payload: bytes, key: str, expected: int = 0
-) -> pb.RequestEnvelope:
-    """A write's envelope as the client would build it, unchecked (so that a
+) -> pb.BatchOperation:
+    """A write as the client would put it in a batch, unchecked (so that a
     test can send what a well-behaved client never would)."""
-    return pb.RequestEnvelope(
-        caller=CALLER,
+    return pb.BatchOperation(
         request_id=uuid.uuid4().hex,
         deadline_unix_ms=now_ms() + 60_000,
-        issued_at_unix_ms=now_ms(),
         idempotency_key=key,
         write=pb.WriteRecordRequest(
             scope=scope, object_id=object_id, payload=payload, expected_revision=expected
@@ -107,21 +105,25 @@ def _op(
     )
 
 
-def send(client: Client, own: Settings, ops: list[pb.RequestEnvelope]) -> list[Handle]:
+def send(client: Client, own: Settings, ops: list[pb.BatchOperation]) -> list[Handle]:
     """``ops`` in batch messages as full as the lane takes them, as ``submit_many``
     packs them, but unchecked; a handle per operation."""
     transport = client._publisher.transport
     most = client.config.lanes.batch.max_ops_per_message
     items = []
+    carriers = []
     for start in range(0, len(ops), most):
         carried = ops[start : start + most]
         envelope = batch_envelope(CALLER, uuid.uuid4().hex, now_ms(), carried)
         body = sign(envelope.SerializeToString(), caller_key(own, CALLER))
         items.append((body, envelope.request_id, envelope.deadline_unix_ms, "batch", len(carried)))
+        # The message's answer carries each of its operations' (a BatchResponse).
+        carrier = Carrier(envelope.request_id, envelope.deadline_unix_ms)
+        carriers += [carrier] * len(carried)
     epoch = transport.publish_many(items, lane=LaneName.BATCH, caller=CALLER)
     return [
-        Handle(transport, CALLER, op.request_id, op.deadline_unix_ms, epoch, op.idempotency_key)
-        for op in ops
+        Handle(transport, CALLER, op.request_id, op.deadline_unix_ms, epoch, op.idempotency_key, c)
+        for op, c in zip(ops, carriers, strict=True)
     ]
 
 

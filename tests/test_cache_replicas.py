@@ -45,6 +45,7 @@ class Database:
 def replica(config: Config, redis_client: redis.Redis, database: Database) -> ReplicaCoalescing:
     guard = Guard(Breaker(config.cache.breaker), lambda exc: None)
     controls = RolloutControls(redis_client, config.cache)
+
     def bulk(keys: Sequence[tuple[str, str]], deadline_ms: int) -> Found:
         return {key: database(*key, deadline_ms) for key in keys}
 

@@ -80,13 +80,7 @@ class Answers:
         done = Completion(self._admission_key, held, size, inflight, ack, ops)
         try:
             self._handler.release(reply, released_in_redis=inflight is not None)
-            if reply is not None and reply.caller and reply.answers:
-                self._results.put_batch(
-                    reply.caller,
-                    [(a.request_id, a.body, a.expires_at_ms) for a in reply.answers],
-                    done,
-                )
-            elif reply is None or not reply.caller:
+            if reply is None or not reply.caller:
                 self._results.complete(done)
             else:
                 self._results.put(reply.caller, task_id, reply.body, reply.expires_at_ms, done)

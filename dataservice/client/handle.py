@@ -1,14 +1,22 @@
-"""A submitted request, and the wait for its answer."""
+"""A submitted request, and the wait for its answer.
+
+A request that went out alone is answered under its own id. The operations
+of a batch message are answered together, under the message's id (one
+``BatchResponse``): their handles share a :class:`Carrier`, and whichever of
+them is asked first takes the message's answer for all of them.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterable, Sequence
 
 from dataservice.client.transport import Transport
-from dataservice.codec import decode_response
+from dataservice.codec import parse_response, result_of
 from dataservice.errors import DataServiceError, DeadlineExceeded, RequestLost, ResultNotReady
+from dataservice.proto import pb
 from dataservice.types import Result
 
 # How long a wait goes between looks at the broker's epoch: an answer that
@@ -18,8 +26,7 @@ EPOCH_CHECK_S = 1.0
 # held the request when Redis restarted puts it back in the new queue (kombu
 # restores what it had prefetched) or answers it.
 LOST_AFTER_S = 5.0
-# The oldest answers gather takes at once after one of them came: a few
-# batch messages' worth.
+# The oldest answers gather takes at once after one of them came.
 GATHER_WINDOW = 512
 
 
@@ -27,76 +34,48 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def gather(handles: Sequence[Handle]) -> list[Result | DataServiceError]:
-    """Every handle's answer, or the error it raises, in their order: what
-    :meth:`Handle.result` gives each, collected a round trip per hundreds of
-    answers rather than one each (a batch's answers arrive together).
+class Carrier:
+    """One batch message's answer, shared by the handles of its operations:
+    taken once, by whichever of them asks first (or by :func:`gather`)."""
 
-    Waits until every answer is in or each handle's own deadline has passed;
-    a handle still without one is then asked as :meth:`Handle.result` would
-    be (so it is told ``DeadlineExceeded`` or ``RequestLost`` as it would).
-    """
-    pending: dict[tuple[int, str], dict[str, Handle]] = {}
-    for handle in handles:
-        if handle._result is None and handle._error is None:
-            key = (id(handle._transport), handle.caller)
-            pending.setdefault(key, {})[handle.request_id] = handle
-    for group in pending.values():
-        _collect(group)
-    out: list[Result | DataServiceError] = []
-    for handle in handles:
+    __slots__ = ("_answers", "_lock", "_whole", "deadline_ms", "message_id")
+
+    def __init__(self, message_id: str, deadline_ms: int) -> None:
+        self.message_id = message_id
+        self.deadline_ms = deadline_ms
+        self._lock = threading.Lock()
+        # The message's answer: each operation's, or one for all of them.
+        self._answers: dict[str, pb.ResponseEnvelope] | None = None
+        self._whole: pb.ResponseEnvelope | None = None
+
+    @property
+    def settled(self) -> bool:
+        return self._answers is not None or self._whole is not None
+
+    def settle(self, body: bytes) -> None:
         try:
-            out.append(handle.result())
+            response = parse_response(body, self.message_id)
         except DataServiceError as exc:
-            out.append(exc)
-    return out
-
-
-def _collect(waiting: dict[str, Handle]) -> None:
-    """Settle what comes in for ``waiting`` (one transport, one caller, in the
-    order they were sent) until it is all in or the latest deadline among
-    them has passed.
-
-    Answers come roughly in the order sent, a batch message's all at once:
-    wait for the first of the oldest few, then take the window of the oldest
-    that came with it in one round trip. A wait that sees none of the oldest
-    come sweeps them all once, so that one never answered (dropped late)
-    holds nobody else up for longer than a wait.
-    """
-    first = next(iter(waiting.values()))
-    transport, caller = first._transport, first.caller
-    results = transport.results
-    until_ms = max(handle.deadline_ms for handle in waiting.values())
-    while waiting and (left_ms := until_ms - now_ms()) > 0:
-        ids = list(waiting)
-        came = results.wait_any(caller, ids, min(left_ms / 1000, EPOCH_CHECK_S))
-        if came is not None:
-            taken = {came[0]: came[1], **results.take_many(caller, ids[:GATHER_WINDOW])}
+            response = pb.ResponseEnvelope(
+                status=pb.Status(code=pb.STATUS_CODE_INTERNAL, message=str(exc))
+            )
+        if response.status.code == pb.STATUS_CODE_OK and response.HasField("batch"):
+            self._answers = {answer.request_id: answer for answer in response.batch.answers}
+        elif response.status.code == pb.STATUS_CODE_OK:
+            self._whole = pb.ResponseEnvelope(
+                status=pb.Status(
+                    code=pb.STATUS_CODE_INTERNAL, message="the service sent no batch answer"
+                )
+            )
         else:
-            taken = results.take_many(caller, ids)
-            if not taken and _lost(transport, waiting.values(), until_ms):
-                return
-        for request_id, body in taken.items():
-            handle = waiting.pop(request_id)
-            with contextlib.suppress(DataServiceError):
-                handle._settle(body)
-        # Handles past their own deadline are left to Handle.result.
-        now = now_ms()
-        for request_id in [i for i, h in waiting.items() if h.deadline_ms <= now]:
-            del waiting[request_id]
+            self._whole = response
 
-
-def _lost(transport: Transport, waiting: Iterable[Handle], until_ms: int) -> bool:
-    """After a quiet wait: whether the broker restarted empty after admitting
-    every handle still waiting, longer than ``LOST_AFTER_S`` ago (each is then
-    told so by :meth:`Handle.result`)."""
-    epochs = {handle.epoch for handle in waiting}
-    for epoch in epochs - {""}:
-        transport.look_at_epoch(epoch, until_ms)
-    return "" not in epochs and all(
-        (ended := transport.ended_for(epoch)) is not None and ended >= LOST_AFTER_S
-        for epoch in epochs
-    )
+    def answer_for(self, request_id: str) -> pb.ResponseEnvelope | None:
+        """Once settled: the operation's answer, the whole message's refusal,
+        or None (the operation was dropped, its deadline passed)."""
+        if self._whole is not None:
+            return self._whole
+        return None if self._answers is None else self._answers.get(request_id)
 
 
 class Handle:
@@ -111,6 +90,7 @@ class Handle:
     applied once."""
 
     __slots__ = (
+        "_carrier",
         "_error",
         "_result",
         "_transport",
@@ -129,6 +109,7 @@ class Handle:
         deadline_ms: int,
         epoch: str = "",
         idempotency_key: str = "",
+        carrier: Carrier | None = None,
     ) -> None:
         self._transport = transport
         self.caller = caller
@@ -136,15 +117,24 @@ class Handle:
         self.deadline_ms = deadline_ms
         self.epoch = epoch
         self.idempotency_key = idempotency_key
+        # The batch message it went out in, if it went out in one.
+        self._carrier = carrier
         self._result: Result | None = None
         # An answer that was an error, kept once taken: asking again raises it again.
         self._error: DataServiceError | None = None
+
+    @property
+    def _waits_on(self) -> str:
+        """The id its answer comes under: its own, or its batch message's."""
+        return self._carrier.message_id if self._carrier is not None else self.request_id
 
     def done(self) -> bool:
         """True once the answer has arrived (it may still be an error)."""
         if self._result is not None or self._error is not None:
             return True
-        return self._transport.results.ready(self.caller, self.request_id)
+        if self._carrier is not None and self._carrier.settled:
+            return True
+        return self._transport.results.ready(self.caller, self._waits_on)
 
     def result(self, timeout: float | None = None) -> Result:
         """Wait for the answer, at most until the deadline (or ``timeout`` seconds).
@@ -152,16 +142,35 @@ class Handle:
         Raises the answer's typed error, :class:`RequestLost` when the broker
         restarted empty after admitting the request and no answer came in the
         ``LOST_AFTER_S`` after that was seen (or before the deadline),
-        :class:`DeadlineExceeded` when no answer came before the deadline, or
-        :class:`ResultNotReady` when ``timeout`` ran out first (the request may
-        still complete: call again). ``Unavailable`` means the result backend
-        did not answer; the request may still complete: call again.
+        :class:`DeadlineExceeded` when no answer came before the deadline (or
+        the request was dropped for it), or :class:`ResultNotReady` when
+        ``timeout`` ran out first (the request may still complete: call again).
+        ``Unavailable`` means the result backend did not answer; the request
+        may still complete: call again.
         """
         if self._result is not None:
             return self._result
         if self._error is not None:
             raise self._error
-        remaining = (self.deadline_ms - now_ms()) / 1000
+        carrier = self._carrier
+        if carrier is None:
+            return self._settle(self._await(self.request_id, self.deadline_ms, timeout))
+        if not carrier.settled:
+            remaining = max(0.0, (carrier.deadline_ms - now_ms()) / 1000)
+            wait_s = remaining if timeout is None else min(timeout, remaining)
+            # A sibling may be taking the message's answer: wait for it, as long.
+            if not carrier._lock.acquire(timeout=wait_s):
+                raise self._not_in(timeout, remaining)
+            try:
+                if not carrier.settled:
+                    carrier.settle(self._await(carrier.message_id, carrier.deadline_ms, timeout))
+            finally:
+                carrier._lock.release()
+        return self._take(carrier.answer_for(self.request_id))
+
+    def _await(self, wait_id: str, deadline_ms: int, timeout: float | None) -> bytes:
+        """The body that comes under ``wait_id``, within the deadline (and ``timeout``)."""
+        remaining = (deadline_ms - now_ms()) / 1000
         until = time.monotonic() + (remaining if timeout is None else min(timeout, remaining))
         while True:
             left = max(0.0, until - time.monotonic())
@@ -170,28 +179,45 @@ class Handle:
             hopeless = ended is not None and ended >= LOST_AFTER_S
             body = self._transport.results.wait(
                 self.caller,
-                self.request_id,
+                wait_id,
                 0.0 if hopeless else min(left, EPOCH_CHECK_S),
                 patience_s=left,
             )
             if body is not None:
-                return self._settle(body)
+                return body
             if hopeless:
                 raise self._lost()
             if time.monotonic() >= until:
                 break
             if self.epoch:
-                self._transport.look_at_epoch(self.epoch, self.deadline_ms)
+                self._transport.look_at_epoch(self.epoch, deadline_ms)
         if self.epoch and self._transport.ended_for(self.epoch) is not None:
             raise self._lost()
+        raise self._not_in(timeout, remaining)
+
+    def _not_in(self, timeout: float | None, remaining: float) -> DataServiceError:
         if timeout is not None and timeout < remaining:
-            raise ResultNotReady(f"no answer to {self.request_id} within {timeout} s")
-        raise DeadlineExceeded("no answer before the deadline", request_id=self.request_id)
+            return ResultNotReady(f"no answer to {self.request_id} within {timeout} s")
+        return DeadlineExceeded("no answer before the deadline", request_id=self.request_id)
 
     def _settle(self, body: bytes) -> Result:
         """Keep the answer (or its error) and return (or raise) it."""
         try:
-            self._result = decode_response(body, self.request_id)
+            response = parse_response(body, self.request_id)
+        except DataServiceError as exc:
+            self._error = exc
+            raise
+        return self._take(response)
+
+    def _take(self, response: pb.ResponseEnvelope | None) -> Result:
+        if response is None:
+            # The worker dropped it: its deadline had passed when it was reached.
+            self._error = DeadlineExceeded(
+                "dropped: its deadline passed before it was served", request_id=self.request_id
+            )
+            raise self._error
+        try:
+            self._result = result_of(response, self.request_id)
         except DataServiceError as exc:
             self._error = exc
             raise
@@ -204,3 +230,88 @@ class Handle:
             + ("; send it again under the same idempotency key" if self.idempotency_key else ""),
             request_id=self.request_id,
         )
+
+
+def gather(handles: Sequence[Handle]) -> list[Result | DataServiceError]:
+    """Every handle's answer, or the error it raises, in their order: what
+    :meth:`Handle.result` gives each, collected a round trip per hundreds of
+    messages rather than one each (a batch message's answers come at once).
+
+    Waits until every answer is in or each handle's own deadline has passed;
+    a handle still without one is then asked as :meth:`Handle.result` would
+    be (so it is told ``DeadlineExceeded`` or ``RequestLost`` as it would).
+    """
+    pending: dict[tuple[int, str], dict[str, list[Handle]]] = {}
+    for handle in handles:
+        if handle._result is not None or handle._error is not None:
+            continue
+        if handle._carrier is not None and handle._carrier.settled:
+            continue
+        group = pending.setdefault((id(handle._transport), handle.caller), {})
+        group.setdefault(handle._waits_on, []).append(handle)
+    for waiting in pending.values():
+        _collect(waiting)
+    out: list[Result | DataServiceError] = []
+    for handle in handles:
+        try:
+            out.append(handle.result())
+        except DataServiceError as exc:
+            out.append(exc)
+    return out
+
+
+def _collect(waiting: dict[str, list[Handle]]) -> None:
+    """Settle what comes in for ``waiting`` (handles by the id their answer
+    comes under; one transport, one caller, in the order sent) until it is
+    all in or the latest deadline among them has passed.
+
+    Answers come roughly in the order sent: wait for the first of the oldest
+    few, then take the window of the oldest that came with it in one round
+    trip. A wait that sees none of the oldest come sweeps them all once, so
+    that one never answered (dropped late) holds nobody else up for longer
+    than a wait.
+    """
+    first = next(iter(waiting.values()))[0]
+    transport, caller = first._transport, first.caller
+    results = transport.results
+    deadlines = {wait_id: max(h.deadline_ms for h in hs) for wait_id, hs in waiting.items()}
+    until_ms = max(deadlines.values())
+    while waiting and (left_ms := until_ms - now_ms()) > 0:
+        ids = list(waiting)
+        came = results.wait_any(caller, ids, min(left_ms / 1000, EPOCH_CHECK_S))
+        if came is not None:
+            taken = {came[0]: came[1], **results.take_many(caller, ids[:GATHER_WINDOW])}
+        else:
+            taken = results.take_many(caller, ids)
+            if not taken and _lost(transport, waiting.values(), until_ms):
+                return
+        for wait_id, body in taken.items():
+            _settle_all(waiting.pop(wait_id), body)
+        # Handles past their own deadline are left to Handle.result.
+        now = now_ms()
+        for wait_id in [i for i in waiting if deadlines[i] <= now]:
+            del waiting[wait_id]
+
+
+def _settle_all(handles: list[Handle], body: bytes) -> None:
+    carrier = handles[0]._carrier
+    if carrier is not None:
+        with carrier._lock:
+            if not carrier.settled:
+                carrier.settle(body)
+        return
+    with contextlib.suppress(DataServiceError):
+        handles[0]._settle(body)
+
+
+def _lost(transport: Transport, waiting: Iterable[list[Handle]], until_ms: int) -> bool:
+    """After a quiet wait: whether the broker restarted empty after admitting
+    every handle still waiting, longer than ``LOST_AFTER_S`` ago (each is then
+    told so by :meth:`Handle.result`)."""
+    epochs = {handle.epoch for handles in waiting for handle in handles}
+    for epoch in epochs - {""}:
+        transport.look_at_epoch(epoch, until_ms)
+    return "" not in epochs and all(
+        (ended := transport.ended_for(epoch)) is not None and ended >= LOST_AFTER_S
+        for epoch in epochs
+    )

@@ -3,17 +3,22 @@ signature, the caller's pace in this process, and the lane's admission."""
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import Sequence
 
 from dataservice.auth import sign
 from dataservice.callers import CallerKey
 from dataservice.client import throttle
-from dataservice.client.handle import Handle, now_ms
+from dataservice.client.handle import Carrier, Handle, now_ms
 from dataservice.client.pacer import PACER
 from dataservice.client.transport import Transport, refused
-from dataservice.codec import batch_envelope, operation_count, request_envelope
-from dataservice.codec.requests import MUTATIONS
+from dataservice.codec import (
+    batch_envelope,
+    batch_operation,
+    lone_envelope,
+    operation_count,
+    request_envelope,
+)
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.errors import InvalidArgument, ResourceExhausted
@@ -28,10 +33,19 @@ _BATCH_FRAMING = 256
 _OPERATION_FRAMING = 16
 
 
+# What send_batch sends an operation as: a batch's part, or an envelope of its own.
+Prepared = pb.BatchOperation | pb.RequestEnvelope
+
+
+def new_request_id() -> str:
+    """A fresh request id: 32 random hex characters, as a UUID4's hex (cheaper)."""
+    return os.urandom(16).hex()
+
+
 def mutation_key(operation: Operation) -> str:
     """The key a mutation keeps across its attempts; reads and lists have none."""
     if isinstance(operation, WriteOp | DeleteOp):
-        return operation.idempotency_key or uuid.uuid4().hex
+        return operation.idempotency_key or new_request_id()
     return ""
 
 
@@ -97,7 +111,7 @@ class Publisher:
         """Publish every operation on the batch lane, all validated before any is
         sent: runs of writes and deletes packed into batch messages
         (:meth:`_pack`), the rest one message each, in the order given."""
-        prepared = [self._envelope(op, deadline_ms, mutation_key(op)) for op in operations]
+        prepared = [self._prepared(op, deadline_ms) for op in operations]
         messages = self._pack(prepared)
         # Admission paces a batch at publish (and says how many it took); here
         # only a standing rate refusal holds it back.
@@ -105,18 +119,23 @@ class Publisher:
         self.throttle.check(LaneName.BATCH, len(prepared))
 
         def handles(epoch: str, count: int | None = None) -> list[Handle]:
-            return [
-                Handle(
-                    self.transport,
-                    self.caller,
-                    env.request_id,
-                    deadline_ms,
-                    epoch,
-                    env.idempotency_key,
-                )
-                for _, carried in messages[:count]
-                for env in carried
-            ]
+            made = []
+            for message, carried in messages[:count]:
+                # A batch message's operations are answered together, under its id.
+                carrier = Carrier(message.request_id, deadline_ms) if len(carried) > 1 else None
+                made += [
+                    Handle(
+                        self.transport,
+                        self.caller,
+                        one.request_id,
+                        deadline_ms,
+                        epoch,
+                        one.idempotency_key,
+                        carrier,
+                    )
+                    for one in carried
+                ]
+            return made
 
         try:
             epoch = self.transport.publish_many(
@@ -141,10 +160,22 @@ class Publisher:
         self.throttle.outcome(LaneName.BATCH, len(prepared), len(prepared))
         return handles(epoch)
 
+    def _prepared(self, operation: Operation, deadline_ms: int) -> Prepared:
+        """A write or delete as a batch carries it; anything else as its own envelope."""
+        if isinstance(operation, WriteOp | DeleteOp):
+            return batch_operation(
+                operation,
+                request_id=new_request_id(),
+                deadline_ms=deadline_ms,
+                idempotency_key=mutation_key(operation),
+                limits=self._config.limits,
+            )
+        return self._envelope(operation, deadline_ms, "")
+
     def _pack(
-        self, prepared: Sequence[pb.RequestEnvelope]
-    ) -> list[tuple[pb.RequestEnvelope, list[pb.RequestEnvelope]]]:
-        """The messages that carry ``prepared``, each with the envelopes it carries:
+        self, prepared: Sequence[Prepared]
+    ) -> list[tuple[pb.RequestEnvelope, list[Prepared]]]:
+        """The messages that carry ``prepared``, each with what it carries:
         consecutive writes and deletes together, at most the lane's
         ``max_ops_per_message`` (and the caller's burst, which a message's
         operations are charged against at once) within ``max_message_bytes``;
@@ -154,29 +185,29 @@ class Publisher:
         if self._rate is not None:
             most = max(1, min(most, int(self._rate.burst)))
         room = self._config.message_bytes(lane) - _BATCH_FRAMING
-        messages: list[tuple[pb.RequestEnvelope, list[pb.RequestEnvelope]]] = []
-        run: list[pb.RequestEnvelope] = []
+        messages: list[tuple[pb.RequestEnvelope, list[Prepared]]] = []
+        run: list[pb.BatchOperation] = []
         size = 0
 
         def flush() -> None:
             nonlocal size
             if len(run) == 1:
-                messages.append((run[0], [run[0]]))
+                messages.append((lone_envelope(self.caller, now_ms(), run[0]), [run[0]]))
             elif run:
-                envelope = batch_envelope(self.caller, uuid.uuid4().hex, now_ms(), run)
+                envelope = batch_envelope(self.caller, new_request_id(), now_ms(), run)
                 messages.append((envelope, list(run)))
             run.clear()
             size = 0
 
-        for envelope in prepared:
-            if envelope.WhichOneof("operation") not in MUTATIONS:
+        for one in prepared:
+            if isinstance(one, pb.RequestEnvelope):
                 flush()
-                messages.append((envelope, [envelope]))
+                messages.append((one, [one]))
                 continue
-            cost = envelope.ByteSize() + _OPERATION_FRAMING
+            cost = one.ByteSize() + _OPERATION_FRAMING
             if run and (len(run) >= most or size + cost > room):
                 flush()
-            run.append(envelope)
+            run.append(one)
             size += cost
         flush()
         return messages
@@ -193,7 +224,7 @@ class Publisher:
         return request_envelope(
             self.caller,
             operation,
-            request_id=uuid.uuid4().hex,
+            request_id=new_request_id(),
             deadline_ms=deadline_ms,
             issued_at_ms=now_ms(),
             idempotency_key=key,

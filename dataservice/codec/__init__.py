@@ -7,10 +7,13 @@
 
 from dataservice.codec.envelopes import (
     batch_envelope,
-    batch_operations,
+    batch_operation,
     decode_response,
     error_response,
+    lone_envelope,
+    parse_response,
     request_envelope,
+    result_of,
 )
 from dataservice.codec.records import record_from_pb, record_to_pb
 from dataservice.codec.requests import (
@@ -27,17 +30,20 @@ from dataservice.codec.requests import (
 
 __all__ = [
     "batch_envelope",
-    "batch_operations",
+    "batch_operation",
     "decode_cursor",
     "decode_request",
     "decode_response",
     "encode_cursor",
     "error_response",
+    "lone_envelope",
     "operation_count",
     "page_size",
+    "parse_response",
     "record_from_pb",
     "record_to_pb",
     "request_envelope",
+    "result_of",
     "validate_batch",
     "validate_operation",
     "validate_read_many",

@@ -4,14 +4,13 @@ a ``ResponseEnvelope``, and an answer's bytes back into a result or its error.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from google.protobuf.message import DecodeError
 
 from dataservice.codec.records import record_from_pb
-from dataservice.codec.requests import validate_request
+from dataservice.codec.requests import validate_operation, validate_request
 from dataservice.config import Limits
 from dataservice.enums import StatusCode
 from dataservice.errors import InternalError, InvalidArgument, RequestError, error_for
@@ -30,15 +29,13 @@ from dataservice.types import (
     WriteResult,
 )
 
-# Each operation's oneof member and message; their fields carry the same
-# names as the operation's, less the idempotency key (an envelope field).
+# Each operation's oneof member and message.
 _MESSAGES: dict[type[Any], tuple[str, type[Any]]] = {
     ReadOp: ("read", pb.ReadRecordRequest),
     WriteOp: ("write", pb.WriteRecordRequest),
     DeleteOp: ("delete", pb.DeleteRecordRequest),
     ListOp: ("list", pb.ListRecordsRequest),
 }
-_NOT_NEGATIVE = ("expected_revision", "page_size")
 
 
 def request_envelope(
@@ -71,72 +68,94 @@ def request_envelope(
 
 def _message(operation: Operation) -> Any:
     """The request message of one operation."""
-    try:
-        _, message = _MESSAGES[type(operation)]
-    except KeyError:
-        raise InvalidArgument(f"unknown operation type {type(operation).__name__}") from None
-    fields = {}
-    for field in dataclasses.fields(operation):
-        value = getattr(operation, field.name)
-        if field.name in _NOT_NEGATIVE and value < 0:
-            raise InvalidArgument(f"{field.name} must not be negative")
-        if field.name != "idempotency_key":
-            # An absent cursor is the empty string on the wire; a read mode its number.
-            fields[field.name] = "" if value is None else value
-    return message(**fields)
+    build = _BUILDERS.get(type(operation))
+    if build is None:
+        raise InvalidArgument(f"unknown operation type {type(operation).__name__}")
+    return build(operation)
+
+
+def _not_negative(value: int, name: str) -> int:
+    if value < 0:
+        raise InvalidArgument(f"{name} must not be negative")
+    return value
+
+
+# Each operation's message, its fields named as the operation's (less the
+# idempotency key, an envelope field); an absent cursor is the empty string
+# on the wire, a read mode its number.
+_BUILDERS: dict[type[Any], Callable[[Any], Any]] = {
+    ReadOp: lambda o: pb.ReadRecordRequest(scope=o.scope, object_id=o.object_id, mode=o.mode),
+    WriteOp: lambda o: pb.WriteRecordRequest(
+        scope=o.scope,
+        object_id=o.object_id,
+        payload=o.payload,
+        expected_revision=_not_negative(o.expected_revision, "expected_revision"),
+    ),
+    DeleteOp: lambda o: pb.DeleteRecordRequest(
+        scope=o.scope,
+        object_id=o.object_id,
+        expected_revision=_not_negative(o.expected_revision, "expected_revision"),
+    ),
+    ListOp: lambda o: pb.ListRecordsRequest(
+        scope=o.scope,
+        page_size=_not_negative(o.page_size, "page_size"),
+        cursor=o.cursor or "",
+    ),
+}
+
+
+def batch_operation(
+    operation: WriteOp | DeleteOp,
+    *,
+    request_id: str,
+    deadline_ms: int,
+    idempotency_key: str,
+    limits: Limits,
+) -> pb.BatchOperation:
+    """One write or delete as a batch carries it, checked by the rules the
+    worker applies to it (:func:`~dataservice.codec.requests.validate_operation`)."""
+    member = "write" if isinstance(operation, WriteOp) else "delete"
+    message = _message(operation)
+    validate_operation(member, message, idempotency_key, limits)
+    batched = pb.BatchOperation(
+        request_id=request_id, deadline_unix_ms=deadline_ms, idempotency_key=idempotency_key
+    )
+    getattr(batched, member).CopyFrom(message)
+    return batched
 
 
 def batch_envelope(
     caller: str,
     request_id: str,
     issued_at_ms: int,
-    operations: Sequence[pb.RequestEnvelope],
+    operations: Sequence[pb.BatchOperation],
 ) -> pb.RequestEnvelope:
-    """One envelope carrying ``operations`` (writes and deletes, each already
-    built and checked by :func:`request_envelope`), with their ids, deadlines
-    and keys; its own deadline is the latest of theirs."""
-    batch = pb.BatchRequest()
-    for envelope in operations:
-        operation = batch.operations.add(
-            request_id=envelope.request_id,
-            deadline_unix_ms=envelope.deadline_unix_ms,
-            idempotency_key=envelope.idempotency_key,
-        )
-        member = envelope.WhichOneof("operation")
-        if member == "write":
-            operation.write.CopyFrom(envelope.write)
-        elif member == "delete":
-            operation.delete.CopyFrom(envelope.delete)
-        else:
-            raise InvalidArgument(f"a batch carries writes and deletes, not a {member}")
-    return pb.RequestEnvelope(
+    """One envelope carrying ``operations`` (:func:`batch_operation`), its
+    own deadline the latest of theirs."""
+    envelope = pb.RequestEnvelope(
         caller=caller,
         request_id=request_id,
-        deadline_unix_ms=max(e.deadline_unix_ms for e in operations),
+        deadline_unix_ms=max(op.deadline_unix_ms for op in operations),
         issued_at_unix_ms=issued_at_ms,
-        batch=batch,
     )
+    envelope.batch.operations.extend(operations)
+    return envelope
 
 
-def batch_operations(envelope: pb.RequestEnvelope) -> list[pb.RequestEnvelope]:
-    """A batch's operations, each as the envelope it would have had on its
-    own (caller and issue time from the batch), not yet checked: check each
-    with :func:`~dataservice.codec.requests.validate_request`."""
-    operations = []
-    for operation in envelope.batch.operations:
-        single = pb.RequestEnvelope(
-            caller=envelope.caller,
-            request_id=operation.request_id,
-            deadline_unix_ms=operation.deadline_unix_ms,
-            issued_at_unix_ms=envelope.issued_at_unix_ms,
-            idempotency_key=operation.idempotency_key,
-        )
-        if operation.WhichOneof("operation") == "write":
-            single.write.CopyFrom(operation.write)
-        else:
-            single.delete.CopyFrom(operation.delete)
-        operations.append(single)
-    return operations
+def lone_envelope(
+    caller: str, issued_at_ms: int, operation: pb.BatchOperation
+) -> pb.RequestEnvelope:
+    """A batch operation sent on its own: the envelope it has alone."""
+    envelope = pb.RequestEnvelope(
+        caller=caller,
+        request_id=operation.request_id,
+        deadline_unix_ms=operation.deadline_unix_ms,
+        issued_at_unix_ms=issued_at_ms,
+        idempotency_key=operation.idempotency_key,
+    )
+    member = operation.WhichOneof("operation") or ""
+    getattr(envelope, member).CopyFrom(getattr(operation, member))
+    return envelope
 
 
 def error_response(
@@ -153,6 +172,11 @@ def error_response(
 
 def decode_response(body: bytes, request_id: str) -> Result:
     """The result in an encoded ``ResponseEnvelope``, or its typed error."""
+    return result_of(parse_response(body, request_id), request_id)
+
+
+def parse_response(body: bytes, request_id: str) -> pb.ResponseEnvelope:
+    """An encoded ``ResponseEnvelope``; ``InternalError`` if it does not parse."""
     response = pb.ResponseEnvelope()
     try:
         response.ParseFromString(body)
@@ -160,6 +184,12 @@ def decode_response(body: bytes, request_id: str) -> Result:
         raise InternalError(
             "the service sent an unreadable answer", request_id=request_id
         ) from None
+    return response
+
+
+def result_of(response: pb.ResponseEnvelope, request_id: str) -> Result:
+    """The result a parsed ``ResponseEnvelope`` carries, or its typed error
+    (a batch's whole answer is taken apart by its handles instead)."""
     if response.status.code != pb.STATUS_CODE_OK:
         raise _error(response.status, request_id)
     kind = response.WhichOneof("result")

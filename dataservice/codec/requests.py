@@ -46,9 +46,9 @@ def decode_request(
     data: object, limits: Limits, *, max_bytes: int = 0, max_ops: int = 1
 ) -> pb.RequestEnvelope:
     """Parse and validate one request envelope: at most ``max_bytes``
-    (default ``limits.max_request_bytes``), and a batch of at most ``max_ops``
-    operations, whose own fields :func:`validate_request` checks one by one
-    (:func:`~dataservice.codec.envelopes.batch_operations`)."""
+    (default ``limits.max_request_bytes``), and a batch (or a read_many) of at
+    most ``max_ops`` operations, whose own fields the worker checks one by one
+    (:func:`validate_operation`)."""
     if not isinstance(data, bytes):
         raise InvalidArgument("the request body must be a protobuf RequestEnvelope")
     bound = max_bytes or limits.max_request_bytes

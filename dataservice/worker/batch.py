@@ -25,19 +25,15 @@ unseen, a retry under the same keys is answered from the keys' records.
 
 from __future__ import annotations
 
-import dataclasses
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import ClassVar
-
-from google.protobuf.message import DecodeError
 
 from dataservice.auth import allow_operation
 from dataservice.codec import validate_operation
 from dataservice.config import CallerPolicy, LaneConfig, Limits
-from dataservice.enums import OperationClass
+from dataservice.enums import OperationClass, StatusCode
 from dataservice.errors import InvalidArgument
-from dataservice.identifiers import REQUEST_ID_RE
 from dataservice.proto import pb
 from dataservice.refusals import Reason, Refusal, Rejected
 from dataservice.store import IdempotencyConflict, Mutation, RecordStore, RevisionMismatch
@@ -46,24 +42,12 @@ from dataservice.store.idempotency import Outcome, Recorded
 from dataservice.worker.database import Database
 from dataservice.worker.failures import RecordMissing
 from dataservice.worker.operations import RecordSource, keyed
-from dataservice.worker.steps import Answer, Reply
 
-
-@dataclass(frozen=True, slots=True)
-class Answered:
-    """What one operation of a batch comes to: its answer's result part, or
-    why it was refused."""
-
-    request_id: str
-    deadline_ms: int
-    operation: str
-    result: pb.ResponseEnvelope | Refusal
-
-
-@dataclass(frozen=True, slots=True)
-class _Pending:
-    operation: pb.BatchOperation
-    mutation: Mutation
+# Builds a batch operation's answer to a refusal (counted and logged as a
+# request's would be): :meth:`dataservice.worker.replies.Replies.refusal`.
+RefusalAnswer = Callable[[str, Refusal], pb.ResponseEnvelope]
+# An operation waiting for its group, with what it asks of the store.
+_Pending = tuple[pb.BatchOperation, Mutation]
 
 
 def groups(pending: Sequence[_Pending], size: int) -> Iterator[list[_Pending]]:
@@ -72,8 +56,8 @@ def groups(pending: Sequence[_Pending], size: int) -> Iterator[list[_Pending]]:
     group: list[_Pending] = []
     keys: set[tuple[str, str]] = set()
     # sorted() is stable: operations on one record keep their order.
-    for item in sorted(pending, key=lambda p: p.mutation.key):
-        key = item.mutation.key
+    for item in sorted(pending, key=lambda p: p[1].key):
+        key = item[1].key
         if len(group) >= size or key in keys:
             yield group
             group, keys = [], set()
@@ -83,67 +67,17 @@ def groups(pending: Sequence[_Pending], size: int) -> Iterator[list[_Pending]]:
         yield group
 
 
-def _answer(
-    operation: pb.BatchOperation, recorded: Recorded | None
-) -> pb.ResponseEnvelope | Refusal:
+def _checked(operation: pb.BatchOperation, recorded: Recorded | None) -> Recorded | Refusal:
+    """A recorded outcome that is the operation's success, or why it is not."""
     if recorded is None:
         return IdempotencyConflict("the key was used for a different request")
     if recorded.outcome is Outcome.REVISION_MISMATCH:
         return RevisionMismatch(recorded.revision)
-    if operation.WhichOneof("operation") == "write":
-        if recorded.revision is None:
-            return IdempotencyConflict("the key was used for a delete")
-        return pb.ResponseEnvelope(
-            write=pb.WriteRecordResponse(
-                object_id=operation.write.object_id,
-                revision=recorded.revision,
-                created=recorded.created,
-            )
-        )
-    if recorded.outcome is Outcome.NOT_FOUND or recorded.revision is None:
+    if recorded.revision is None and operation.HasField("write"):
+        return IdempotencyConflict("the key was used for a delete")
+    if recorded.revision is None or recorded.outcome is Outcome.NOT_FOUND:
         return RecordMissing()
-    return pb.ResponseEnvelope(
-        delete=pb.DeleteRecordResponse(
-            object_id=operation.delete.object_id, revision=recorded.revision
-        )
-    )
-
-
-def operation_ids(envelope: pb.RequestEnvelope) -> list[tuple[str, int]]:
-    """A batch envelope's operations' request ids and deadlines (none for a
-    single request's envelope)."""
-    if envelope.WhichOneof("operation") != "batch":
-        return []
-    return [(op.request_id, op.deadline_unix_ms) for op in envelope.batch.operations]
-
-
-def claimed_operations(body: object) -> list[tuple[str, int]]:
-    """The operations an unverified batch message names, where a refusal of
-    the whole message is answered (as a single request's goes to the caller
-    it names): well-formed ids only, none if it does not parse."""
-    if not isinstance(body, bytes):
-        return []
-    try:
-        signed = pb.SignedRequest.FromString(body)
-        envelope = pb.RequestEnvelope.FromString(signed.envelope)
-    except (DecodeError, ValueError, RecursionError):
-        return []
-    return [(i, d) for i, d in operation_ids(envelope) if REQUEST_ID_RE.fullmatch(i)]
-
-
-def fan_out(reply: Reply, operations: Sequence[tuple[str, int]], grace_ms: int) -> Reply:
-    """A refusal of a whole batch message, answered to each of its operations
-    (under its id, kept no longer than its deadline allows); the reply as it
-    is for a message that names none."""
-    if not operations:
-        return reply
-    response = pb.ResponseEnvelope.FromString(reply.body)
-    answers = []
-    for request_id, deadline_ms in operations:
-        response.request_id = request_id
-        expires_at_ms = min(reply.expires_at_ms, deadline_ms + grace_ms)
-        answers.append(Answer(request_id, response.SerializeToString(), expires_at_ms))
-    return dataclasses.replace(reply, body=b"", answers=tuple(answers))
+    return recorded
 
 
 class Batch:
@@ -169,11 +103,14 @@ class Batch:
         self._source = source
         self._clock = clock
 
-    def run(self, envelope: pb.RequestEnvelope, policy: CallerPolicy) -> list[Answered]:
-        """Each operation's answer (``policy``: the batch's caller's); those
-        that were late, none."""
+    def run(
+        self, envelope: pb.RequestEnvelope, policy: CallerPolicy, refused: RefusalAnswer
+    ) -> tuple[pb.BatchResponse, Counter[tuple[str, str]]]:
+        """Each operation's answer (``policy``: the batch's caller's; late
+        ones: none), and how many answers of each (operation, status code)."""
         caller = envelope.caller
-        answered: list[Answered] = []
+        answers = pb.BatchResponse()
+        counts: Counter[tuple[str, str]] = Counter()
         pending: list[_Pending] = []
         # A batch's operations mostly share a scope: each (operation, scope) is
         # authorised once.
@@ -185,10 +122,8 @@ class Batch:
             try:
                 validate_operation(name, request, operation.idempotency_key, self._limits)
             except InvalidArgument as exc:
-                refusal = Rejected(Reason.MALFORMED, exc.message, caller=caller)
-                answered.append(
-                    Answered(operation.request_id, operation.deadline_unix_ms, name, refusal)
-                )
+                rejected = Rejected(Reason.MALFORMED, exc.message, caller=caller)
+                _refused(answers, counts, refused, operation, rejected)
                 continue
             key = (name, request.scope)
             if key not in allowed:
@@ -199,9 +134,7 @@ class Batch:
                     allowed[key] = rejected
             denied = allowed[key]
             if denied is not None:
-                answered.append(
-                    Answered(operation.request_id, operation.deadline_unix_ms, name, denied)
-                )
+                _refused(answers, counts, refused, operation, denied)
                 continue
             if operation.deadline_unix_ms <= now:
                 continue  # late: dropped, as a late request is
@@ -212,23 +145,31 @@ class Batch:
                 request.expected_revision,
                 keyed(caller, operation.idempotency_key, name, request),
             )
-            pending.append(_Pending(operation, mutation))
+            pending.append((operation, mutation))
         for group in groups(pending, self._group_size):
-            answered += self._apply(group)
-        return answered
+            self._apply(group, answers, counts, refused)
+        return answers, counts
 
-    def _apply(self, group: list[_Pending]) -> list[Answered]:
+    def _apply(
+        self,
+        group: list[_Pending],
+        answers: pb.BatchResponse,
+        counts: Counter[tuple[str, str]],
+        refused: RefusalAnswer,
+    ) -> None:
         """One group, one transaction under one permit; each operation's answer."""
-        deadline_ms = min(item.operation.deadline_unix_ms for item in group)
+        deadline_ms = min(operation.deadline_unix_ms for operation, _ in group)
         # The transaction's time bound: its last statement is sent before it.
         bound_ms = min(deadline_ms, self._clock() + self._transaction_ms)
-        mutations = [item.mutation for item in group]
+        mutations = [mutation for _, mutation in group]
         try:
             outcomes: list[Recorded | None] = self._database.run(
                 self.op_class, bound_ms, lambda bounds: self._store.apply_group(mutations, bounds)
             )
         except Refusal as refusal:
-            return [_answered(item.operation, refusal) for item in group]
+            for operation, _ in group:
+                _refused(answers, counts, refused, operation, refusal)
+            return
         changes = [
             (m.scope, m.object_id, recorded.revision, m.payload is None)
             for m, recorded in zip(mutations, outcomes, strict=True)
@@ -238,12 +179,34 @@ class Batch:
         ]
         if changes:
             self._source.changed_many(changes)
-        return [
-            _answered(item.operation, _answer(item.operation, recorded))
-            for item, recorded in zip(group, outcomes, strict=True)
-        ]
+        for (operation, mutation), recorded in zip(group, outcomes, strict=True):
+            done = _checked(operation, recorded)
+            if isinstance(done, Refusal):
+                _refused(answers, counts, refused, operation, done)
+                continue
+            answer = answers.answers.add(request_id=operation.request_id)
+            answer.status.code = pb.STATUS_CODE_OK
+            if mutation.payload is not None:
+                counts[("write", "OK")] += 1
+                written = answer.write
+                written.object_id = mutation.object_id
+                written.revision = done.revision or 0
+                written.created = done.created
+            else:
+                counts[("delete", "OK")] += 1
+                deleted = answer.delete
+                deleted.object_id = mutation.object_id
+                deleted.revision = done.revision or 0
 
 
-def _answered(operation: pb.BatchOperation, result: pb.ResponseEnvelope | Refusal) -> Answered:
-    name = operation.WhichOneof("operation") or ""
-    return Answered(operation.request_id, operation.deadline_unix_ms, name, result)
+def _refused(
+    answers: pb.BatchResponse,
+    counts: Counter[tuple[str, str]],
+    refused: RefusalAnswer,
+    operation: pb.BatchOperation,
+    refusal: Refusal,
+) -> None:
+    answer = refused(operation.request_id, refusal)
+    answers.answers.append(answer)
+    code = StatusCode(answer.status.code).name
+    counts[(operation.WhichOneof("operation") or "", code)] += 1

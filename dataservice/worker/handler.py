@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections import Counter
 from collections.abc import Callable, Mapping
 
 from dataservice.auth import Authenticator
@@ -39,11 +38,11 @@ from dataservice.observe import trace as tracing
 from dataservice.proto import pb
 from dataservice.refusals import Reason, Refusal, Rejected
 from dataservice.store.connections import now_ms
-from dataservice.worker.batch import Batch, claimed_operations, fan_out, operation_ids
+from dataservice.worker.batch import Batch
 from dataservice.worker.failures import INTERNAL
 from dataservice.worker.operations import Operation
 from dataservice.worker.replies import Replies, ok_reply
-from dataservice.worker.steps import Admitted, Answer, Opened, Reply
+from dataservice.worker.steps import Admitted, Opened, Reply
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +104,8 @@ class RequestHandler:
             envelope = self.authenticator.open(task_id, body, now)
         except Rejected as rejected:
             trace.caller = rejected.caller
-            reply = self._replies.refused(
+            return self._replies.refused(
                 task_id, rejected, rejected.caller, self._fallback(deadline_ms)
-            )
-            # A batch's callers wait on its operations' ids, not the message's.
-            return (
-                fan_out(reply, claimed_operations(body), self._grace_ms) if reply.caller else reply
             )
         trace.caller = envelope.caller
         trace.operation = envelope.WhichOneof("operation") or ""
@@ -132,7 +127,6 @@ class RequestHandler:
         (then, with ``peek``, read that cache entry in the same round trip, and
         maybe answer it: :class:`~dataservice.limits.gate.Peek`)."""
         task_id, envelope, expires_at_ms = opened.task_id, opened.envelope, opened.expires_at_ms
-        batch = envelope.WhichOneof("operation") == "batch"
         try:
             request = self.authenticator.authorise(envelope)
             entry = Entry(
@@ -158,8 +152,7 @@ class RequestHandler:
                 REJECTIONS.labels(self.lane_name.value, rejected.reason.value).inc()
                 log.info("dropped request %s: replayed", task_id)
                 return None
-            reply = self._replies.refused(task_id, rejected, rejected.caller, expires_at_ms)
-            return fan_out(reply, operation_ids(envelope), self._grace_ms) if batch else reply
+            return self._replies.refused(task_id, rejected, rejected.caller, expires_at_ms)
         return Admitted(task_id, request, slot, expires_at_ms, peeked, opened.trace)
 
     def serve(self, admitted: Admitted, result: pb.ResponseEnvelope | None = None) -> Reply:
@@ -170,7 +163,7 @@ class RequestHandler:
         except BaseException:
             self.gate.leave(admitted.slot)
             raise
-        if not reply.answers:
+        if admitted.request.operation != "batch":
             REQUESTS.labels(self.lane_name.value, admitted.request.operation, reply.code.name).inc()
         return dataclasses.replace(reply, slot=admitted.slot)
 
@@ -215,23 +208,15 @@ class RequestHandler:
         return ok_reply(envelope.caller, task_id, response, expires_at_ms)
 
     def _serve_batch(self, admitted: Admitted) -> Reply:
-        """Each operation of a batch answered under its own id, in one reply."""
-        envelope = admitted.request.envelope
+        """Each operation of a batch answered on its own, all in one reply
+        under the message's id (a ``BatchResponse``)."""
+        task_id, envelope = admitted.task_id, admitted.request.envelope
         caller, lane = envelope.caller, self.lane_name.value
         if self._batch is None:
             refusal = Rejected(Reason.MALFORMED, "this lane takes no batches", caller=caller)
-            reply = self._replies.refused(admitted.task_id, refusal, caller, admitted.expires_at_ms)
-            return fan_out(reply, operation_ids(envelope), self._grace_ms)
-        answers = []
-        counts: Counter[tuple[str, str]] = Counter()
-        for one in self._batch.run(envelope, admitted.request.policy):
-            expires_at_ms = one.deadline_ms + self._grace_ms
-            if isinstance(one.result, Refusal):
-                reply = self._replies.refused(one.request_id, one.result, caller, expires_at_ms)
-            else:
-                reply = ok_reply(caller, one.request_id, one.result, expires_at_ms)
-            counts[(one.operation, reply.code.name)] += 1
-            answers.append(Answer(one.request_id, reply.body, expires_at_ms))
+            return self._replies.refused(task_id, refusal, caller, admitted.expires_at_ms)
+        answers, counts = self._batch.run(envelope, admitted.request.policy, self._replies.refusal)
         for (operation, code), count in counts.items():
             REQUESTS.labels(lane, operation, code).inc(count)
-        return Reply(caller, b"", admitted.expires_at_ms, StatusCode.OK, answers=tuple(answers))
+        response = pb.ResponseEnvelope(batch=answers)
+        return ok_reply(caller, task_id, response, admitted.expires_at_ms)

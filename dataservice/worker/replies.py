@@ -48,6 +48,18 @@ class Replies:
         self.service_times: RecentDurations[str] = RecentDurations()
 
     def refused(self, task_id: str, refusal: Refusal, caller: str, expires_at_ms: int) -> Reply:
+        return self.answer(caller, task_id, self._counted(task_id, refusal), expires_at_ms)
+
+    def refusal(self, request_id: str, refusal: Refusal) -> pb.ResponseEnvelope:
+        """One operation of a batch refused on its own: its answer, counted and
+        logged as a request's would be."""
+        answer = self._counted(request_id, refusal)
+        reason = answer.reason.value if answer.reason is not None else ""
+        return error_response(
+            request_id, answer.code, answer.message, answer.retry_after_ms, reason
+        )
+
+    def _counted(self, task_id: str, refusal: Refusal) -> Verdict:
         answer = verdict(refusal)
         if answer.reason is not None:
             REJECTIONS.labels(self._lane, answer.reason.value).inc()
@@ -65,7 +77,7 @@ class Replies:
             log.debug("request %s: %s", task_id, type(refusal).__name__)
         if answer.stage is not None:
             TIMEOUTS.labels(self._lane, answer.stage.value).inc()
-        return self.answer(caller, task_id, answer, expires_at_ms)
+        return answer
 
     def refused_reads(self, answer: pb.ReadManyResponse) -> None:
         """Count the reads of a read_many refused by a check, each once."""

@@ -40,16 +40,6 @@ class Admitted:
 
 
 @dataclass(frozen=True, slots=True)
-class Answer:
-    """One operation's encoded ``ResponseEnvelope`` in a batch's reply, under
-    the operation's own request id, and until when (Unix ms) it is of use."""
-
-    request_id: str
-    body: bytes
-    expires_at_ms: int
-
-
-@dataclass(frozen=True, slots=True)
 class Reply:
     """An encoded ``ResponseEnvelope``, for whom, and until when (Unix ms) it is
     of use. ``caller`` is empty when the message named nobody to answer."""
@@ -63,6 +53,3 @@ class Reply:
     slot: Slot | None = None
     # Why it was refused (a Reason's value), for the request's log line.
     reason: str = ""
-    # A batch's answers, one per operation answered, each under its own id:
-    # then nothing is left under the message's own id, and ``body`` is empty.
-    answers: tuple[Answer, ...] = ()

@@ -170,6 +170,30 @@ def response_read_many() -> pb.ResponseEnvelope:
     )
 
 
+def response_batch() -> pb.ResponseEnvelope:
+    """request_batch's answer: the write's own answer, and the delete's refusal."""
+    return pb.ResponseEnvelope(
+        request_id="req-batch-1",
+        status=pb.Status(code=pb.STATUS_CODE_OK),
+        batch=pb.BatchResponse(
+            answers=[
+                pb.ResponseEnvelope(
+                    request_id="req-batch-1-w",
+                    status=pb.Status(code=pb.STATUS_CODE_OK),
+                    write=pb.WriteRecordResponse(object_id="invoice:44", revision=1, created=True),
+                ),
+                pb.ResponseEnvelope(
+                    request_id="req-batch-1-d",
+                    status=pb.Status(
+                        code=pb.STATUS_CODE_CONFLICT,
+                        message="the record is at revision 3",
+                    ),
+                ),
+            ]
+        ),
+    )
+
+
 def response_read() -> pb.ResponseEnvelope:
     return pb.ResponseEnvelope(
         request_id="req-read-1",
@@ -237,6 +261,7 @@ FIXTURES: dict[str, Callable[[], Message]] = {
     "response_write": response_write,
     "response_delete": response_delete,
     "response_list": response_list,
+    "response_batch": response_batch,
     "response_read_many": response_read_many,
     "response_error": response_error,
     "record": record,

@@ -137,6 +137,25 @@ EXPECTED: dict[str, Message] = {
             ]
         ),
     ),
+    "response_batch": pb.ResponseEnvelope(
+        request_id="req-batch-1",
+        status=pb.Status(code=pb.STATUS_CODE_OK),
+        batch=pb.BatchResponse(
+            answers=[
+                pb.ResponseEnvelope(
+                    request_id="req-batch-1-w",
+                    status=pb.Status(code=pb.STATUS_CODE_OK),
+                    write=pb.WriteRecordResponse(object_id="invoice:44", revision=1, created=True),
+                ),
+                pb.ResponseEnvelope(
+                    request_id="req-batch-1-d",
+                    status=pb.Status(
+                        code=pb.STATUS_CODE_CONFLICT, message="the record is at revision 3"
+                    ),
+                ),
+            ]
+        ),
+    ),
     "response_read_many": pb.ResponseEnvelope(
         request_id="req-many-1",
         status=pb.Status(code=pb.STATUS_CODE_OK),
@@ -669,15 +688,20 @@ def test_many_operation_envelopes_have_no_operation_for_older_reader(
     assert set(unknown_fields(old)) == {5, field}  # issued_at, and the operations
 
 
-def test_read_many_response_has_no_result_for_older_reader(r0: Schema) -> None:
-    old = r0.message("ResponseEnvelope").FromString(fixture_bytes("response_read_many"))
+@pytest.mark.parametrize(("name", "field"), [("response_batch", 14), ("response_read_many", 15)])
+def test_many_operation_answers_have_no_result_for_older_reader(
+    r0: Schema, name: str, field: int
+) -> None:
+    old = r0.message("ResponseEnvelope").FromString(fixture_bytes(name))
 
     assert old.WhichOneof("result") is None
     assert old.status.code == pb.STATUS_CODE_OK
-    assert set(unknown_fields(old)) == {15}
+    assert set(unknown_fields(old)) == {field}
 
 
-@pytest.mark.parametrize("name", ["request_batch", "request_read_many", "response_read_many"])
+@pytest.mark.parametrize(
+    "name", ["request_batch", "request_read_many", "response_batch", "response_read_many"]
+)
 def test_many_operations_passed_through_an_older_reader_are_todays_message(
     r0: Schema, name: str
 ) -> None:

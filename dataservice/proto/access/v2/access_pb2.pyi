@@ -393,7 +393,7 @@ Global___BatchOperation: _TypeAlias = BatchOperation  # noqa: Y015
 @_typing.final
 class BatchRequest(_message.Message):
     """Many operations in one signed message, on the batch lane: the envelope's
-    signature covers them all; each is answered under its own request id.
+    signature covers them all; each is answered on its own, in a BatchResponse.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -413,6 +413,31 @@ class BatchRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BatchRequest: _TypeAlias = BatchRequest  # noqa: Y015
+
+@_typing.final
+class BatchResponse(_message.Message):
+    """The answer to a batch message, under the message's own request id: each
+    operation's answer, under the operation's request id, exactly as it would
+    have been alone. An operation dropped as late has none.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ANSWERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def answers(self) -> _containers.RepeatedCompositeFieldContainer[Global___ResponseEnvelope]: ...
+    def __init__(
+        self,
+        *,
+        answers: _abc.Iterable[Global___ResponseEnvelope] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatchResponse: _TypeAlias = BatchResponse  # noqa: Y015
 
 @_typing.final
 class ReadManyRequest(_message.Message):
@@ -643,6 +668,7 @@ class ResponseEnvelope(_message.Message):
     WRITE_FIELD_NUMBER: _builtins.int
     DELETE_FIELD_NUMBER: _builtins.int
     LIST_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     READ_MANY_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     @_builtins.property
@@ -656,6 +682,8 @@ class ResponseEnvelope(_message.Message):
     @_builtins.property
     def list(self) -> Global___ListRecordsResponse: ...
     @_builtins.property
+    def batch(self) -> Global___BatchResponse: ...
+    @_builtins.property
     def read_many(self) -> Global___ReadManyResponse: ...
     def __init__(
         self,
@@ -666,13 +694,14 @@ class ResponseEnvelope(_message.Message):
         write: Global___WriteRecordResponse | None = ...,
         delete: Global___DeleteRecordResponse | None = ...,
         list: Global___ListRecordsResponse | None = ...,
+        batch: Global___BatchResponse | None = ...,
         read_many: Global___ReadManyResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["delete", b"delete", "list", b"list", "read", b"read", "read_many", b"read_many", "result", b"result", "status", b"status", "write", b"write"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "delete", b"delete", "list", b"list", "read", b"read", "read_many", b"read_many", "result", b"result", "status", b"status", "write", b"write"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete", b"delete", "list", b"list", "read", b"read", "read_many", b"read_many", "request_id", b"request_id", "result", b"result", "status", b"status", "write", b"write"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "delete", b"delete", "list", b"list", "read", b"read", "read_many", b"read_many", "request_id", b"request_id", "result", b"result", "status", b"status", "write", b"write"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["read", "write", "delete", "list", "read_many"]  # noqa: Y015
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["read", "write", "delete", "list", "batch", "read_many"]  # noqa: Y015
     _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
 
