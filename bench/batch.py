@@ -28,8 +28,9 @@ Throughput is writes over the time from the first publish to the last answer
 ``information_schema.innodb_trx`` every 120 ms (the server refreshes that
 table only after 100 ms without a read): a transaction seen in samples
 spanning ``t`` was open at least ``t`` and at most ``t`` plus two sampling
-intervals, and one never seen was open less than two intervals. CPU per write is read from ``/proc`` for this process
-(the client), the worker, redis-server and mariadbd.
+intervals, and one never seen was open less than two intervals. CPU per
+write is read from ``/proc`` for this process (the client), the worker,
+redis-server and mariadbd.
 """
 
 from __future__ import annotations
@@ -169,8 +170,8 @@ class TransactionSampler:
             " FROM information_schema.innodb_trx WHERE trx_mysql_thread_id <> %s",
             (own,),
         )
-        for thread, started, modified in cursor.fetchall():
-            started = str(started)
+        for thread, began, modified in cursor.fetchall():
+            started = str(began)
             last = self._last.get(thread)
             same = (
                 last is not None
