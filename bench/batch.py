@@ -24,7 +24,9 @@ of its own, the systems taking turns (A B C, then C B A, ...):
 
 Throughput is writes over the time from the first publish to the last answer
 (or commit). While the service runs, the bench samples the worker's
-``dataservice_permits_in_use`` gauge (``--metrics-port``) every 50 ms, and
+``dataservice_permits_in_use`` gauge (``--metrics-port``) every 200 ms and
+its ``dataservice_permits_held_seconds_total`` before and after (the exact
+busy share: seconds held over permits times the run's seconds), and
 ``information_schema.innodb_trx`` every 120 ms (the server refreshes that
 table only after 100 ms without a read): a transaction seen in samples
 spanning ``t`` was open at least ``t`` and at most ``t`` plus two sampling
@@ -84,7 +86,7 @@ CPU_COMPONENTS = ("client", "worker", "redis", "mariadb")
 # The issue's targets: service / stock task, service / mysqlclient (rows).
 TARGETS = {BARE: 10.0, ROWS: 0.5}
 PERMIT_BUSY_TARGET = 0.7
-PERMITS_EVERY_S = 0.05
+PERMITS_EVERY_S = 0.2
 # MariaDB refreshes information_schema.innodb_trx only once it has not been
 # read for 100 ms: polled faster, it shows the same snapshot for ever.
 TRX_EVERY_S = 0.12
@@ -99,31 +101,47 @@ _UPSERT_SQL = (
 # Samplers ------------------------------------------------------------------------
 
 
+def _scraped(port: int, name: str) -> float | None:
+    for sample in scrape_port(port) or ():
+        if sample.name == name and sample.labels.get("lane") == LaneName.BATCH.value:
+            return float(sample.value)
+    return None
+
+
 class PermitSampler:
-    """The batch lane's permits in use, from the worker's metrics page."""
+    """The batch lane's permits in use, from the worker's metrics page: the
+    gauge every ``PERMITS_EVERY_S`` (a scrape costs the worker a little, so
+    not too often), and the seconds permits were held, before and after."""
 
     def __init__(self, port: int) -> None:
         self._port = port
         self.samples: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="permits", daemon=True)
+        self._held = (0.0, 0.0)
+        self.held_s = 0.0
+        self.elapsed_s = 0.0
 
     def _run(self) -> None:
         while not self._stop.wait(PERMITS_EVERY_S):
-            for sample in scrape_port(self._port) or ():
-                if (
-                    sample.name == "dataservice_permits_in_use"
-                    and sample.labels.get("lane") == LaneName.BATCH.value
-                ):
-                    self.samples.append(sample.value)
+            in_use = _scraped(self._port, "dataservice_permits_in_use")
+            if in_use is not None:
+                self.samples.append(in_use)
+
+    def _held_now(self) -> tuple[float, float]:
+        held = _scraped(self._port, "dataservice_permits_held_seconds_total")
+        return time.monotonic(), held or 0.0
 
     def __enter__(self) -> PermitSampler:
+        self._held = self._held_now()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        at, held = self._held_now()
+        self.elapsed_s, self.held_s = at - self._held[0], held - self._held[1]
 
 
 class TransactionSampler:
@@ -160,31 +178,27 @@ class TransactionSampler:
 
     def _observe(self, cursor: Any, own: int) -> None:
         """One sample. A pooled connection runs one transaction after another,
-        and InnoDB may show them under one id: one is taken for the same only
-        if its connection showed it in the previous sample too, with the
-        same start, and no fewer rows changed."""
+        and InnoDB shows a transaction that has written nothing yet under an
+        id its next one may reuse: one is taken for the same only if its
+        connection showed it in the previous sample too, with the same id and
+        start (a long transaction is then seen in every sample it spans)."""
         now = time.monotonic()
         self._sample += 1
         cursor.execute(
-            "SELECT trx_mysql_thread_id, trx_started, trx_rows_modified"
+            "SELECT trx_mysql_thread_id, trx_started, trx_id"
             " FROM information_schema.innodb_trx WHERE trx_mysql_thread_id <> %s",
             (own,),
         )
-        for thread, began, modified in cursor.fetchall():
-            started = str(began)
+        for thread, began, trx_id in cursor.fetchall():
+            started = f"{began}/{trx_id}"
             last = self._last.get(thread)
-            same = (
-                last is not None
-                and last[0] == started
-                and last[1] <= modified
-                and last[2] == self._sample - 1
-            )
+            same = last is not None and last[0] == started and last[2] == self._sample - 1
             key = (thread, started, self._sample if not same else self._open[thread])
             if not same:
                 self._open[thread] = self._sample
             first, _ = self._seen.get(key, (now, now))
             self._seen[key] = (first, now)
-            self._last[thread] = (started, modified, self._sample)
+            self._last[thread] = (started, 0, self._sample)
 
     @property
     def longest_ms(self) -> float:
@@ -497,7 +511,9 @@ class Bench:
             run.permits = {
                 "capacity": permits,
                 "mean_in_use": statistics.fmean(busy) if busy else 0.0,
-                "busy_share": (statistics.fmean(busy) / permits) if busy else 0.0,
+                "busy_share_sampled": (statistics.fmean(busy) / permits) if busy else 0.0,
+                # Exact: the seconds permits were held over the run's permit-seconds.
+                "busy_share": sampled.held_s / (permits * sampled.elapsed_s),
                 "max_in_use": max(busy, default=0.0),
                 "samples": len(busy),
             }
@@ -635,7 +651,8 @@ def print_report(console: Console, data: dict[str, Any]) -> None:
         data["results"][SERVICE]["permits"], data["results"][SERVICE]["transactions"], strict=True
     ):
         console.print(
-            f"permits: {p['busy_share']:.0%} busy on average (target >= "
+            f"permits: {p['busy_share']:.0%} busy (held seconds; the gauge's "
+            f"{p['samples']} samples: {p['busy_share_sampled']:.0%}; target >= "
             f"{data['permits_busy_target']:.0%}), at most {p['max_in_use']:.0f} of "
             f"{p['capacity']} in use; transactions: {t['seen']} seen, the longest open "
             f"{t['longest_seen_ms']}-{t['at_most_ms']} ms (bound {t['bound_ms']} ms)"

@@ -5,7 +5,9 @@ transactions; ``budget.reserved`` of them belong to maintenance and other
 callers. The service's replicas (``budget.max_replicas``, rolling-deploy
 overlap included) share the rest: each replica holds at most the sum of its
 lanes' permits. Connections are a separate bound: each replica's pools hold
-one connection per worker thread, and all replicas together stay within
+one connection per worker thread, never more than the lane's permits (a
+thread takes one only while it holds a permit; threads beyond the permits get
+the next request ready meanwhile), and all replicas together stay within
 ``budget.max_connections``.
 """
 
@@ -69,14 +71,10 @@ def check_budget(config: Config) -> BudgetCheck:
     for name, lane in lanes:
         classes = ", ".join(f"{c.value} {lane.classes[c]}" for c in OperationClass)
         lines.append(
-            f"{name.value}: {lane.concurrency} threads, {lane.permits} permits; "
+            f"{name.value}: {lane.concurrency} threads, {lane.permits} permits, "
+            f"{pool_size(lane.concurrency, lane.permits)} connections; "
             f"classes {classes} (each <= {lane.permits})"
         )
-        if lane.concurrency > lane.permits:
-            problems.append(
-                f"lanes.{name.value}.concurrency ({lane.concurrency}) exceeds "
-                f"lanes.{name.value}.permits ({lane.permits})"
-            )
         for op_class in OperationClass:
             if lane.classes[op_class] > lane.permits:
                 problems.append(
@@ -84,9 +82,11 @@ def check_budget(config: Config) -> BudgetCheck:
                     f"exceeds lanes.{name.value}.permits ({lane.permits})"
                 )
 
-    per_replica_conns = sum(lane.concurrency for _, lane in lanes)
+    per_replica_conns = sum(pool_size(lane.concurrency, lane.permits) for _, lane in lanes)
     conns = budget.max_replicas * per_replica_conns
-    pools = " + ".join(f"{name.value} {lane.concurrency}" for name, lane in lanes)
+    pools = " + ".join(
+        f"{name.value} {pool_size(lane.concurrency, lane.permits)}" for name, lane in lanes
+    )
     lines.append(
         f"connections: {pools} = {per_replica_conns} per replica x {budget.max_replicas} "
         f"replicas = {conns} {_verdict(conns, budget.max_connections)}"
@@ -99,24 +99,20 @@ def check_budget(config: Config) -> BudgetCheck:
     return check
 
 
+def pool_size(concurrency: int, permits: int) -> int:
+    """A replica's database connections: one per thread, but never more than
+    its permits (a thread takes a connection only while it holds a permit;
+    threads beyond the permits get a request ready meanwhile)."""
+    return min(concurrency, permits)
+
+
 def require_within_budget(config: Config, lane: LaneName, concurrency: int) -> None:
-    """Refuse a worker whose thread count, or whose configuration, breaks the budget."""
+    """Refuse a worker whose configuration breaks the budget. Its thread count
+    cannot: its connections are at most its lane's permits."""
     check = check_budget(config)
     if not check.ok:
         raise ConfigError(
             "the configuration exceeds the database budget: " + "; ".join(check.problems)
         )
-    permits = config.lanes[lane].permits
-    others = sum(config.lanes[other].concurrency for other in LaneName if other is not lane)
-    connections = config.budget.max_replicas * (concurrency + others)
-    if connections > config.budget.max_connections:
-        raise ConfigError(
-            f"--concurrency {concurrency} makes {config.budget.max_replicas} replicas x "
-            f"{concurrency + others} connections = {connections}, over "
-            f"budget.max_connections ({config.budget.max_connections})"
-        )
-    if concurrency > permits:
-        raise ConfigError(
-            f"--concurrency {concurrency} exceeds this lane's share of the database budget: "
-            f"lanes.{lane.value}.permits is {permits} per replica"
-        )
+    if concurrency < 1:
+        raise ConfigError(f"--concurrency {concurrency}: a worker needs at least one thread")

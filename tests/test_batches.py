@@ -197,14 +197,15 @@ def test_one_failing_operation_fails_alone_and_a_resend_changes_nothing(
 def test_a_batch_refused_by_admission_is_counted_in_operations(
     own: Settings, config: Config, database: Engine, scope: str
 ) -> None:
-    with Client(CALLER, own, config) as client:
-        handles = client.submit_many([WriteOp(scope, f"q-{n}", b"v") for n in range(450)])
-    stats = redis.Redis.from_url(OWN_REDIS_URL)
     lane = config.lanes.batch
-    # 450 operations in three messages (200, 200, 50), nobody consuming them yet.
+    count = 2 * lane.max_ops_per_message + 50
+    with Client(CALLER, own, config) as client:
+        handles = client.submit_many([WriteOp(scope, f"q-{n}", b"v") for n in range(count)])
+    stats = redis.Redis.from_url(OWN_REDIS_URL)
+    # In three messages (two full, one of 50), nobody consuming them yet.
     assert stats.llen(lane.queue) == 3
-    assert int(stats.hget(admission_key(lane.queue), "admitted") or 0) == 450
-    assert len(handles) == 450
+    assert int(stats.hget(admission_key(lane.queue), "admitted") or 0) == count
+    assert len(handles) == count
 
 
 def test_a_worker_killed_again_and_again_loses_no_acknowledged_write_and_applies_none_twice(

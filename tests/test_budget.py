@@ -62,7 +62,6 @@ def test_check_config_fails_naming_the_numbers_with_twenty_replicas(
 @pytest.mark.parametrize(
     ("path", "value", "named"),
     [
-        (("lanes", "interactive", "concurrency"), 8, "lanes.interactive.concurrency (8) exceeds"),
         (("lanes", "batch", "classes", "bounded_list"), 4, "lanes.batch.classes.bounded_list (4)"),
         (("budget", "reserved"), 120, "leaves nothing"),
         (("lanes", "interactive", "permits"), 9, "10 replicas x 12 permits = 120 exceeds"),
@@ -77,11 +76,17 @@ def test_each_broken_bound_is_named(
     assert any(named in problem for problem in check.problems), check.problems
 
 
-def test_a_worker_refuses_more_threads_than_its_lane_share() -> None:
-    result = _cli("worker", "--lane", "interactive", "--concurrency", "8", config=SHIPPED_CONFIG)
-    assert result.returncode == 2
-    assert "--concurrency 8 exceeds" in result.stderr
-    assert "lanes.interactive.permits is 7" in result.stderr
+def test_threads_beyond_the_permits_add_no_connection(shipped: dict[str, Any]) -> None:
+    """A replica's connections are its threads up to its permits: a thread
+    takes one only while it holds a permit."""
+    shipped["lanes"]["interactive"]["concurrency"] = 40
+    check = check_budget(parse_config(shipped))
+    assert check.ok, check.problems
+    # The shipped pools: interactive 7 (its permits), batch 3 (its permits, for 6 threads).
+    assert "connections: interactive 7 + batch 3 = 10 per replica x 10 replicas = 100" in (
+        "\n".join(check.lines)
+    )
+    require_within_budget(parse_config(shipped), LaneName.INTERACTIVE, 40)
 
 
 def test_a_worker_refuses_an_over_budget_configuration(
@@ -93,8 +98,9 @@ def test_a_worker_refuses_an_over_budget_configuration(
     assert "exceeds the database budget" in result.stderr
 
 
-def test_within_budget_start_up_check_accepts_the_lane_share(shipped: dict[str, Any]) -> None:
+def test_within_budget_start_up_check_accepts_any_thread_count(shipped: dict[str, Any]) -> None:
     config = parse_config(shipped)
     require_within_budget(config, LaneName.BATCH, 3)
-    with pytest.raises(ConfigError, match=r"lanes\.batch\.permits is 3"):
-        require_within_budget(config, LaneName.BATCH, 4)
+    require_within_budget(config, LaneName.BATCH, 12)
+    with pytest.raises(ConfigError, match="at least one thread"):
+        require_within_budget(config, LaneName.BATCH, 0)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dataservice.budget import check_budget
+from dataservice.budget import check_budget, pool_size
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from tests.compose_file import (
@@ -96,20 +96,27 @@ def test_the_permits_all_replicas_hold_during_a_rolling_deploy_fit_the_service_s
     assert held <= share, f"{held} permits > {budget.database_active} - {budget.reserved}"
 
 
-def test_every_pool_runs_within_its_lanes_permits() -> None:
+def test_every_pool_connects_within_its_lanes_permits() -> None:
+    """Threads may exceed a lane's permits; its connections never do."""
     config = _config()
     for name, _, lane, threads in _workers():
-        assert threads <= config.lanes[lane].permits, f"{name}: {threads} threads"
+        assert threads >= 1, f"{name}: no thread"
+        assert pool_size(threads, config.lanes[lane].permits) <= config.lanes[lane].permits
+
+
+def _connections(lane: LaneName, threads: int) -> int:
+    """A replica's database connections: one per thread, up to its lane's permits."""
+    return pool_size(threads, _config().lanes[lane].permits)
 
 
 def test_connections_with_a_rolling_overlap_plus_the_reserve_fit_mariadb_max_connections() -> None:
     used = 0
     breakdown = []
-    for name, service, _, threads in _workers():
-        # One database connection per worker thread: the pool is sized to the
-        # lane's concurrency and never overflows.
-        used += replicas(service) * ROLLING_OVERLAP * threads
-        breakdown.append(f"{name}: {replicas(service)} x {ROLLING_OVERLAP} x {threads}")
+    for name, service, lane, threads in _workers():
+        # The pool never overflows: one connection per thread, up to the permits.
+        conns = _connections(lane, threads)
+        used += replicas(service) * ROLLING_OVERLAP * conns
+        breakdown.append(f"{name}: {replicas(service)} x {ROLLING_OVERLAP} x {conns}")
     consumers = list(_consumers())
     assert consumers, "no change consumer found"
     for name, service in consumers:
@@ -126,7 +133,10 @@ def test_connections_with_a_rolling_overlap_plus_the_reserve_fit_mariadb_max_con
 
 def test_the_services_connections_during_a_rolling_deploy_fit_budget_max_connections() -> None:
     budget = _config().budget
-    pools = sum(replicas(s) * ROLLING_OVERLAP * threads for _, s, _, threads in _workers())
+    pools = sum(
+        replicas(s) * ROLLING_OVERLAP * _connections(lane, threads)
+        for _, s, lane, threads in _workers()
+    )
     consumers = sum(replicas(s) * ROLLING_OVERLAP * CONSUMER_CONNECTIONS for _, s in _consumers())
     assert pools + consumers <= budget.max_connections
 

@@ -15,6 +15,7 @@ from celery.worker.control import inspect_command
 from dataservice.auth import Authenticator
 from dataservice.bounded import QUIET, within
 from dataservice.broker import TASK_NAME, celery_app
+from dataservice.budget import pool_size
 from dataservice.cache.runtime import CacheRuntime
 from dataservice.callers import KeyRing, load_keyring
 from dataservice.config import Config
@@ -60,8 +61,11 @@ class LaneRuntime:
         keyring = load_keyring(settings.callers_file) if keyring is None else keyring
         self.lane = lane
         threads = lane_config.concurrency if threads is None else threads
-        # One connection per worker thread: a thread never waits for another's.
-        self.engine = create_store_engine(settings.database_url, threads, config.database)
+        # One connection per worker thread, up to the permits: a thread takes
+        # one only while it holds a permit, so it never waits for another's.
+        self.engine = create_store_engine(
+            settings.database_url, pool_size(threads, lane_config.permits), config.database
+        )
         self.permits = LanePermits(lane_config)
         store = RecordStore(
             self.engine,

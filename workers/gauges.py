@@ -21,6 +21,7 @@ from dataservice.metrics import (
     CONNECTIONS_OPENED,
     DB_CONNECTIONS,
     PERMITS_CAPACITY,
+    PERMITS_HELD,
     PERMITS_IN_USE,
     QUEUES,
     QueueWatch,
@@ -43,6 +44,7 @@ class LaneGauges:
         broker that stalls: the queues are left out instead), its owner's."""
         name = lane.value
         PERMITS_IN_USE.labels(name).set_function(lambda: permits.snapshot().in_use)
+        permits.on_released = PERMITS_HELD.labels(name).inc
         PERMITS_CAPACITY.labels(name).set(permits.capacity)
         pool = engine.pool
         if isinstance(pool, QueuePool):

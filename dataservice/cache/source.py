@@ -45,6 +45,10 @@ from dataservice.worker.operations import Found, read_in_bulk
 
 log = logging.getLogger(__name__)
 
+# After a rotation, a change also invalidates the previous generation this
+# long (at least): a replica that has not re-read the controls still reads it.
+ROTATION_READ_MS = 60_000
+
 
 @dataclass(frozen=True, slots=True)
 class Peeking:
@@ -92,6 +96,8 @@ class CachedSource:
         self._shadow = shadow
         self._ttl_ms = config.ttl_s * 1000
         self._coalesce = config.coalesce
+        # How long after a rotation the generation before it is still read.
+        self._rotation_ms = max(ROTATION_READ_MS, 2 * config.controls_max_age_ms)
         self.breaker = Breaker(config.breaker, on_change=BREAKER.labels(lane).set)
         self._guard = Guard(self.breaker, self._failed)
         self._replicas = ReplicaCoalescing(
@@ -218,10 +224,7 @@ class CachedSource:
         """A mutation of this service committed: drop the record's entries now,
         ahead of the change stream, and block older fills (a deleted record's
         own revision included)."""
-        rollout = self._controls.current()
-        # The generation before a rotation may still be read by replicas that
-        # have not seen the rotation yet.
-        generations = {rollout.generation, rollout.generation - 1} - {0}
+        generations = self._read_generations()
         floor = revision + 1 if deleted else revision
         try:
             self._guard(
@@ -234,8 +237,7 @@ class CachedSource:
     def changed_many(self, changes: Sequence[tuple[str, str, int, bool]]) -> None:
         """:meth:`changed` for each ``(scope, object_id, revision, deleted)`` of
         a batch, in one round trip."""
-        rollout = self._controls.current()
-        generations = {rollout.generation, rollout.generation - 1} - {0}
+        generations = self._read_generations()
         floors = [(s, i, r + 1 if deleted else r) for s, i, r, deleted in changes]
         try:
             self._guard(
@@ -246,6 +248,17 @@ class CachedSource:
             log.warning(
                 "cache: %d changes could not be invalidated; the change stream will", len(changes)
             )
+
+    def _read_generations(self) -> set[int]:
+        """The generations a replica may still read: the current one and, for
+        a while after a rotation (replicas learn of it within
+        ``cache.controls_max_age_ms``), the one before. A change invalidates
+        these; older entries nobody reads any more (the change stream forgets
+        every live generation all the same)."""
+        rollout = self._controls.current()
+        if rollout.generation <= 1 or self._clock() - rollout.rotated_at_ms > self._rotation_ms:
+            return {rollout.generation}
+        return {rollout.generation, rollout.generation - 1}
 
     def _fresh(self) -> bool:
         """Whether the change stream keeps up (the freshness guard is off)."""

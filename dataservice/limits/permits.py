@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -66,6 +66,8 @@ class LanePermits:
         self._acquired = 0
         self._released = 0
         self._refused = 0
+        # Told how long each permit was held, as it is given back (a metric).
+        self.on_released: Callable[[float], None] = lambda held_s: None
 
     @contextmanager
     def acquire(self, op_class: OperationClass, wait_s: float) -> Iterator[Permit]:
@@ -113,6 +115,7 @@ class LanePermits:
     @contextmanager
     def _held(self, op_class: OperationClass) -> Iterator[Permit]:
         permit = Permit(op_class)
+        started = time.monotonic()
         with self._lock:
             self._acquired += 1
             self._holders[id(permit)] = permit
@@ -122,6 +125,7 @@ class LanePermits:
             with self._lock:
                 del self._holders[id(permit)]
                 self._released += 1
+            self.on_released(time.monotonic() - started)
 
     def _refuse(self, started: float) -> None:
         # A refused wait is a wait too: it is what saturation looks like.

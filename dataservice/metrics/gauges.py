@@ -28,6 +28,13 @@ PERMITS_IN_USE = Gauge(
     ["lane"],
     registry=REGISTRY,
 )
+PERMITS_HELD = Counter(
+    "dataservice_permits_held_seconds",
+    "Seconds database permits were held in this process, summed over permits "
+    "(its rate over the capacity is how busy the permits were).",
+    ["lane"],
+    registry=REGISTRY,
+)
 PERMITS_CAPACITY = Gauge(
     "dataservice_permits_capacity",
     "Database permits this process may hold (lanes.<lane>.permits).",
