@@ -121,9 +121,20 @@ class _QoS(kombu_redis.QoS):
         if pending is not None and not pending[0].acknowledged:
             self._write(*pending)
 
-    def _write(self, message: Any, delivery_tag: str) -> None:
+    def recorded(self, message: Any) -> None:
+        """``message``'s bookkeeping was written elsewhere, in the script that
+        admitted it (``limits/delivered.lua``): it is not pending any more."""
+        if self._pending is not None and self._pending[0] is message:
+            self._pending = None
+
+    @staticmethod
+    def record_of(message: Any) -> str:
+        """The message as kombu keeps it among the unacknowledged."""
         delivery = message.delivery_info
-        raw = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
+        return str(dumps([message._raw, delivery["exchange"], delivery["routing_key"]]))
+
+    def _write(self, message: Any, delivery_tag: str) -> None:
+        raw = self.record_of(message)
         with self.channel.conn_or_acquire() as client:
             pipe = client.pipeline(transaction=False)
             pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()})

@@ -3,8 +3,8 @@ of a batch backlog.
 
 The service's Redis keeps nothing on disk, so a restart loses the queue. One
 worker per lane serves a Redis of the test's own (broker, answers, limits and
-cache), 100 ms in the database per operation, and a batch of writes is
-submitted, far more than the lane drains before Redis is killed and started
+cache), 100 ms in the database per operation, and writes are submitted one
+message each, far more than the lane drains before Redis is killed and started
 again, empty, on the same port. By design every accepted request is then
 either answered or reported lost (``RequestLost``, after the grace in which a
 worker that held it may still answer): none waits out its deadline, none is
@@ -122,7 +122,10 @@ def test_a_restart_mid_backlog_answers_or_reports_every_accepted_request(
         for n in range(WRITES)
     ]
     with Client("tests", served, config) as client:
-        handles = client.submit_many(ops, timeout=TIMEOUT_S)
+        # A message each, as callers sending one write at a time would: a
+        # backlog that drains one operation at a time (submit_many would pack
+        # them into one message, answered as a whole).
+        handles = [client.submit(op, timeout=TIMEOUT_S) for op in ops]
         assert len({h.epoch for h in handles}) == 1
         assert handles[0].epoch
         # Let the lane answer some of them, then lose the rest with Redis.

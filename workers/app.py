@@ -29,10 +29,11 @@ from dataservice.results import ResultStore
 from dataservice.settings import Settings
 from dataservice.store import RecordStore, create_store_engine
 from dataservice.worker import Database, build_handler
+from dataservice.worker.steps import Admitted, Opened
 from workers.answers import Answers, int_header
 from workers.fastpath import redelivered, serve_inline
 from workers.gauges import LaneGauges
-from workers.inline import InlineReads
+from workers.inline import InlineRequests
 from workers.purger import OutcomePurger
 from workers.reconnect import reconnect_promptly
 from workers.servicetimes import ServiceTimesPublisher
@@ -129,28 +130,33 @@ class LaneRuntime:
         self._gauges = LaneGauges(
             lane, config, self.permits, self.engine, self.cache.controls, self._broker
         )
-        self.inline = InlineReads(
+        self.inline = InlineRequests(
             self.handler,
             self.cache.source,
             self._answers,
+            self.process,
             # kombu's acknowledgement can join the answer's transaction only on one Redis.
             ack_with_answers=settings.broker_url == settings.result_backend_url,
             one_redis=settings.redis_url == settings.result_backend_url,
+            record_in_gate=settings.broker_url == settings.redis_url,
         )
 
     def process(
         self,
         task_id: str,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        body: object,
         deadline: Any,
         admitted_size: Any = None,
         redelivered: bool = False,
         admitted_ops: Any = None,
-    ) -> None:
-        """Answer one message; whatever happens, its bytes go back to admission:
-        the size admission counted (its header), else the body's."""
-        body: object = args[0] if len(args) == 1 and not kwargs else None
+        *,
+        started: Opened | Admitted | None = None,
+        ack: tuple[str, str, str] | None = None,
+    ) -> bool:
+        """Answer one message (``started``: as far as the consumer thread took
+        it), with ``ack`` acknowledging it in the answer's own step; whatever
+        happens, its bytes go back to admission: the size admission counted
+        (its header), else the body's. False if the answer could not be stored."""
         reply = None
         try:
             reply = self.handler.handle(
@@ -158,7 +164,7 @@ class LaneRuntime:
                 body,
                 int_header(deadline),
                 redelivered=redelivered,
-                started=self.inline.take(task_id),
+                started=started,
             )
         except Exception as exc:
             # A bug, not a request's fault: answer INTERNAL rather than leave
@@ -172,7 +178,8 @@ class LaneRuntime:
             until_ms = (int_header(deadline) or 0) + self._grace_ms
             bound_s = max((until_ms - time.time() * 1000) / 1000, _MIN_DELIVERY_S)
             with within(bound_s):
-                self._deliver(task_id, reply, body, admitted_size, None, admitted_ops)
+                stored = self._deliver(task_id, reply, body, admitted_size, ack, admitted_ops)
+        return stored
 
     def close(self) -> None:
         self._service_times.stop()
@@ -215,8 +222,7 @@ def register_task(app: Celery, runtime: LaneRuntime) -> None:
         request = self.request
         runtime.process(
             request.id,
-            args,
-            kwargs,
+            args[0] if len(args) == 1 and not kwargs else None,
             getattr(request, DEADLINE_HEADER, None),
             getattr(request, SIZE_HEADER, None),
             redelivered(request),

@@ -65,6 +65,7 @@ __all__ = [
     "InlineHandler",
     "InlineMessage",
     "Outcome",
+    "PoolWork",
     "inline_strategy",
     "redelivered",
     "serve_inline",
@@ -101,6 +102,10 @@ class InlineMessage:
     #: What acknowledging it takes on the broker's Redis: kombu's unacked
     #: index, its unacked hash, the delivery tag (``Outcome.ANSWERED_AND_ACKED``).
     acknowledgement: tuple[str, str, str] = ("", "", "")
+    #: The message as kombu records it among the unacknowledged, for a handler
+    #: that records its delivery itself (:class:`PoolWork`); None if the
+    #: channel cannot say.
+    record: Callable[[], str] | None = None
 
     @property
     def deadline(self) -> Any:
@@ -125,11 +130,24 @@ class Outcome(enum.IntEnum):
     ANSWERED_AND_ACKED = 2
 
 
-class InlineHandler(Protocol):
-    """Answer ``message`` (an :class:`Outcome`, True) or decline it (False).
-    Runs on the consumer thread; must be quick and never raise."""
+@dataclass(frozen=True, slots=True)
+class PoolWork:
+    """Work the handler hands to the worker's pool: ``run`` answers the
+    message there (an Outcome), off the consumer thread; it must never raise.
+    ``recorded``: the handler already recorded the message's delivery on the
+    broker (:attr:`InlineMessage.record`), so the channel need not."""
 
-    def __call__(self, message: InlineMessage, /) -> bool | Outcome: ...
+    run: Callable[[], Outcome]
+    recorded: bool = False
+
+
+class InlineHandler(Protocol):
+    """Answer ``message`` (an :class:`Outcome`, True), decline it (False), or
+    return :data:`PoolWork` that answers it on a pool thread (a request that
+    needs the database: the pool's own lean path, without Celery's request
+    and trace). Runs on the consumer thread; must be quick and never raise."""
+
+    def __call__(self, message: InlineMessage, /) -> bool | Outcome | PoolWork: ...
 
 
 def serve_inline(task: Any, handler: InlineHandler) -> None:
@@ -193,10 +211,45 @@ class _InlineStrategy:
         except Exception:
             log.exception("inline handler failed on %s; the pool serves it", inline.task_id)
             answered = False
+        if isinstance(answered, PoolWork):
+            self._in_pool(message, ack, started, answered)
+            return None
         if not answered:
             return self._passed_on(message, body, ack, reject, callbacks, **kwargs)
         self._settle(message, ack, started, Outcome(answered))
         return None
+
+    def _in_pool(self, message: Any, ack: Any, started: float, work: PoolWork) -> None:
+        """Run ``work`` on a thread of the worker's pool, then settle the
+        message there. The message stays delivered and unacknowledged until
+        then: it holds its place in the prefetch window, and a worker that
+        dies first leaves it to be delivered again. A warm shutdown waits for
+        the pool, so for it too."""
+        # The channel's bookkeeping of the message, if it waited for this
+        # decision (dataservice/broker.py), unless the handler wrote it.
+        qos = message.channel.qos
+        if work.recorded:
+            recorded = getattr(qos, "recorded", None)
+            if recorded is not None:
+                recorded(message)
+        else:
+            flush = getattr(qos, "flush", None)
+            if flush is not None:
+                flush()
+
+        def run() -> None:
+            try:
+                outcome = work.run()
+            except Exception:
+                # Never meant to happen (the work answers its own failures):
+                # acknowledged, so that it is not delivered again to fail again.
+                log.exception("pool work failed on %s", message.headers.get("id"))
+                outcome = Outcome.ANSWERED
+            # On the consumer's loop, which this wakes: a full prefetch window
+            # asks the broker for the next message only once one is settled.
+            self._consumer.call_soon(self._settle, message, ack, started, outcome)
+
+        self._consumer.pool.apply_async(run)
 
     def _passed_on(self, message: Any, *args: Any, **kwargs: Any) -> Any:
         """The default strategy's, after the channel's bookkeeping of the
@@ -254,6 +307,7 @@ class _InlineStrategy:
             return None
         delivery_info = message.delivery_info or {}
         qos = message.channel.qos
+        record_of = getattr(qos, "record_of", None)
         return InlineMessage(
             task_id=task_id,
             args=tuple(args),
@@ -261,6 +315,7 @@ class _InlineStrategy:
             headers=MappingProxyType(headers),
             redelivered=bool(delivery_info.get(_REDELIVERED) or headers.get(_REDELIVERED)),
             acknowledgement=(qos.unacked_index_key, qos.unacked_key, message.delivery_tag),
+            record=None if record_of is None else lambda: str(record_of(message)),
         )
 
     def _rate_limited(self) -> bool:

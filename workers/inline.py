@@ -1,22 +1,33 @@
-"""Cached reads answered on the worker's consumer thread (``workers/fastpath.py``).
+"""Requests taken on the worker's consumer thread (``workers/fastpath.py``).
 
-The consumer thread verifies the request, admits it under its caller's
-limits with the cache entry read in the same round trip, and either hands a
-miss to the pool (keeping its place under the limits) or answers the hit,
-acknowledging the message in the answer's own transaction.
+The consumer thread verifies each single request and admits it under its
+caller's limits (with a cached read, the cache entry read in the same round
+trip). A refusal, and a cache hit, is answered there, the message
+acknowledged in the answer's own transaction. Everything that needs the
+database goes to a pool thread as it is, admitted, and is answered there the
+same way: no Celery request object, no trace, no second round trip for the
+acknowledgement (the pool's lean path). A batch never comes here
+(``workers/fastpath.py`` hands it to Celery's own strategy).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from dataservice.cache.source import CachedSource, Peeking
 from dataservice.enums import CacheFormat, ReadMode
-from dataservice.limits.gate import Peek
+from dataservice.limits.gate import Delivery, Peek
 from dataservice.observe import trace as tracing
 from dataservice.proto import pb
 from dataservice.worker import RequestHandler
 from dataservice.worker.steps import Admitted, Opened, Reply
 from workers.answers import Answers, int_header
-from workers.fastpath import InlineMessage, Outcome
+from workers.fastpath import InlineMessage, Outcome, PoolWork
+
+# LaneRuntime.process: answer a message as far as it got here, acknowledging
+# it with the answer when given kombu's keys; False if nothing was stored.
+Process = Callable[..., bool]
 
 
 def _cached_read(envelope: pb.RequestEnvelope) -> bool:
@@ -26,7 +37,7 @@ def _cached_read(envelope: pb.RequestEnvelope) -> bool:
     )
 
 
-class InlineReads:
+class InlineRequests:
     """The lane's inline handler (:class:`~workers.fastpath.InlineHandler`)."""
 
     def __init__(
@@ -34,36 +45,32 @@ class InlineReads:
         handler: RequestHandler,
         source: CachedSource,
         answers: Answers,
+        process: Process,
         *,
         ack_with_answers: bool,
         one_redis: bool,
+        record_in_gate: bool,
     ) -> None:
         self._handler = handler
+        # The broker is the limits' Redis: the gate's script records a
+        # message's delivery as it admits it (limits/delivered.lua).
+        self._record_in_gate = record_in_gate
         self._source = source
         self._answers = answers
+        self._process = process
         self._ack_with_answers = ack_with_answers
         # The limits and the cache on the answers' Redis too: a hit can be
         # answered by the gate's own script.
         self._one_redis = one_redis
-        # Requests passed on to the pool, by task id, as far as they got here
-        # (verified; or admitted, their record not in the cache), until the
-        # pool runs them: at most the messages this replica has reserved
-        # (prefetch: one per thread).
-        self._passed: dict[str, Opened | Admitted] = {}
 
-    def take(self, task_id: str) -> Opened | Admitted | None:
-        """The pool's side: how far this request got here, if it was here."""
-        return self._passed.pop(task_id, None)
+    def __call__(self, message: InlineMessage) -> Outcome | PoolWork:
+        """Answer a refusal or a cached read's hit here; hand what needs the
+        database to the pool (:data:`PoolWork`), admitted.
 
-    def __call__(self, message: InlineMessage) -> Outcome:
-        """Answer a cached read on the consumer thread; DECLINED hands the
-        message to the pool (everything but an ``ALLOW_CACHED`` read, and misses).
-
-        Only a verified, authorised read within its caller's limits reaches
-        the cache here, the same order as in the pool. A miss keeps its place
-        under the limits for the pool to go on from (:meth:`take`).
-        When the broker is the results' Redis, the message is acknowledged in
-        the answer's own transaction.
+        Only a verified, authorised request within its caller's limits reaches
+        the cache or the pool, in the same order as the pool would check it.
+        When the broker is the answers' Redis, the message is acknowledged in
+        the answer's own transaction, here and in the pool alike.
         """
         task_id, args, kwargs = message.task_id, message.args, message.kwargs
         body: object = args[0] if len(args) == 1 and not kwargs else None
@@ -71,13 +78,21 @@ class InlineReads:
         if not isinstance(opened, Opened):
             # Refused or late: answered (or dropped) here, and counted once.
             return self._answered(message, opened, body)
+        delivery = self._delivery(message)
         if not _cached_read(opened.envelope):
-            return self._declined(opened)
+            admitted = self._handler.admit(
+                opened, redelivered=message.redelivered, delivery=delivery
+            )
+            if not isinstance(admitted, Admitted):
+                return self._answered(message, admitted, body)
+            return self._in_pool(message, admitted, body)
         read = opened.envelope.read
         source = self._source
         target = source.peek_key(read.scope, read.object_id, ReadMode(read.mode), task_id)
         peek = self._peek(message, opened, target, body)
-        admitted = self._handler.admit(opened, redelivered=message.redelivered, peek=peek)
+        admitted = self._handler.admit(
+            opened, redelivered=message.redelivered, peek=peek, delivery=delivery
+        )
         if not isinstance(admitted, Admitted):
             return self._answered(message, admitted, body)
         if admitted.peeked.answered and target is not None:
@@ -88,15 +103,39 @@ class InlineReads:
         if target is not None and admitted.peeked.looked:
             record = source.peeked(target, admitted.peeked.value)
         if record is None:
-            return self._declined(admitted)
+            return self._in_pool(message, admitted, body)
         result = pb.ResponseEnvelope(read=pb.ReadRecordResponse(record=record))
         return self._answered(message, self._handler.serve(admitted, result), body)
 
-    def _declined(self, step: Opened | Admitted) -> Outcome:
-        """Pass the request on to the pool, as far as it got; its trace goes with it."""
-        self._passed[step.task_id] = step
+    def _in_pool(self, message: InlineMessage, admitted: Admitted, body: object) -> PoolWork:
+        """The rest of an admitted request, for a pool thread: its operation
+        and its answer; its trace goes with it."""
         tracing.detach()
-        return Outcome.DECLINED
+        ack = message.acknowledgement if self._ack_with_answers else None
+
+        def work() -> Outcome:
+            stored = self._process(
+                message.task_id,
+                body,
+                message.deadline,
+                message.admitted_size,
+                message.redelivered,
+                message.admitted_ops,
+                started=admitted,
+                ack=ack,
+            )
+            return Outcome.ANSWERED_AND_ACKED if stored and ack else Outcome.ANSWERED
+
+        return PoolWork(work, recorded=admitted.peeked.recorded)
+
+    def _delivery(self, message: InlineMessage) -> Delivery | None:
+        """The message's delivery, for the gate's script to record once the
+        request is admitted: only when the broker is the limits' Redis (else
+        the channel records it, a round trip of its own)."""
+        if not self._record_in_gate or message.record is None:
+            return None
+        index, unacked, tag = message.acknowledgement
+        return Delivery(index, unacked, tag, message.record(), time.time())
 
     def _peek(
         self,

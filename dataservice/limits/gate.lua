@@ -15,9 +15,17 @@
 -- KEYS[4]  (optional) a cached record to read once the request is admitted:
 --          record:<fmt>:<scope>:<id>#<gen> (dataservice/cache), so that a cache
 --          hit costs one round trip, and the cache is read only after the limits
+-- (optional, all together) a delivery to record once the request is admitted
+-- (limits/delivered.lua), when the broker is this Redis: the message then
+-- needs no round trip of its own to be delivered again should its worker die:
+-- KEYS[#KEYS - 1]  kombu's index of unacknowledged messages
+-- KEYS[#KEYS]      kombu's unacknowledged messages
+-- ARGV[9]  the message's delivery tag
+-- ARGV[10] the message as kombu keeps it
+-- ARGV[11] when it was delivered (Unix s)
 --
 -- Returns {'', 0} when admitted (and, with a cap, holding a slot; with KEYS[4],
--- {'', 0, entry or false}), or
+-- {'', 0, entry or false}; a delivery is then recorded), or
 -- {reason, retry_after_ms} with a dataservice.refusals.Reason value:
 -- 'replayed', 'rate_limited' or 'concurrency_limited'.
 -- A request id is remembered whatever the outcome: each attempt uses a new one.
@@ -26,12 +34,17 @@
 -- ('1', '2', ...); a fifth delivery, or any copy not marked redelivered, is refused.
 --#include limits/gcra.lua
 --#include limits/gate_enter.lua
+--#include limits/delivered.lua
 
 local reason, retry_ms = gate_enter()
 if reason ~= '' then
   return {reason, retry_ms}
 end
-if KEYS[4] then
+local recorded = #ARGV >= 11
+if recorded then
+  record_delivery(KEYS[#KEYS - 1], KEYS[#KEYS], ARGV[9], ARGV[10], ARGV[11])
+end
+if KEYS[4] and (#KEYS == 4 or #KEYS == 6) then
   return {'', 0, redis.call('GET', KEYS[4])}
 end
 return {'', 0}

@@ -49,14 +49,30 @@ class Peek:
 
 
 @dataclass(frozen=True, slots=True)
+class Delivery:
+    """A message's delivery, to record in the same round trip once the request
+    is admitted, as kombu would (``limits/delivered.lua``; the broker being
+    this Redis): kombu's unacknowledged index and hash, the delivery tag, the
+    message as kombu keeps it, and when it was delivered (Unix s)."""
+
+    index: str
+    unacked: str
+    tag: str
+    record: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
 class Peeked:
     """What the gate read for an admitted request: ``looked`` whether it read
     at all, ``value`` what the key held (None: nothing), ``answered`` whether
-    the hit was answered in the same step (``Peek.answer``)."""
+    the hit was answered in the same step (``Peek.answer``), ``recorded``
+    whether a :class:`Delivery` was recorded."""
 
     looked: bool
     value: bytes | None = None
     answered: bool = False
+    recorded: bool = False
 
 
 NOT_LOOKED = Peeked(False)
@@ -82,8 +98,11 @@ class RedisLimits:
     def enter(self, entry: Entry) -> Slot:
         return self.enter_peeking(entry, None)[0]
 
-    def enter_peeking(self, entry: Entry, peek: Peek | None) -> tuple[Slot, Peeked]:
-        """The slot, and with ``peek`` what its key holds, read only if admitted."""
+    def enter_peeking(
+        self, entry: Entry, peek: Peek | None, delivery: Delivery | None = None
+    ) -> tuple[Slot, Peeked]:
+        """The slot, and with ``peek`` what its key holds, read only if
+        admitted; ``delivery`` is then recorded too (unless answered)."""
         caller, request_id = entry.caller, entry.request_id
         rate = entry.policy.rate.charged(entry.cost)
         # Beyond its deadline (plus the skew) a replay would be dropped as late anyway.
@@ -95,7 +114,13 @@ class RedisLimits:
             if peek.answer is not None:
                 script = _HIT
                 more_keys += peek.answer[0]
-                more_args = peek.answer[1]
+                more_args = list(peek.answer[1])
+        if delivery is not None and script is _HIT:
+            # hit.lua's own unacknowledged keys and tag are the delivery's.
+            more_args += [delivery.record, delivery.score]
+        elif delivery is not None:
+            more_keys += [delivery.index, delivery.unacked]
+            more_args += [delivery.tag, delivery.record, delivery.score]
         reason, retry_ms, *peeked = script(
             self._redis,
             [*keys, *more_keys],
@@ -115,16 +140,17 @@ class RedisLimits:
             name = reason.decode() if isinstance(reason, bytes) else str(reason)
             raise rejection(Reason(name), caller, int(retry_ms))
         slot = Slot(caller, request_id, entry.capped, local=False, in_redis=entry.capped)
+        recorded = delivery is not None
         if peek is None:
-            return slot, NOT_LOOKED
+            return slot, Peeked(False, recorded=recorded)
         if peek.answer is not None:
             answered = bool(peeked) and peeked[0] == b"hit"
             # A hit's slot went back with its answer.
             return dataclasses.replace(slot, in_redis=not answered and slot.in_redis), Peeked(
-                True, None, answered
+                True, None, answered, recorded and not answered
             )
         value = peeked[0] if peeked and isinstance(peeked[0], bytes) else None
-        return slot, Peeked(True, value)
+        return slot, Peeked(True, value, recorded=recorded)
 
     def leave(self, slot: Slot) -> None:
         if slot.in_redis:
@@ -160,14 +186,16 @@ class Gate:
         entry = Entry(policy, caller, request_id, deadline_ms, now_ms, capped, redelivered)
         return self.enter_peeking(entry, None)[0]
 
-    def enter_peeking(self, entry: Entry, peek: Peek | None) -> tuple[Slot, Peeked]:
+    def enter_peeking(
+        self, entry: Entry, peek: Peek | None, delivery: Delivery | None = None
+    ) -> tuple[Slot, Peeked]:
         """:meth:`enter`; with ``peek`` (a cache key), the same round trip
-        reads it once the request is admitted (:class:`Peeked`). On this
-        replica's own limits nothing is read."""
+        reads it once the request is admitted (:class:`Peeked`), and records
+        ``delivery``. On this replica's own limits nothing is read or recorded."""
         uncertain = False
         if time.monotonic() >= self._redis_retry_at:
             try:
-                return self._shared.enter_peeking(entry, peek)
+                return self._shared.enter_peeking(entry, peek, delivery)
             except redis.RedisError as exc:
                 log.warning("limits fall back to this replica's share: %s", type(exc).__name__)
                 self._redis_retry_at = time.monotonic() + REDIS_RETRY_S

@@ -16,6 +16,10 @@
 -- ARGV[12] the message's delivery tag; '' when kombu acknowledges it itself
 -- KEYS[9]  the lane's held requests: ds:admission:<lane queue>:held (admit.lua)
 -- ARGV[13] the request's member there: '<request id>:<bytes>'
+-- ARGV[14] (optional) on a miss, the message as kombu keeps it, and ARGV[15]
+--          when it was delivered (Unix s): its delivery is recorded in KEYS[7]
+--          and KEYS[8] under ARGV[12] (limits/delivered.lua), so that it may
+--          be delivered again should the worker that goes on with it die
 --
 -- Returns {reason, retry_after_ms} as gate.lua when refused, {'', 0, 'hit'}
 -- when answered, {'', 0, 'miss'} when admitted without an entry (the
@@ -23,6 +27,7 @@
 --#include limits/gcra.lua
 --#include limits/gate_enter.lua
 --#include limits/complete.lua
+--#include limits/delivered.lua
 
 local reason, retry_ms = gate_enter()
 if reason ~= '' then
@@ -31,6 +36,9 @@ end
 local entry = redis.call('GET', KEYS[4])
 local colon = entry and string.find(entry, ':', 1, true)
 if not colon then
+  if #ARGV >= 15 and ARGV[12] ~= '' then
+    record_delivery(KEYS[7], KEYS[8], ARGV[12], ARGV[14], ARGV[15])
+  end
   return {'', 0, 'miss'}
 end
 

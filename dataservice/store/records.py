@@ -73,6 +73,12 @@ class RevisionMismatch(Refusal):
         self.current = current
 
 
+_READ_SQL = (
+    "SELECT records.object_id, records.revision, records.payload, records.updated_at"
+    " FROM records WHERE records.scope = %s AND records.object_id = %s"
+)
+
+
 @functools.lru_cache(maxsize=128)
 def _read_many_sql(n: int) -> str:
     # A row-constructor IN on the primary key: one range scan of n points.
@@ -105,7 +111,9 @@ class RecordStore:
 
     def read(self, scope: str, object_id: str, bounds: Bounds = UNBOUNDED) -> Record | None:
         with self._sessions.connection(bounds) as conn:
-            row = conn.execute(statements.READ, {"scope": scope, "object_id": object_id}).first()
+            # The driver's own statement: the hottest one, spared the Core's
+            # compiled-statement machinery (about a tenth of its CPU).
+            row = conn.exec_driver_sql(_READ_SQL, (scope, object_id)).first()
         return None if row is None else _record(*row)
 
     def read_many(

@@ -24,7 +24,7 @@ from dataservice.auth import Authenticator
 from dataservice.codec import operation_count
 from dataservice.config import Config, LaneConfig
 from dataservice.enums import LaneName, StatusCode
-from dataservice.limits.gate import Gate, Peek
+from dataservice.limits.gate import Delivery, Gate, Peek
 from dataservice.limits.slots import Entry
 from dataservice.metrics import (
     REJECTIONS,
@@ -121,11 +121,17 @@ class RequestHandler:
         return Opened(task_id, envelope, now, expires_at_ms, trace)
 
     def admit(
-        self, opened: Opened, *, redelivered: bool = False, peek: Peek | None = None
+        self,
+        opened: Opened,
+        *,
+        redelivered: bool = False,
+        peek: Peek | None = None,
+        delivery: Delivery | None = None,
     ) -> Admitted | Reply | None:
         """Authorise the request and take its place under its caller's limits
         (then, with ``peek``, read that cache entry in the same round trip, and
-        maybe answer it: :class:`~dataservice.limits.gate.Peek`)."""
+        maybe answer it: :class:`~dataservice.limits.gate.Peek`; and record
+        its message's ``delivery``: :class:`~dataservice.limits.gate.Delivery`)."""
         task_id, envelope, expires_at_ms = opened.task_id, opened.envelope, opened.expires_at_ms
         try:
             request = self.authenticator.authorise(envelope)
@@ -142,7 +148,7 @@ class RequestHandler:
                 cost=operation_count(envelope),
             )
             with tracing.timed(Stage.GATE if peek is None else cache_stage(peek.fmt)):
-                slot, peeked = self.gate.enter_peeking(entry, peek)
+                slot, peeked = self.gate.enter_peeking(entry, peek, delivery)
         except Rejected as rejected:
             if rejected.reason is Reason.REPLAYED:
                 if opened.trace is not None:
