@@ -323,6 +323,9 @@ def bounded_admission(
     data: dict[str, Any] = yaml.safe_load(settings.config_path.read_text())
     for lane, admission in bounds.items():
         data["lanes"][lane]["admission"] = admission
+        # A message never carries more operations than its queue may hold.
+        most = data["lanes"][lane].get("max_ops_per_message", 1)
+        data["lanes"][lane]["max_ops_per_message"] = min(most, admission["max_messages"])
     path = directory / "queues.yml"
     path.write_text(yaml.safe_dump(data))
     broker = redis.Redis.from_url(redis_url)

@@ -1,14 +1,16 @@
 """A task ``Strategy`` that lets the worker answer a request on the consumer
-thread, before Celery builds a request object or touches the pool.
+thread, or hand it to the pool as it is, before Celery builds a request object.
 
 Celery calls a task's strategy for every message the consumer receives.
 :func:`inline_strategy` offers each eligible message to the task's *inline
 handler* (an :class:`InlineHandler`, provided by the worker runtime). It
-answers the message (:class:`Outcome`) or declines it. Answered: the message is acknowledged after
-the answer was written (late acknowledgement holds: a worker that dies
-before the ack leaves it unacknowledged, and another worker answers it after
-the visibility timeout). Declined: it goes on through Celery's default
-strategy exactly as if this module did not exist.
+answers the message (:class:`Outcome`), declines it, or returns
+:class:`PoolWork` that answers it on a thread of the worker's pool. Answered,
+here or in the pool: the message is acknowledged after the answer was written
+(late acknowledgement holds: a worker that dies before the ack leaves it
+unacknowledged, and another worker answers it after the visibility timeout).
+Declined: it goes on through Celery's default strategy exactly as if this
+module did not exist.
 
 A task opts in with ``serve_inline(task, handler)`` before the worker starts
 (strategies are built when the consumer connects); without a handler it
@@ -19,7 +21,8 @@ The handler's contract:
 - It runs on the consumer thread, which also runs the event loop: control
   commands (``inspect ping``, ``active_queues``), heartbeats, timers and every
   other delivery wait while it works. So it must stay sub-millisecond-ish:
-  a few Redis round trips with tight socket timeouts, never a database call.
+  a few Redis round trips with tight socket timeouts, never a database call
+  (that is :class:`PoolWork`'s).
 - It never raises; if it does (a bug), the message goes to the pool as if
   declined. It may see a message more than once (``redelivered``).
 
@@ -27,9 +30,10 @@ What the default strategy does that this path keeps, or does not:
 
 - Kept: late acknowledgement; reservations bounded by the prefetch window
   (a message holds its slot until acked, so a full pool also stalls inline
-  answers); Celery's per-worker totals (``inspect stats``, heartbeats);
-  task events, only while the worker sends them (``-E``); revocation, eta
-  and rate limits, by falling back.
+  answers); the pool's own lifecycle (a warm shutdown waits for pool work);
+  Celery's per-worker totals (``inspect stats``, heartbeats); task events,
+  only while the worker sends them (``-E``); revocation, eta and rate limits,
+  by falling back.
 - Not kept: task signals, Celery's per-task log lines, ``inspect
   active``/``reserved`` listing, time limits (the threads pool has none
   either) and result storage.
