@@ -200,8 +200,9 @@ def measure_groups(
             for key in keys:
                 pipe.set(key, frame(0, body))
             pipe.execute()
+        payload = b"p" * args.payload_bytes
         mutations = [
-            Mutation(scope, i, b"p" * 1024, 0, Idempotency("bench", f"{scope}-{t}-{i}", bytes(32)))
+            Mutation(scope, i, payload, 0, Idempotency("bench", f"{scope}-{t}-{i}", bytes(32)))
             for i in ids
         ]
         outcomes = store.apply_group(mutations)
@@ -296,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--redis-db", type=int, default=2, help="flushed before and after; not 0")
     p.add_argument("--group", type=int, default=0, help="writes per group commit (0: single)")
     p.add_argument("--transactions", type=int, default=100, help="group commits (with --group)")
+    p.add_argument("--payload-bytes", type=int, default=1024, help="each record's (with --group)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     if args.redis_db == 0:

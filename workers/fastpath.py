@@ -178,6 +178,10 @@ def inline_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Messa
     return _InlineStrategy(task, app, consumer, handler, default)
 
 
+def _ignore(result: object) -> None:
+    """The pool's callback for work whose outcome it settles itself."""
+
+
 def _acked_in_redis(message: Any) -> None:
     """What ``message.ack()`` does besides its Redis commands: the channel's
     books (so the prefetch window moves on) and the message's state."""
@@ -253,7 +257,7 @@ class _InlineStrategy:
             # asks the broker for the next message only once one is settled.
             self._consumer.call_soon(self._settle, message, ack, started, outcome)
 
-        self._consumer.pool.apply_async(run)
+        self._consumer.pool.apply_async(run, callback=_ignore)
 
     def _passed_on(self, message: Any, *args: Any, **kwargs: Any) -> Any:
         """The default strategy's, after the channel's bookkeeping of the

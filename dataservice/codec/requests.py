@@ -33,6 +33,8 @@ READ_MODES = frozenset({pb.READ_MODE_ALLOW_CACHED, pb.READ_MODE_PRIMARY})
 # Every operation a request may carry, as the oneof and the callers' allowlists name them.
 OPERATIONS = frozenset(get_args(OperationName))
 MUTATIONS = frozenset({"write", "delete"})
+# What an envelope's ``operation`` may be: one of those, or many of them.
+MESSAGE_OPERATIONS = OPERATIONS | {"batch", "read_many"}
 
 
 def _check(pattern: re.Pattern[str], value: str, name: str) -> None:

@@ -15,7 +15,7 @@ from typing import Literal
 
 from prometheus_client import Histogram
 
-from dataservice.codec.requests import OPERATIONS
+from dataservice.codec.requests import MESSAGE_OPERATIONS
 from dataservice.metrics.requests import REQUEST_SECONDS
 from dataservice.observe.lines import RequestLines
 from dataservice.observe.logs import json_line, request_lines
@@ -43,7 +43,7 @@ class RequestLog:
     ) -> None:
         """``elapsed_s``: the trace's time, when the caller has just measured it."""
         elapsed_s = trace.elapsed_s() if elapsed_s is None else elapsed_s
-        operation = trace.operation if trace.operation in OPERATIONS else "unknown"
+        operation = trace.operation if trace.operation in MESSAGE_OPERATIONS else "unknown"
         histogram = self._histograms.get(operation)
         if histogram is None:
             histogram = self._histograms[operation] = REQUEST_SECONDS.labels(self._lane, operation)

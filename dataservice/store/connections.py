@@ -137,13 +137,23 @@ def install(engine: Engine, ramp: ConnectRamp, max_wait_s: float, max_statement_
         deadline_ms = context.execution_options.get(DEADLINE_OPTION) if context else None
         if deadline_ms is None:
             return statement, parameters
-        timeout_ms = min(deadline_ms - now_ms(), max_statement_ms)
-        if timeout_ms < MIN_STATEMENT_MS:
-            raise StatementTimeout
-        if conn.dialect.is_mariadb:
-            return f"SET STATEMENT max_statement_time={timeout_ms / 1000:.3f} FOR {statement}", (
-                parameters
-            )
-        if statement.startswith("SELECT"):
-            return f"SELECT /*+ MAX_EXECUTION_TIME({int(timeout_ms)}) */{statement[6:]}", parameters
-        return statement, parameters
+        bounded = bounded_statement(
+            statement, deadline_ms, max_statement_ms, mariadb=conn.dialect.is_mariadb
+        )
+        return bounded, parameters
+
+
+def bounded_statement(
+    statement: str, deadline_ms: int, max_statement_ms: int, *, mariadb: bool
+) -> str:
+    """``statement`` with its server-side timeout: what the request has left
+    until ``deadline_ms`` (Unix ms), at most ``max_statement_ms``. Raises
+    :class:`StatementTimeout` when that is less than ``MIN_STATEMENT_MS``."""
+    timeout_ms = min(deadline_ms - now_ms(), max_statement_ms)
+    if timeout_ms < MIN_STATEMENT_MS:
+        raise StatementTimeout
+    if mariadb:
+        return f"SET STATEMENT max_statement_time={timeout_ms / 1000:.3f} FOR {statement}"
+    if statement.startswith("SELECT"):
+        return f"SELECT /*+ MAX_EXECUTION_TIME({int(timeout_ms)}) */{statement[6:]}"
+    return statement

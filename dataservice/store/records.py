@@ -110,10 +110,8 @@ class RecordStore:
         self._retention_s = idempotency_retention_s
 
     def read(self, scope: str, object_id: str, bounds: Bounds = UNBOUNDED) -> Record | None:
-        with self._sessions.connection(bounds) as conn:
-            # The driver's own statement: the hottest one, spared the Core's
-            # compiled-statement machinery (about a tenth of its CPU).
-            row = conn.exec_driver_sql(_READ_SQL, (scope, object_id)).first()
+        # The hottest statement: on the driver's own cursor (Sessions.fetch_one).
+        row = self._sessions.fetch_one(bounds, _READ_SQL, (scope, object_id))
         return None if row is None else _record(*row)
 
     def read_many(

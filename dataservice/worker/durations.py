@@ -24,6 +24,9 @@ from typing import Generic, TypeVar
 
 WINDOW = 64
 QUANTILE = 0.9
+# A kind's p90 is worked out again after this many new durations: sorting the
+# window on every request would cost more than the estimate is worth.
+REFRESH_EVERY = 8
 # A kind with no duration recorded for this long has no estimate (p90 0).
 MAX_AGE_S = 5.0
 
@@ -39,6 +42,8 @@ class RecentDurations(Generic[K]):
         self._samples: dict[K, deque[float]] = {}
         self._p90: dict[K, float] = {}
         self._last: dict[K, float] = {}
+        # Durations recorded since each kind's p90 was last worked out.
+        self._fresh: dict[K, int] = {}
         self._recorded = 0
 
     def record(self, kind: K, duration_ms: float) -> None:
@@ -47,9 +52,13 @@ class RecentDurations(Generic[K]):
             if samples is None:
                 samples = self._samples[kind] = deque(maxlen=WINDOW)
             samples.append(duration_ms)
-            # Worked out when asked: service times are recorded per request
-            # and read once a second.
-            self._p90.pop(kind, None)
+            # Worked out when asked, and again every few durations: service
+            # times are recorded per request and read once a second.
+            fresh = self._fresh.get(kind, 0) + 1
+            if fresh >= REFRESH_EVERY or len(samples) < REFRESH_EVERY:
+                self._p90.pop(kind, None)
+                fresh = 0
+            self._fresh[kind] = fresh
             self._last[kind] = self._clock()
             self._recorded += 1
 
