@@ -14,6 +14,7 @@ import redis
 
 from dataservice.config import CallerPolicy, Config
 from dataservice.limits.gate import CallerLimits, RedisLimits
+from dataservice.limits.gcra import Rate, check
 from dataservice.limits.local import LocalLimits
 from dataservice.limits.slots import RETRY_AT_CAP_MS, Entry, Slot
 from dataservice.refusals import Reason, Rejected
@@ -46,17 +47,19 @@ Enter = Callable[..., Slot]
 
 @pytest.fixture
 def enter(limits: CallerLimits, caller: str) -> Enter:
-    def _enter(policy: CallerPolicy, *, capped: bool = False, request_id: str = "") -> Slot:
+    def _enter(
+        policy: CallerPolicy, *, capped: bool = False, request_id: str = "", cost: int = 1
+    ) -> Slot:
         now = now_ms()
         rid = request_id or uuid.uuid4().hex
-        return limits.enter(Entry(policy, caller, rid, now + 2000, now, capped))
+        return limits.enter(Entry(policy, caller, rid, now + 2000, now, capped, cost=cost))
 
     return _enter
 
 
-def _outcome(enter: Enter, policy: CallerPolicy, *, capped: bool = False) -> str:
+def _outcome(enter: Enter, policy: CallerPolicy, *, capped: bool = False, cost: int = 1) -> str:
     try:
-        enter(policy, capped=capped)
+        enter(policy, capped=capped, cost=cost)
     except Rejected as rejected:
         return rejected.reason.value
     return "admitted"
@@ -80,6 +83,42 @@ def test_the_rate_refills_at_the_rate(enter: Enter, policy: CallerPolicy) -> Non
     assert _outcome(enter, fast) == "rate_limited"
     time.sleep(1 / fast.rate_per_s + 0.005)
     assert _outcome(enter, fast) == "admitted"
+
+
+def test_a_batch_passes_on_one_token_and_its_caller_waits_out_the_rest(
+    enter: Enter, policy: CallerPolicy
+) -> None:
+    # One message of three operations leaves two tokens of the burst of five.
+    assert _outcome(enter, policy, cost=3) == "admitted"
+    # A second of three passes on what is left; the third of its operations is debt.
+    assert _outcome(enter, policy, cost=3) == "admitted"
+    with pytest.raises(Rejected) as caught:
+        enter(policy)
+    # The debt (one interval) plus the interval of the request itself.
+    interval_ms = 1000 / policy.rate_per_s
+    assert interval_ms < caught.value.retry_after_ms <= 2 * interval_ms + 1
+
+
+def test_a_batch_larger_than_the_burst_passes_once(enter: Enter, policy: CallerPolicy) -> None:
+    big = 4 * policy.burst
+    assert _outcome(enter, policy, cost=big) == "admitted"
+    with pytest.raises(Rejected) as caught:
+        enter(policy, cost=big)
+    # Its caller now waits for what it took beyond the burst.
+    interval_ms = 1000 / policy.rate_per_s
+    assert caught.value.retry_after_ms > (big - policy.burst) * interval_ms
+
+
+def test_a_sender_waits_until_a_batch_fits_where_the_service_would_take_it_on_debt() -> None:
+    rate = Rate.per_second(20, 5)
+    now = 1_000_000
+    tat, _ = check(None, now, rate.paced(3))
+    # Two tokens are left: a sender holds a second batch of three back...
+    assert check(tat, now, rate.paced(3))[0] == 0
+    # ...which the service, charged later by its own clock, would still take.
+    assert check(tat, now, rate.charged(3))[0] == tat + 3 * rate.interval_us
+    # A sender never waits for more than the burst.
+    assert check(None, now, rate.paced(4 * 5))[0] == now + 20 * rate.interval_us
 
 
 def test_the_in_flight_cap_holds_until_a_slot_is_given_back(

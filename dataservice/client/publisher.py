@@ -80,7 +80,7 @@ class Publisher:
         envelope = self._envelope(operation, deadline_ms, key)
         ops = operation_count(envelope)
         self.throttle.check(LaneName.INTERACTIVE)
-        PACER.take(self.caller, None if self._rate is None else self._rate.charged(ops))
+        PACER.take(self.caller, None if self._rate is None else self._rate.paced(ops))
         try:
             epoch = self.transport.publish(
                 self._sign(envelope),

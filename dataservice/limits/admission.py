@@ -236,8 +236,8 @@ def admit(
     paced = pacing.get(caller) if pacing and isinstance(caller, str) else None
     if paced is not None:
         keys.append(pace_key(caller))
-        # One step charges the batch's every operation (gcra.py, Rate.charged).
-        rate = Rate(int(paced[0]), paced[1]).charged(ops)
+        # One step charges the batch's every operation, paced (gcra.py, Rate.paced).
+        rate = Rate(int(paced[0]), paced[1]).paced(ops)
         args += [rate.interval_us, rate.burst]
     else:
         args += [0, 0]

@@ -3,11 +3,21 @@
 A caller's rate is one request per ``interval_us``, with at most ``burst``
 requests at once above it. Each admitted request moves the caller's
 theoretical arrival time (TAT) one interval on; a request may run at most
-``burst`` intervals ahead of it. A message carrying ``n`` operations (a
-batch) is charged as ``n`` requests by one step of the same arithmetic with
-:meth:`Rate.charged`: an interval ``n`` times as long and a burst ``n`` times
-smaller move the TAT ``n`` intervals on and allow it exactly when ``n``
-requests in a row would be. The same arithmetic in Lua is ``gcra.lua``,
+``burst`` intervals ahead of it.
+
+A message carrying ``n`` operations (a batch) is charged as ``n`` requests by
+one step of the same arithmetic, with an interval ``n`` times as long: the
+TAT moves ``n`` intervals on. When it may pass depends on who asks:
+
+- the service (the gate, :meth:`Rate.charged`) lets it pass whenever one
+  request would, the rest taken as debt the caller's next requests wait out.
+  A message larger than the burst still passes, once;
+- a sender (:meth:`Rate.paced`) waits until ``min(n, burst)`` requests in a
+  row would pass. Pacing and the gate are two clocks charging the same
+  message at different moments; the gate's ``n - 1`` intervals of slack are
+  what keep the time between them from refusing a paced batch.
+
+The same arithmetic in Lua is ``gcra.lua``,
 which the Redis scripts include; ``tests/test_limits_contract.py`` runs the
 same cases against both.
 """
@@ -39,11 +49,22 @@ class Rate:
         return Rate(self.interval_us * parts, max(1, int(self.burst // parts)))
 
     def charged(self, n: int) -> Rate:
-        """The rate whose one step charges ``n`` requests (a batch of ``n``):
-        more than ``burst`` at once never pass."""
+        """The service's rate for a message of ``n`` requests: it passes when
+        one request would and moves the TAT ``n`` intervals on."""
+        return self._step(n, 1)
+
+    def paced(self, n: int) -> Rate:
+        """A sender's rate for a message of ``n`` requests: it passes once
+        ``min(n, burst)`` requests in a row would, and moves the TAT ``n``
+        intervals on."""
+        return self._step(n, min(n, self.burst))
+
+    def _step(self, n: int, ready: float) -> Rate:
+        # One step of n intervals passes when the TAT is at most
+        # (burst' - 1) * n intervals ahead; that is (burst - ready) intervals.
         if n <= 1:
             return self
-        return Rate(self.interval_us * n, self.burst / n)
+        return Rate(self.interval_us * n, 1 + (self.burst - ready) / n)
 
 
 def check(tat_us: int | None, now_us: int, rate: Rate) -> tuple[int, int]:
