@@ -125,13 +125,23 @@ class Sessions:
         as SQLAlchemy's, which the failures map) without SQLAlchemy's
         statement and result machinery, about half of a point read's CPU.
         For the hottest single statement (a point read)."""
+        dialect = self._engine.dialect
         with tracing.timed(Stage.CONNECTION_ACQUIRE):
             connect_by = CONNECT_BY.set(bounds.connect_by_ms)
             try:
                 fairy = self._engine.raw_connection()
+            except dialect.loaded_dbapi.Error as exc:
+                # As Engine.connect raises it: a connection never made.
+                raise DBAPIError.instance(
+                    None,
+                    None,
+                    exc,
+                    dialect.loaded_dbapi.Error,
+                    connection_invalidated=dialect.is_disconnect(exc, None, None),
+                    dialect=dialect,
+                ) from None
             finally:
                 CONNECT_BY.reset(connect_by)
-        dialect = self._engine.dialect
         sent = statement
         try:
             if bounds.permit is not None:
