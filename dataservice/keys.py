@@ -196,6 +196,11 @@ def shared_key(scope: str, object_id: str) -> str:
     return f"{SHARED_PREFIX}{scope}:{object_id}"
 
 
+# Iterating the enum itself costs a microsecond a time; a big transaction's
+# invalidation asks for every record's formats.
+_FORMATS = tuple(fmt.value for fmt in CacheFormat)
+
+
 def change_keys(scope: str, object_id: str, generations: Iterable[int]) -> list[str]:
     """What a committed change to one record touches, in the order
     ``cache/forget.lua`` takes them: its tombstone, its leader's word, then its
@@ -206,6 +211,6 @@ def change_keys(scope: str, object_id: str, generations: Iterable[int]) -> list[
         *(
             record_key(fmt, scope, object_id, generation)
             for generation in generations
-            for fmt in CacheFormat
+            for fmt in _FORMATS
         ),
     ]

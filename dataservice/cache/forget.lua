@@ -32,9 +32,7 @@ local function forget(first, per, floors, ttl)
       redis.call('PEXPIRE', KEYS[base], ttl)
     end
     redis.call('DEL', KEYS[base + 1])
-    for i = base + 2, base + per - 1 do
-      deleted = deleted + redis.call('DEL', KEYS[i])
-    end
+    deleted = deleted + redis.call('DEL', unpack(KEYS, base + 2, base + per - 1))
   end
   return deleted
 end

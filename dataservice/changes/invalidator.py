@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import redis
 
-from dataservice.changes.stream import RecordChange
+from dataservice.changes.rows import RecordChange
 from dataservice.errors import StaleToken
 from dataservice.keys import CHANGES_LEASE_KEY, change_keys
 from dataservice.limits.scripts import LuaScript

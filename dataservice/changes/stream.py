@@ -28,6 +28,7 @@ from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, Write
 from sqlalchemy.engine import make_url
 
 from dataservice.changes.grants import POSITIONS_TABLE
+from dataservice.changes.rows import RecordChange, record_changes
 
 RECORDS_TABLE = "records"
 # Statements that change rows without row events: the cache cannot be told
@@ -39,14 +40,6 @@ _WHOLESALE = re.compile(r"^\s*(truncate|drop|rename)\b", re.IGNORECASE)
 class Position:
     log_file: str
     log_pos: int
-
-
-@dataclass(frozen=True, slots=True)
-class RecordChange:
-    scope: str
-    object_id: str
-    # A write's new revision; a delete's revision plus one.
-    floor: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,28 +71,12 @@ def connection_settings(url: str) -> tuple[dict[str, Any], str]:
     return settings, parsed.database or "dataservice"
 
 
-def _connect(**settings: Any) -> Any:
+def pymysql_connect(**settings: Any) -> Any:
     """pymysql's connect, under the keyword it wants: the library still
     passes the deprecated ``db`` for its control connection."""
     if "db" in settings:
         settings["database"] = settings.pop("db")
     return pymysql.connect(**settings)
-
-
-def _changes(event: Any) -> Iterator[RecordChange]:
-    for row in event.rows:
-        if isinstance(event, UpdateRowsEvent):
-            before, after = row["before_values"], row["after_values"]
-            if (before["scope"], before["object_id"]) != (after["scope"], after["object_id"]):
-                # A key that moved: the old one is gone as if deleted.
-                yield RecordChange(before["scope"], before["object_id"], before["revision"] + 1)
-            yield RecordChange(after["scope"], after["object_id"], after["revision"])
-        elif isinstance(event, DeleteRowsEvent):
-            values = row["values"]
-            yield RecordChange(values["scope"], values["object_id"], values["revision"] + 1)
-        else:
-            values = row["values"]
-            yield RecordChange(values["scope"], values["object_id"], values["revision"])
 
 
 class BinlogChanges:
@@ -131,7 +108,7 @@ class BinlogChanges:
             # File and position resume on MariaDB too (see the module docstring).
             is_mariadb=False,
             enable_logging=False,
-            pymysql_wrapper=_connect,
+            pymysql_wrapper=pymysql_connect,
         )
 
     @property
@@ -148,7 +125,7 @@ class BinlogChanges:
             if isinstance(event, (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)):
                 tables.add(event.table)
                 if event.table == RECORDS_TABLE:
-                    pending.extend(_changes(event))
+                    pending.extend(record_changes(event))
                 yield Idle(self.position, caught_up=False)
             elif isinstance(event, QueryEvent):
                 if RECORDS_TABLE in event.query and _WHOLESALE.match(event.query):
