@@ -81,10 +81,6 @@ class _Step:
     signed: bool
 
 
-class _Unplanned(Exception):
-    """The library decodes this event."""
-
-
 def record_changes(event: Any) -> list[RecordChange]:
     """Every record a rows event of the records table changed, with the
     lowest revision a cache fill may still bring for it."""
@@ -104,11 +100,10 @@ def read_keys(event: Any) -> list[RecordChange] | None:
     first, second = plan
     packet = event.packet
     data: bytes = packet.read(event.event_size - packet.read_bytes)
-    try:
-        return _walk(data, first, second, update, isinstance(event, DeleteRowsEvent))
-    except _Unplanned:
+    changes = _walk(data, first, second, update, isinstance(event, DeleteRowsEvent))
+    if changes is None:
         packet.unread(data)
-        return None
+    return changes
 
 
 _Plan = tuple[list["_Step"], list["_Step"]]
@@ -129,12 +124,14 @@ def _plan(event: Any, update: bool) -> _Plan | None:
     known, known_first, known_second, plan = _LastPlan.entry
     if known is columns and (known_first, known_second) == (first_bitmap, second_bitmap):
         return plan
-    try:
-        steps = [_step(column) for column in columns]
-        first = _present(steps, first_bitmap)
-        plan = (first, _present(steps, second_bitmap) if update else first)
-    except _Unplanned:
-        plan = None
+    plan = None
+    steps = [_step(column) for column in columns]
+    if None not in steps:
+        planned = [step for step in steps if step is not None]
+        first = _present(planned, first_bitmap)
+        second = _present(planned, second_bitmap) if update else first
+        if first is not None and second is not None:
+            plan = (first, second)
     _LastPlan.entry = (columns, first_bitmap, second_bitmap, plan)
     return plan
 
@@ -145,27 +142,31 @@ def _walk(
     second: Sequence[_Step],
     update: bool,
     delete: bool,
-) -> list[RecordChange]:
+) -> list[RecordChange] | None:
+    """Every row's change; None where the bytes are not what the plan says."""
     changes: list[RecordChange] = []
     pos, end = 0, len(data)
     while pos < end:
         image, pos = _image(data, pos, first)
+        if image is None:
+            return None
         if not update:
             scope, object_id, revision = image
             changes.append(RecordChange(scope, object_id, revision + 1 if delete else revision))
             continue
         after, pos = _image(data, pos, second)
+        if after is None:
+            return None
         if (image[_SCOPE], image[_OBJECT_ID]) != (after[_SCOPE], after[_OBJECT_ID]):
             # A key that moved: the old one is gone as if deleted.
             changes.append(RecordChange(image[_SCOPE], image[_OBJECT_ID], image[_REVISION] + 1))
         changes.append(RecordChange(after[_SCOPE], after[_OBJECT_ID], after[_REVISION]))
-    if pos != end:
-        raise _Unplanned
-    return changes
+    return changes if pos == end else None
 
 
-def _image(data: bytes, pos: int, steps: Sequence[_Step]) -> tuple[Any, int]:
-    """One row image from ``pos``: (scope, object_id, revision) and where it ends."""
+def _image(data: bytes, pos: int, steps: Sequence[_Step]) -> tuple[list[Any] | None, int]:
+    """One row image from ``pos``: [scope, object_id, revision] (None: a null
+    or undecodable one of them, or bytes that run out) and where it ends."""
     size = (len(steps) + 7) // 8
     nulls = int.from_bytes(data[pos : pos + size], "little")
     pos += size
@@ -173,7 +174,7 @@ def _image(data: bytes, pos: int, steps: Sequence[_Step]) -> tuple[Any, int]:
     for bit, step in enumerate(steps):
         if nulls >> bit & 1:
             if step.field >= 0:
-                raise _Unplanned
+                return None, pos
             continue
         if step.prefix:
             length = int.from_bytes(data[pos : pos + step.prefix], "little")
@@ -182,7 +183,7 @@ def _image(data: bytes, pos: int, steps: Sequence[_Step]) -> tuple[Any, int]:
                 try:
                     found[step.field] = data[pos : pos + length].decode(step.encoding)
                 except UnicodeDecodeError:
-                    raise _Unplanned from None
+                    return None, pos
             pos += length
         else:
             if step.field >= 0:
@@ -190,30 +191,33 @@ def _image(data: bytes, pos: int, steps: Sequence[_Step]) -> tuple[Any, int]:
                     data[pos : pos + step.width], "little", signed=step.signed
                 )
             pos += step.width
-    if pos > len(data):
-        raise _Unplanned
-    return found, pos
+    return (found if pos <= len(data) else None), pos
 
 
-def _present(steps: Sequence[_Step], bitmap: bytes) -> list[_Step]:
-    """The steps of the columns an image holds; all three wanted must be there."""
+def _present(steps: Sequence[_Step], bitmap: bytes) -> list[_Step] | None:
+    """The steps of the columns an image holds; None unless all three wanted are there."""
     present = int.from_bytes(bitmap, "little")
     held = [step for i, step in enumerate(steps) if present >> i & 1]
     if sorted(step.field for step in held if step.field >= 0) != [_SCOPE, _OBJECT_ID, _REVISION]:
-        raise _Unplanned
+        return None
     return held
 
 
-def _step(column: Any) -> _Step:
+def _step(column: Any) -> _Step | None:
+    """How to pass one column; None for one outside the plan."""
     if not column.name:
-        raise _Unplanned
+        return None
     field = _WANTED.get(column.name, -1)
     kind = column.type
     if field in (_SCOPE, _OBJECT_ID) and kind not in _KEY_TYPES:
-        raise _Unplanned
+        return None
     if field == _REVISION and kind not in _INTEGER_TYPES:
-        raise _Unplanned
-    encoding = _encoding(column) if field in (_SCOPE, _OBJECT_ID) else ""
+        return None
+    encoding = ""
+    if field in (_SCOPE, _OBJECT_ID):
+        encoding = _encoding(column)
+        if not encoding:
+            return None
     signed = not column.unsigned
     if kind in _FIXED:
         return _Step(_FIXED[kind], 0, field, encoding, signed)
@@ -223,17 +227,18 @@ def _step(column: Any) -> _Step:
         return _Step(0, 2 if column.max_length > 255 else 1, field, encoding, signed)
     if kind == FIELD_TYPE.BLOB:
         return _Step(0, column.length_size, field, encoding, signed)
-    raise _Unplanned
+    return None
 
 
 def _encoding(column: Any) -> str:
+    """The Python codec of a key column's character set; "" for one Python lacks."""
     if column.character_set_name is None:
         return "utf-8"
     encoding: str = RowsEvent.charset_to_encoding(column.character_set_name)
     try:
         "".encode(encoding)
     except LookupError:
-        raise _Unplanned from None
+        return ""
     return encoding
 
 
