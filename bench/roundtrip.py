@@ -66,11 +66,12 @@ BARE = "bare"
 SYSTEMS = (SERVICE, BARE)
 SCOPE = "bench"
 PAYLOAD_BYTES = 1024
-# Service / bare: cached reads against the targets (p50 with one
-# caller, throughput with many); database reads against the p50 target.
+# Service / bare: p50 with one caller, throughput with many. A cached read
+# must beat the no-op by a margin; a database read, which does all a no-op
+# skips and reads the database too, must at least match it.
 TARGETS = {
     "cached": {"sequential": ("p50", 0.7), "concurrent": ("throughput", 1.5)},
-    "primary": {"sequential": ("p50", 1.2), "concurrent": ("p50", 1.2)},
+    "primary": {"sequential": ("p50", 1.0), "concurrent": ("throughput", 1.0)},
 }
 CPU_COMPONENTS = ("client", "worker", "redis", "mariadb")
 # A caller gives up on a round after this many failed calls (a dead worker

@@ -38,6 +38,8 @@ from typing import Any, Final
 import redis
 from redis.maint_notifications import MaintNotificationsConfig
 
+from dataservice.packing import Packed
+
 # What a bounded call may take beyond its caller's deadline: a blocking
 # command's reply, due just as the time runs out, must not race the socket's
 # own timeout, and a reply on its way is worth its few milliseconds.
@@ -116,11 +118,11 @@ class _Bounded:
         super().send_packed_command(command, check_health)  # type: ignore[misc]
 
 
-class BoundedConnection(_Bounded, redis.Connection):
+class BoundedConnection(_Bounded, Packed, redis.Connection):
     pass
 
 
-class BoundedSSLConnection(_Bounded, redis.SSLConnection):
+class BoundedSSLConnection(_Bounded, Packed, redis.SSLConnection):
     pass
 
 

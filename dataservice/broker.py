@@ -58,6 +58,7 @@ from dataservice.limits.admission import (
     lane_admissions,
     refuse,
 )
+from dataservice.packing import PackedConnection, PackedSSLConnection
 from dataservice.settings import Settings
 from dataservice.tcp import KEEPALIVE
 from dataservice.tls import redis_tls, without_tls_options
@@ -155,6 +156,9 @@ class _Channel(kombu_redis.Channel):
     """
 
     QoS = _QoS
+    # Commands packed by hiredis in one call (dataservice.packing).
+    connection_class: type[redis.Connection] = PackedConnection
+    connection_class_ssl: type[redis.SSLConnection] | None = PackedSSLConnection
     _shared_client: Any = None
     # kombu's batch publishing would push with a plain LPUSH, past admission.
     supports_batch_publish = False

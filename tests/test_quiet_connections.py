@@ -17,6 +17,7 @@ import redis
 from dataservice.broker import celery_app
 from dataservice.config import Config
 from dataservice.health import _client as health_client
+from dataservice.packing import Packed
 from dataservice.results import ResultStore
 from dataservice.settings import Settings
 
@@ -27,15 +28,17 @@ HANDSHAKE = {"HELLO", "AUTH", "PING", "SELECT"}
 
 @pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The name of every command redis-py sends, in order."""
+    """The name of every command redis-py sends, in order (a command that the
+    service's packed connections leave to redis-py, twice)."""
     names: list[str] = []
-    send = redis.connection.AbstractConnection.send_command
+    for owner in (redis.connection.AbstractConnection, Packed):
+        send = owner.send_command
 
-    def recording(self: redis.connection.AbstractConnection, *args: Any, **kwargs: Any) -> None:
-        names.append(" ".join(str(a) for a in args[:2]).upper())
-        send(self, *args, **kwargs)
+        def recording(self: Any, *args: Any, _send: Any = send, **kwargs: Any) -> None:
+            names.append(" ".join(str(a) for a in args[:2]).upper())
+            _send(self, *args, **kwargs)
 
-    monkeypatch.setattr(redis.connection.AbstractConnection, "send_command", recording)
+        monkeypatch.setattr(owner, "send_command", recording)
     return names
 
 

@@ -25,6 +25,7 @@ from dataservice.limits.admission import DEADLINE_HEADER, OPS_HEADER, SIZE_HEADE
 from dataservice.limits.gate import Gate
 from dataservice.limits.permits import PERMITS_COMMAND, LanePermits
 from dataservice.metrics import DEPENDENCY_FAILURES, Dependency
+from dataservice.packing import packed_connection_class
 from dataservice.results import ResultStore
 from dataservice.settings import Settings
 from dataservice.store import RecordStore, create_store_engine
@@ -81,6 +82,7 @@ class LaneRuntime:
         self.limits_redis = redis.Redis.from_url(
             settings.redis_url,
             **QUIET,
+            connection_class=packed_connection_class(settings.redis_url),
             socket_timeout=_LIMITS_TIMEOUT_S,
             socket_connect_timeout=_LIMITS_TIMEOUT_S,
             max_connections=threads + 2,

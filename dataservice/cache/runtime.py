@@ -15,6 +15,7 @@ from dataservice.cache.store import CacheStore
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.metrics import FRESHNESS_GUARD
+from dataservice.packing import packed_connection_class
 from dataservice.settings import Settings
 from dataservice.store import RecordStore
 from dataservice.worker.database import Database
@@ -45,6 +46,7 @@ class CacheRuntime:
         self._client = redis.Redis.from_url(
             settings.redis_url,
             **QUIET,
+            connection_class=packed_connection_class(settings.redis_url),
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
             # The shadow comparisons' threads read and count here too.
@@ -54,6 +56,7 @@ class CacheRuntime:
         self._waits = redis.Redis.from_url(
             settings.redis_url,
             **QUIET,
+            connection_class=packed_connection_class(settings.redis_url),
             socket_timeout=cache.lock_lease_ms / 1000 + _WAIT_SOCKET_SLACK_S,
             socket_connect_timeout=timeout_s,
             max_connections=threads + 2,

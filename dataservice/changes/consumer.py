@@ -43,6 +43,7 @@ from dataservice.metrics import (
     CHANGES_LAG_EVENTS,
     CHANGES_TRANSACTIONS,
 )
+from dataservice.packing import packed_connection_class
 from dataservice.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class ChangeConsumer:
         self._redis = redis.Redis.from_url(
             settings.redis_url,
             **QUIET,
+            connection_class=packed_connection_class(settings.redis_url),
             socket_timeout=2,
             socket_connect_timeout=2,
             retry=Retry(NoBackoff(), 0),
