@@ -129,8 +129,10 @@ class PermitSampler:
                 self.samples.append(in_use)
 
     def _held_now(self) -> tuple[float, float]:
+        # The scrape's middle: the page is rendered some time during it.
+        before = time.monotonic()
         held = _scraped(self._port, "dataservice_permits_held_seconds_total")
-        return time.monotonic(), held or 0.0
+        return (before + time.monotonic()) / 2, held or 0.0
 
     def __enter__(self) -> PermitSampler:
         self._held = self._held_now()
@@ -138,9 +140,11 @@ class PermitSampler:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        # Read before the gauge's thread is stopped: a scrape of its in flight
+        # would otherwise widen the window.
+        at, held = self._held_now()
         self._stop.set()
         self._thread.join()
-        at, held = self._held_now()
         self.elapsed_s, self.held_s = at - self._held[0], held - self._held[1]
 
 
@@ -497,10 +501,12 @@ class Bench:
         scope = f"run{run_index}-{SYSTEMS.index(system)}"
         permits = self.config.lanes.batch.permits
         if system == SERVICE:
+            # The permits' window is the run's own: opened last and closed
+            # first, so that the other samplers' start and stop fall outside.
             with (
                 Client(_env.CALLER, self.settings, self.config) as client,
-                PermitSampler(self.metrics_port) as sampled,
                 TransactionSampler(args.database_url) as trx,
+                PermitSampler(self.metrics_port) as sampled,
             ):
                 run = self._timed(
                     SERVICE, args.writes, lambda: write_service(client, scope, args.writes)
