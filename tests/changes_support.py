@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, create_engine, text
 
 from dataservice.cache.formats import CODECS, frame
 from dataservice.changes.consumer import ChangeConsumer
@@ -23,6 +23,7 @@ from dataservice.processes import WorkerProcess
 from dataservice.proto import pb
 from dataservice.settings import Settings
 from dataservice.store.migrate import upgrade
+from tests.binlog import BinlogDatabase
 from tests.conftest import SHIPPED_CONFIG, started_binlog_mariadb
 
 CHANGES_REDIS_URL = "redis://127.0.0.1:6379/2"
@@ -40,6 +41,14 @@ def binlog_url(config: Config) -> Iterator[str]:
     upgrade(url, config.database)
     yield url
     server.stop()
+
+
+@pytest.fixture
+def admin(binlog_database: BinlogDatabase) -> Iterator[Engine]:
+    """Root on the binlog database, in autocommit."""
+    engine = create_engine(binlog_database.admin_url, isolation_level="AUTOCOMMIT")
+    yield engine
+    engine.dispose()
 
 
 @pytest.fixture

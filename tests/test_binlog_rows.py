@@ -20,20 +20,17 @@ from pymysqlreplication.row_event import (
     UpdateRowsEvent,
     WriteRowsEvent,
 )
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, text
 
 from dataservice.changes.rows import RecordChange, library_changes, read_keys, record_changes
 from dataservice.changes.stream import Position, connection_settings, pymysql_connect
+from tests import changes_support
 from tests.binlog import BinlogDatabase
 
 Decode = Callable[[Any], list[RecordChange] | None]
 
 
-@pytest.fixture
-def admin(binlog_database: BinlogDatabase) -> Iterator[Engine]:
-    engine = create_engine(binlog_database.admin_url, isolation_level="AUTOCOMMIT")
-    yield engine
-    engine.dispose()
+admin = changes_support.admin
 
 
 @pytest.fixture
@@ -49,6 +46,13 @@ def _position(admin: Engine) -> Position:
     with admin.connect() as conn:
         row = conn.execute(text("SHOW MASTER STATUS")).one()
     return Position(str(row[0]), int(row[1]))
+
+
+def _created(admin: Engine, table: str, columns: str) -> Position:
+    """``table`` made with ``columns``; the binlog's position after it."""
+    with admin.begin() as conn:
+        conn.execute(text(f"CREATE TABLE {table} ({columns})"))
+    return _position(admin)
 
 
 def _decoded(binlog: BinlogDatabase, start: Position, table: str, decode: Decode) -> list[Any]:
@@ -141,22 +145,19 @@ def test_the_records_tables_events_read_as_the_library_decodes_them(
 def test_every_column_type_passed_over_is_passed_over_exactly(
     binlog_database: BinlogDatabase, admin: Engine, probe: str
 ) -> None:
-    with admin.begin() as conn:
-        conn.execute(
-            text(
-                f"CREATE TABLE {probe} ("
-                " a TINYINT, b SMALLINT UNSIGNED, c MEDIUMINT, d INT, e FLOAT, f DOUBLE,"
-                " scope VARCHAR(64) CHARACTER SET ascii NOT NULL,"
-                " g YEAR, h DATE, i TIMESTAMP(0) NULL, j DATETIME(6), k TIME(3),"
-                " l TIMESTAMP(5) NULL,"
-                " object_id VARCHAR(300) CHARACTER SET utf8mb4 NOT NULL,"
-                " m CHAR(10), n CHAR(100) CHARACTER SET utf8mb4, o MEDIUMTEXT, p LONGBLOB,"
-                " q TINYBLOB,"
-                " revision BIGINT UNSIGNED NOT NULL, r VARBINARY(20),"
-                " PRIMARY KEY (scope, object_id))"
-            )
-        )
-    start = _position(admin)
+    start = _created(
+        admin,
+        probe,
+        "a TINYINT, b SMALLINT UNSIGNED, c MEDIUMINT, d INT, e FLOAT, f DOUBLE,"
+        " scope VARCHAR(64) CHARACTER SET ascii NOT NULL,"
+        " g YEAR, h DATE, i TIMESTAMP(0) NULL, j DATETIME(6), k TIME(3),"
+        " l TIMESTAMP(5) NULL,"
+        " object_id VARCHAR(300) CHARACTER SET utf8mb4 NOT NULL,"
+        " m CHAR(10), n CHAR(100) CHARACTER SET utf8mb4, o MEDIUMTEXT, p LONGBLOB,"
+        " q TINYBLOB,"
+        " revision BIGINT UNSIGNED NOT NULL, r VARBINARY(20),"
+        " PRIMARY KEY (scope, object_id)",
+    )
     with admin.begin() as conn:
         conn.execute(
             text(
@@ -184,14 +185,12 @@ def test_every_column_type_passed_over_is_passed_over_exactly(
 def test_an_event_outside_the_plan_is_left_to_the_library_as_it_was(
     binlog_database: BinlogDatabase, admin: Engine, probe: str
 ) -> None:
-    with admin.begin() as conn:
-        conn.execute(
-            text(
-                f"CREATE TABLE {probe} (scope VARCHAR(64), object_id VARCHAR(64),"
-                " revision BIGINT NULL, amount DECIMAL(10, 2) NULL, PRIMARY KEY (scope, object_id))"
-            )
-        )
-    start = _position(admin)
+    start = _created(
+        admin,
+        probe,
+        "scope VARCHAR(64), object_id VARCHAR(64), revision BIGINT NULL,"
+        " amount DECIMAL(10, 2) NULL, PRIMARY KEY (scope, object_id)",
+    )
     with admin.begin() as conn:
         conn.execute(text(f"INSERT INTO {probe} VALUES ('s', 'a', 1, 2.50)"))
     with admin.begin() as conn:

@@ -54,11 +54,7 @@ cache_redis = changes_support.cache_redis
 MIN_EVENTS_PER_WRITE = 4
 
 
-@pytest.fixture
-def admin(binlog_database: BinlogDatabase) -> Iterator[Engine]:
-    engine = create_engine(binlog_database.admin_url, isolation_level="AUTOCOMMIT")
-    yield engine
-    engine.dispose()
+admin = changes_support.admin
 
 
 @pytest.fixture
