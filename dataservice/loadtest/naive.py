@@ -38,7 +38,7 @@ from typing import Any
 
 from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeout
-from sqlalchemy import Engine, TextClause, create_engine, func, select
+from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.dialects.mysql import insert
 
 from dataservice.config import Config
@@ -58,7 +58,7 @@ class _Process:
 
     engine: Engine | None = None
     lock = threading.Lock()
-    sleep: tuple[TextClause, dict[str, float]] | None = None
+    sleep: tuple[str, tuple[float, ...]] | None = None
 
 
 def engine() -> Engine:
@@ -71,7 +71,7 @@ def engine() -> Engine:
 
 def _maybe_sleep(conn: Any) -> None:
     if _Process.sleep is not None:
-        conn.execute(*_Process.sleep)
+        conn.exec_driver_sql(*_Process.sleep)
 
 
 def read(scope: str, object_id: str) -> dict[str, Any] | None:

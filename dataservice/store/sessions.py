@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, TextClause, text
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from dataservice.limits.permits import Permit
@@ -47,26 +47,16 @@ def _timed_out(exc: BaseException) -> bool:
     return bool(orig is not None and orig.args and orig.args[0] in STATEMENT_TIMEOUT_CODES)
 
 
-_SLEEP = text("SELECT SLEEP(:seconds)")
-
-
-def _raw_sleep(delay_ms: int, table: str | None) -> tuple[str, tuple[float, ...]] | None:
-    """:func:`injected_sleep` as the driver's own statement."""
+def injected_sleep(delay_ms: int, table: str | None) -> tuple[str, tuple[float, ...]] | None:
+    """The statement that makes each operation take longer in the database:
+    a fixed sleep, or one whose length a load test changes in ``table``. The
+    driver's own statement and parameters (``exec_driver_sql``, or a cursor's
+    ``execute``)."""
     if table is not None:
+        # The name matches identifiers.TABLE (checked on load): nothing to quote.
         return f"SELECT SLEEP(delay_ms / 1000) FROM {table} LIMIT 1", ()
     if delay_ms:
         return "SELECT SLEEP(%s)", (delay_ms / 1000,)
-    return None
-
-
-def injected_sleep(delay_ms: int, table: str | None) -> tuple[TextClause, dict[str, float]] | None:
-    """The statement that makes each operation take longer in the database:
-    a fixed sleep, or one whose length a load test changes in ``table``."""
-    if table is not None:
-        # The name matches identifiers.TABLE (checked on load): nothing to quote.
-        return text(f"SELECT SLEEP(delay_ms / 1000) FROM {table} LIMIT 1"), {}
-    if delay_ms:
-        return _SLEEP, {"seconds": delay_ms / 1000}
     return None
 
 
@@ -83,7 +73,6 @@ class Sessions:
         self._engine = engine
         self._max_statement_ms = max_statement_ms
         self._sleep = injected_sleep(injected_delay_ms, injected_delay_table)
-        self._raw_sleep = _raw_sleep(injected_delay_ms, injected_delay_table)
 
     @contextmanager
     def connection(self, bounds: Bounds) -> Iterator[Connection]:
@@ -107,7 +96,7 @@ class Sessions:
             try:
                 with tracing.timed(Stage.SQL):
                     if self._sleep is not None:
-                        conn.execute(*self._sleep)
+                        conn.exec_driver_sql(*self._sleep)
                     yield conn
             except BaseException as exc:
                 conn.invalidate()
@@ -149,9 +138,9 @@ class Sessions:
             cursor = fairy.cursor()
             try:
                 with tracing.timed(Stage.SQL):
-                    if self._raw_sleep is not None:
-                        sent = self._bounded(self._raw_sleep[0], bounds)
-                        cursor.execute(sent, self._raw_sleep[1])
+                    if self._sleep is not None:
+                        sent = self._bounded(self._sleep[0], bounds)
+                        cursor.execute(sent, self._sleep[1])
                         cursor.fetchall()
                     sent = self._bounded(statement, bounds)
                     cursor.execute(sent, params)
