@@ -64,6 +64,7 @@ from dataservice.keys import (
     pace_key,
     permanent_binding_key,
     priority_queue_pattern,
+    reply_pattern,
     result_pattern,
 )
 from dataservice.settings import Settings
@@ -118,6 +119,8 @@ def caller_rules(queues: Sequence[str], caller: str) -> list[str]:
             ["+sadd"],
         ),
         _selector([f"%RW~{result_pattern(caller)}"], ["+blpop", "+lpop", "+exists"]),
+        # Its own reply channels: the answers to the requests that name one.
+        _selector([f"%RW~{reply_pattern(caller)}"], ["+blpop", "+lpop", "+llen"]),
     ]
 
 

@@ -1,12 +1,14 @@
 -- An answer left for its caller, and its request gone from the lane, in one step.
 --
--- KEYS[1]  the answer's list: ds:result:<caller>:<request id> (unused without an answer)
+-- KEYS[1]  the answer's list: ds:result:<caller>:<request id>, or the reply channel
+--          the request named, ds:reply:<caller>:<channel> (unused without an answer)
 -- KEYS[2]  the lane's admission hash: ds:admission:<lane queue>
 -- KEYS[3]  the caller's in-flight set: ds:inflight:<caller> (unused without ARGV[4])
 -- KEYS[4]  kombu's index of unacknowledged messages, a sorted set (unused without ARGV[5])
 -- KEYS[5]  kombu's unacknowledged messages, a hash (unused without ARGV[5])
 -- ARGV[1]  the encoded ResponseEnvelope; '' when there is no answer to leave
--- ARGV[2]  how long the answer is kept (ms, relative: the server's clock may differ)
+-- ARGV[2]  how long the answer is kept (ms, relative: the server's clock may differ);
+--          a list that already lives longer (a channel's) keeps its expiry
 -- ARGV[3]  the request's envelope bytes, given back to the lane's admission
 -- ARGV[4]  the request's member in KEYS[3]; '' when its slot is not in Redis
 -- ARGV[5]  the message's delivery tag; '' when kombu acknowledges it itself
@@ -20,7 +22,9 @@
 
 if ARGV[1] ~= '' then
   redis.call('RPUSH', KEYS[1], ARGV[1])
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
 end
 complete(KEYS[2], KEYS[6], ARGV[6], ARGV[3], ARGV[7])
 if ARGV[4] ~= '' then

@@ -16,6 +16,10 @@ key                                    what it holds
                                        deadline plus a grace, past which it no longer counts
 ``ds:result:<caller>:<request id>``    a list holding one encoded ``ResponseEnvelope``;
                                        expires at the request deadline plus a grace
+``ds:reply:<caller>:<channel>``        a list of encoded ``ResponseEnvelope``\ s: the answers
+                                       to the caller's requests that named this reply
+                                       channel; expires with the latest one's deadline
+                                       plus a grace
 ``ds:replay:<caller>:<request id>``    a request id already seen; expires with the
                                        request's deadline plus the clock skew
 ``ds:rate:<caller>``                   the caller's rate state (``dataservice/limits/gate.lua``)
@@ -73,6 +77,7 @@ from collections.abc import Iterable
 from dataservice.enums import CacheFormat
 
 RESULT_PREFIX = "ds:result:"
+REPLY_PREFIX = "ds:reply:"
 ADMISSION_PREFIX = "ds:admission:"
 HELD_SUFFIX = ":held"
 REPLAY_PREFIX = "ds:replay:"
@@ -128,6 +133,16 @@ def result_key(caller: str, request_id: str) -> str:
 def result_pattern(caller: str) -> str:
     """Every result key of one caller, as a Redis glob (callers' names hold no glob characters)."""
     return f"{RESULT_PREFIX}{caller}:*"
+
+
+def reply_key(caller: str, channel: str) -> str:
+    """A reply channel of ``caller``'s: the answers to every request naming it."""
+    return f"{REPLY_PREFIX}{caller}:{channel}"
+
+
+def reply_pattern(caller: str) -> str:
+    """Every reply channel of one caller, as a Redis glob."""
+    return f"{REPLY_PREFIX}{caller}:*"
 
 
 def admission_key(queue: str) -> str:

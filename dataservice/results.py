@@ -1,9 +1,11 @@
 """The result backend: where a worker leaves an answer and its caller picks it up.
 
 Each answer is a one-element Redis list under :func:`~dataservice.keys.result_key`,
-written with its expiry in one MULTI/EXEC, so an abandoned answer disappears at
-the request deadline plus the grace period. The caller blocks on BLPOP for at
-most its remaining time: one command to wait, one to deliver, nothing to
+written with its expiry in one step, so an abandoned answer disappears at the
+request deadline plus the grace period; or, when its request named a reply
+channel, one element of that channel's list (:func:`~dataservice.keys.reply_key`),
+which lives until the latest of its answers expires. The caller blocks on BLPOP
+for at most its remaining time: one command to wait, one to deliver, nothing to
 subscribe to, and an answer that arrives before its caller starts waiting is
 still found.
 """
@@ -21,7 +23,7 @@ from redis.retry import Retry
 
 from dataservice.bounded import QUIET, SLACK_S, BoundedPool, connection_class, within
 from dataservice.errors import Unavailable
-from dataservice.keys import result_key
+from dataservice.keys import reply_key, result_key
 from dataservice.limits.scripts import LuaScript
 
 # BLPOP treats 0 as "forever"; a wait is never shorter than this instead.
@@ -99,25 +101,31 @@ class ResultStore:
         body: bytes,
         expires_at_ms: int,
         done: Completion | None = None,
+        channel: str = "",
     ) -> None:
         """Leave an answer until ``expires_at_ms`` (Unix ms); a past expiry stores nothing.
 
         ``done`` gives the request's bytes back to its lane's admission in the
         same transaction, so the bound and the answer never disagree.
+        ``channel``: the reply channel the request named; the answer joins the
+        others there, and the list lives until the latest of them expires.
         """
         ttl_ms = expires_at_ms - time.time_ns() // 1_000_000
         if ttl_ms <= 0:
             if done is not None:
                 self.complete(done)
             return
-        key = result_key(caller, request_id)
+        key = reply_key(caller, channel) if channel else result_key(caller, request_id)
         if done is not None:
             self._finish(key, body, ttl_ms, done)
             return
         with self._redis.pipeline(transaction=True) as pipe:
             pipe.rpush(key, body)
-            # A relative expiry: the Redis server's clock may differ from ours.
-            pipe.pexpire(key, ttl_ms)
+            # A relative expiry (the Redis server's clock may differ from ours),
+            # set on a new list and only ever lengthened: a channel's earlier
+            # answers may have later deadlines.
+            pipe.pexpire(key, ttl_ms, nx=True)
+            pipe.pexpire(key, ttl_ms, gt=True)
             pipe.execute()
 
     def complete(self, done: Completion) -> None:

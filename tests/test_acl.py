@@ -23,7 +23,7 @@ from dataservice.acl import WORKER_USER, acl_users, apply_acl, caller_user
 from dataservice.callers import KeyRing, load_keyring
 from dataservice.config import Config
 from dataservice.enums import LaneName
-from dataservice.keys import inflight_key, rate_key, replay_key, result_key
+from dataservice.keys import inflight_key, rate_key, replay_key, reply_key, result_key
 from dataservice.settings import Settings
 from tests.conftest import require
 
@@ -117,6 +117,13 @@ def test_a_caller_reaches_its_own_result_keys(as_caller: redis.Redis) -> None:
     assert as_caller.blpop([key], timeout=0.01) is None
 
 
+def test_a_caller_reads_its_own_reply_channels(as_caller: redis.Redis) -> None:
+    key = reply_key(CALLER, uuid.uuid4().hex)
+    assert as_caller.llen(key) == 0
+    assert as_caller.lpop(key) is None
+    assert as_caller.blpop([key], timeout=0.01) is None
+
+
 _OTHER_KEYS = [
     "record:v2:some-scope:some-id",
     "record:v1:some-scope:some-id",
@@ -125,6 +132,7 @@ _OTHER_KEYS = [
     inflight_key(CALLER),
     "ds:lock:record:x",
     result_key("tests-narrow", "x"),
+    reply_key("tests-narrow", "x"),
 ]
 
 

@@ -82,6 +82,7 @@ def valid_envelopes() -> dict[str, pb.RequestEnvelope]:
             delete=pb.DeleteRecordRequest(scope="t", object_id="o", expected_revision=7),
         ),
         "list": envelope(list=pb.ListRecordsRequest(scope="tenant-a")),
+        "read_on_a_reply_channel": envelope(reply_channel="Chan_nel-22" + "x" * 53),
         "list_with_cursor": envelope(
             list=pb.ListRecordsRequest(
                 scope="tenant-a", page_size=5, cursor=encode_cursor("tenant-a", "invoice:41")
@@ -94,6 +95,13 @@ def reject(data: object, limits: Limits, match: str) -> InvalidArgument:
     with pytest.raises(InvalidArgument, match=match) as caught:
         decode_request(data, limits)
     return caught.value
+
+
+@pytest.mark.parametrize("channel", ["a:b", "a*", "x" * 65, "caf\u00e9", "a b"])
+def test_a_reply_channel_outside_the_request_ids_rule_is_refused(
+    channel: str, limits: Limits
+) -> None:
+    reject(envelope(reply_channel=channel).SerializeToString(), limits, "reply_channel")
 
 
 def pad_to(data: bytes, size: int) -> bytes:

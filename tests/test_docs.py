@@ -290,6 +290,7 @@ def test_the_change_stream_docs_state_the_cap_on_events_behind() -> None:
 SAMPLES: dict[str, object] = {
     "caller": "c4ller",
     "request_id": "r3quest",
+    "channel": "ch4nnel",
     "queue": "qu3ue",
     "fmt": "v[12]",  # a glob: a cached record's key names either format
     "scope": "sc0pe",
@@ -303,6 +304,7 @@ PLACEHOLDERS = {
     "gen": "7",
     "caller": "c4ller",
     "request id": "r3quest",
+    "channel": "ch4nnel",
     "queue": "qu3ue",
     "lane queue": "qu3ue",
     "n": "1",  # a kombu priority

@@ -11,7 +11,14 @@ import redis
 from dataservice.cache.formats import CODECS, frame
 from dataservice.config import Config
 from dataservice.enums import CacheFormat
-from dataservice.keys import admission_key, held_key, inflight_key, record_key, result_key
+from dataservice.keys import (
+    admission_key,
+    held_key,
+    inflight_key,
+    record_key,
+    reply_key,
+    result_key,
+)
 from dataservice.limits.admission import held_member
 from dataservice.limits.gate import Gate, Peek
 from dataservice.limits.slots import Entry
@@ -21,7 +28,9 @@ from tests.support import now_ms
 INDEX, UNACKED = "hit-test-unacked-index", "hit-test-unacked"
 
 
-def _request(config: Config, redis_client: redis.Redis, scope: str, size: int) -> tuple:
+def _request(
+    config: Config, redis_client: redis.Redis, scope: str, size: int, answer_key: str = ""
+) -> tuple:
     request_id = uuid.uuid4().hex
     tag = str(uuid.uuid4())
     redis_client.zadd(INDEX, {tag: 1.0})
@@ -33,7 +42,8 @@ def _request(config: Config, redis_client: redis.Redis, scope: str, size: int) -
     held = held_key("hit-test")
     member = held_member(request_id, size)
     redis_client.zadd(held, {member: now_ms() + 60_000})
-    answer_keys = [result_key("tests", request_id), admission_key("hit-test"), INDEX, UNACKED, held]
+    answer_key = answer_key or result_key("tests", request_id)
+    answer_keys = [answer_key, admission_key("hit-test"), INDEX, UNACKED, held]
     peek = Peek(key, (answer_keys, [prefix, 60_000, size, tag, member]))
     entry = Entry(config.callers["tests"], "tests", request_id, now_ms() + 5_000, now_ms(), True)
     return request_id, tag, peek, entry
@@ -80,3 +90,26 @@ def test_a_miss_is_admitted_holding_its_slot_and_nothing_is_written(
     assert not redis_client.exists(result_key("tests", request_id))
     assert redis_client.zscore(INDEX, tag) is not None
     Gate(redis_client, config).leave(slot)
+
+
+def test_a_hit_joins_its_reply_channel_without_shortening_its_life(
+    config: Config, redis_client: redis.Redis, scope: str
+) -> None:
+    record = pb.Record(object_id="a", revision=3, payload=b"cached")
+    redis_client.set(
+        record_key("v2", scope, "a", 1), frame(3, CODECS[CacheFormat.V2].encode(record))
+    )
+    channel = reply_key("tests", uuid.uuid4().hex)
+    # An earlier answer on the channel, kept longer than this one's 60 s.
+    redis_client.rpush(channel, b"earlier")
+    redis_client.pexpire(channel, 120_000)
+    request_id, _, peek, entry = _request(config, redis_client, scope, 100, answer_key=channel)
+
+    _, peeked = Gate(redis_client, config).enter_peeking(entry, peek)
+
+    assert peeked.answered
+    earlier, answer = redis_client.lrange(channel, 0, -1)
+    assert earlier == b"earlier"
+    assert pb.ResponseEnvelope.FromString(answer).request_id == request_id
+    assert redis_client.pttl(channel) > 60_000
+    assert not redis_client.exists(result_key("tests", request_id))

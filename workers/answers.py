@@ -1,5 +1,6 @@
-"""Where an answer goes: the caller's result list, with the request's
-admission bytes and in-flight slot given back in the same transaction."""
+"""Where an answer goes: the caller's result list (or the reply channel its
+request named), with the request's admission bytes and in-flight slot given
+back in the same transaction."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import redis
 
 from dataservice.enums import LaneName
-from dataservice.keys import admission_key, held_key, result_key
+from dataservice.keys import admission_key, held_key, reply_key, result_key
 from dataservice.limits.admission import held_member
 from dataservice.limits.gate import Gate
 from dataservice.metrics import DEPENDENCY_FAILURES, Dependency
@@ -83,7 +84,9 @@ class Answers:
             if reply is None or not reply.caller:
                 self._results.complete(done)
             else:
-                self._results.put(reply.caller, task_id, reply.body, reply.expires_at_ms, done)
+                self._results.put(
+                    reply.caller, task_id, reply.body, reply.expires_at_ms, done, reply.channel
+                )
         except redis.RedisError as exc:
             # The work is done; its caller sees DEADLINE_EXCEEDED and may retry.
             DEPENDENCY_FAILURES.labels(self._lane.value, Dependency.RESULTS.value).inc()
@@ -101,6 +104,7 @@ class Answers:
         admitted_size: Any,
         body: object,
         ack: tuple[str, str, str],
+        channel: str = "",
     ) -> tuple[list[str], list[Any]] | None:
         """The answer of a cache hit as ``hit.lua`` writes it, with ``ack``
         (kombu's unacked index and hash, the delivery tag): its KEYS[5..9] and
@@ -111,5 +115,6 @@ class Answers:
         prefix = pb.ResponseEnvelope(request_id=task_id, status=_OK).SerializeToString()
         size = _size(admitted_size, body)
         index, unacked, tag = ack
-        keys = [result_key(caller, task_id), self._admission_key, index, unacked, self._held_key]
+        answer_key = reply_key(caller, channel) if channel else result_key(caller, task_id)
+        keys = [answer_key, self._admission_key, index, unacked, self._held_key]
         return keys, [prefix, ttl_ms, size, tag, held_member(task_id, size)]

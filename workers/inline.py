@@ -161,6 +161,7 @@ class InlineRequests:
             message.admitted_size,
             body,
             message.acknowledgement,
+            opened.envelope.reply_channel,
         )
         if answer is None:
             return Peek(key, fmt=fmt)

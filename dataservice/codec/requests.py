@@ -118,6 +118,9 @@ def validate_read_many(envelope: pb.RequestEnvelope, max_ops: int) -> None:
 def _envelope_fields(envelope: pb.RequestEnvelope) -> None:
     _check(CALLER_RE, envelope.caller, "caller")
     _check(REQUEST_ID_RE, envelope.request_id, "request_id")
+    if envelope.reply_channel:
+        # It names a Redis key (keys.reply_key): the request id's rule keeps it plain.
+        _check(REQUEST_ID_RE, envelope.reply_channel, "reply_channel")
     if envelope.deadline_unix_ms <= 0:
         raise InvalidArgument("deadline_unix_ms is missing")
     if envelope.issued_at_unix_ms <= 0:

@@ -6,12 +6,14 @@
 --
 -- KEYS[1..3], ARGV[1..8]  as gate.lua
 -- KEYS[4]  the cached record: record:v2:<scope>:<id>#<gen>, '<revision>:<Record>'
--- KEYS[5]  the answer's list: ds:result:<caller>:<request id>
+-- KEYS[5]  the answer's list: ds:result:<caller>:<request id>, or the reply channel
+--          the request named, ds:reply:<caller>:<channel>
 -- KEYS[6]  the lane's admission hash: ds:admission:<lane queue>
 -- KEYS[7]  kombu's index of unacknowledged messages (unused without ARGV[12])
 -- KEYS[8]  kombu's unacknowledged messages (unused without ARGV[12])
 -- ARGV[9]  the encoded ResponseEnvelope without its result: request_id and an OK status
--- ARGV[10] how long the answer is kept (ms)
+-- ARGV[10] how long the answer is kept (ms); a list that already lives longer keeps
+--          its expiry
 -- ARGV[11] the request's envelope bytes, given back to the lane's admission
 -- ARGV[12] the message's delivery tag; '' when kombu acknowledges it itself
 -- KEYS[9]  the lane's held requests: ds:admission:<lane queue>:held (admit.lua)
@@ -58,7 +60,9 @@ local record = string.sub(entry, colon + 1)
 -- both length-delimited: tags 0x0A and 0x52.
 local read = '\10' .. varint(#record) .. record
 redis.call('RPUSH', KEYS[5], ARGV[9] .. '\82' .. varint(#read) .. read)
-redis.call('PEXPIRE', KEYS[5], ARGV[10])
+if redis.call('PTTL', KEYS[5]) < tonumber(ARGV[10]) then
+  redis.call('PEXPIRE', KEYS[5], ARGV[10])
+end
 complete(KEYS[6], KEYS[9], ARGV[13], ARGV[11], 1)
 if tonumber(ARGV[4]) > 0 then
   redis.call('ZREM', KEYS[3], ARGV[5])

@@ -158,7 +158,8 @@ class RequestHandler:
                 REJECTIONS.labels(self.lane_name.value, rejected.reason.value).inc()
                 log.info("dropped request %s: replayed", task_id)
                 return None
-            return self._replies.refused(task_id, rejected, rejected.caller, expires_at_ms)
+            reply = self._replies.refused(task_id, rejected, rejected.caller, expires_at_ms)
+            return dataclasses.replace(reply, channel=envelope.reply_channel)
         return Admitted(task_id, request, slot, expires_at_ms, peeked, opened.trace)
 
     def serve(self, admitted: Admitted, result: pb.ResponseEnvelope | None = None) -> Reply:
@@ -171,7 +172,9 @@ class RequestHandler:
             raise
         if admitted.request.operation != "batch":
             REQUESTS.labels(self.lane_name.value, admitted.request.operation, reply.code.name).inc()
-        return dataclasses.replace(reply, slot=admitted.slot)
+        return dataclasses.replace(
+            reply, slot=admitted.slot, channel=admitted.request.envelope.reply_channel
+        )
 
     def answered_by_gate(self, admitted: Admitted) -> None:
         """A read the gate's script answered (``Peek.answer``), slot and all."""

@@ -53,3 +53,6 @@ class Reply:
     slot: Slot | None = None
     # Why it was refused (a Reason's value), for the request's log line.
     reason: str = ""
+    # The reply channel the signed request named ('' for none, or when the
+    # request was not verified): the answer goes there (ResultStore.put).
+    channel: str = ""

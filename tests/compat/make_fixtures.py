@@ -56,6 +56,13 @@ def request_read() -> pb.RequestEnvelope:
     )
 
 
+def request_read_reply_channel() -> pb.RequestEnvelope:
+    envelope = request_read()
+    envelope.request_id = "req-read-2"
+    envelope.reply_channel = "chan-7f3a"
+    return envelope
+
+
 def request_write() -> pb.RequestEnvelope:
     return pb.RequestEnvelope(
         caller="billing",
@@ -252,6 +259,7 @@ def list_cursor() -> pb.ListCursor:
 
 FIXTURES: dict[str, Callable[[], Message]] = {
     "request_read": request_read,
+    "request_read_reply_channel": request_read_reply_channel,
     "request_write": request_write,
     "request_delete": request_delete,
     "request_list": request_list,

@@ -66,6 +66,16 @@ EXPECTED: dict[str, Message] = {
             scope="tenant-a", object_id="invoice:42", mode=pb.READ_MODE_PRIMARY
         ),
     ),
+    "request_read_reply_channel": pb.RequestEnvelope(
+        caller="billing",
+        request_id="req-read-2",
+        reply_channel="chan-7f3a",
+        deadline_unix_ms=_DEADLINE,
+        issued_at_unix_ms=_ISSUED_AT,
+        read=pb.ReadRecordRequest(
+            scope="tenant-a", object_id="invoice:42", mode=pb.READ_MODE_PRIMARY
+        ),
+    ),
     "request_write": pb.RequestEnvelope(
         caller="billing",
         request_id="req-write-1",
@@ -458,6 +468,13 @@ def test_older_reader_keeps_read_mode_as_unknown_field(r0: Schema) -> None:
     assert old.WhichOneof("operation") == "read"
     assert old.read.consistent is False  # mode is field 4, never the old field 3
     assert unknown_fields(old.read) == {4: pb.READ_MODE_PRIMARY}
+
+
+def test_older_reader_keeps_the_reply_channel_as_unknown_field(r0: Schema) -> None:
+    # A relay on r0 passes it through; a worker that does not know it answers
+    # under the request id (ds:result:...), as before reply channels.
+    old = r0.message("RequestEnvelope").FromString(fixture_bytes("request_read_reply_channel"))
+    assert unknown_fields(old).get(6) == b"chan-7f3a"
 
 
 @pytest.mark.parametrize("name", REQUEST_FIXTURES)

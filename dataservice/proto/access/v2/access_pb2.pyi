@@ -528,6 +528,7 @@ class RequestEnvelope(_message.Message):
     DEADLINE_UNIX_MS_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     ISSUED_AT_UNIX_MS_FIELD_NUMBER: _builtins.int
+    REPLY_CHANNEL_FIELD_NUMBER: _builtins.int
     READ_FIELD_NUMBER: _builtins.int
     WRITE_FIELD_NUMBER: _builtins.int
     DELETE_FIELD_NUMBER: _builtins.int
@@ -544,6 +545,12 @@ class RequestEnvelope(_message.Message):
     """
     issued_at_unix_ms: _builtins.int
     """the caller's clock when it signed; checked against skew"""
+    reply_channel: _builtins.str
+    """Optional: a reply channel of the caller's own (the request id's rule).
+    Set, the answer is pushed onto the list ds:reply:<caller>:<reply_channel>,
+    beside the answers to the caller's other requests naming it; empty, it
+    waits alone under ds:result:<caller>:<request_id>. See docs/protocol.md.
+    """
     @_builtins.property
     def read(self) -> Global___ReadRecordRequest: ...
     @_builtins.property
@@ -570,6 +577,7 @@ class RequestEnvelope(_message.Message):
         deadline_unix_ms: _builtins.int = ...,
         idempotency_key: _builtins.str = ...,
         issued_at_unix_ms: _builtins.int = ...,
+        reply_channel: _builtins.str = ...,
         read: Global___ReadRecordRequest | None = ...,
         write: Global___WriteRecordRequest | None = ...,
         delete: Global___DeleteRecordRequest | None = ...,
@@ -579,7 +587,7 @@ class RequestEnvelope(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "delete", b"delete", "list", b"list", "operation", b"operation", "read", b"read", "read_many", b"read_many", "write", b"write"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "caller", b"caller", "deadline_unix_ms", b"deadline_unix_ms", "delete", b"delete", "idempotency_key", b"idempotency_key", "issued_at_unix_ms", b"issued_at_unix_ms", "list", b"list", "operation", b"operation", "read", b"read", "read_many", b"read_many", "request_id", b"request_id", "write", b"write"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "caller", b"caller", "deadline_unix_ms", b"deadline_unix_ms", "delete", b"delete", "idempotency_key", b"idempotency_key", "issued_at_unix_ms", b"issued_at_unix_ms", "list", b"list", "operation", b"operation", "read", b"read", "read_many", b"read_many", "reply_channel", b"reply_channel", "request_id", b"request_id", "write", b"write"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_operation: _TypeAlias = _typing.Literal["read", "write", "delete", "list", "batch", "read_many"]  # noqa: Y015
     _WhichOneofArgType_operation: _TypeAlias = _typing.Literal["operation", b"operation"]  # noqa: Y015
