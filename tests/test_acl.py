@@ -21,9 +21,11 @@ from redis.exceptions import NoPermissionError, ResponseError
 from dataservice import Client
 from dataservice.acl import WORKER_USER, acl_users, apply_acl, caller_user
 from dataservice.callers import KeyRing, load_keyring
+from dataservice.client.inbox import Inbox
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.keys import inflight_key, rate_key, replay_key, reply_key, result_key
+from dataservice.proto import pb
 from dataservice.settings import Settings
 from tests.conftest import require
 
@@ -122,6 +124,24 @@ def test_a_caller_reads_its_own_reply_channels(as_caller: redis.Redis) -> None:
     assert as_caller.llen(key) == 0
     assert as_caller.lpop(key) is None
     assert as_caller.blpop([key], timeout=0.01) is None
+
+
+def test_a_callers_inbox_reads_its_channel_as_the_caller(
+    caller_url: str, redis_client: redis.Redis
+) -> None:
+    before = _refusals(redis_client, caller_user(CALLER))
+    inbox = Inbox(caller_url, CALLER)
+    try:
+        inbox.expect("r-1", 10)
+        redis_client.rpush(
+            reply_key(CALLER, inbox.channel),
+            pb.ResponseEnvelope(request_id="r-1").SerializeToString(),
+        )
+        assert inbox.wait("r-1", 5) is not None
+    finally:
+        inbox.close()
+    after = _refusals(redis_client, caller_user(CALLER))
+    assert {k: n for k, n in after.items() if n > before.get(k, 0)} == {}
 
 
 _OTHER_KEYS = [

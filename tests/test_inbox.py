@@ -1,0 +1,156 @@
+"""A client's reply channel (``dataservice/client/inbox.py``): one reader, one
+connection, each answer handed to the call that waits for it. Real Redis; the
+last test has a real worker answer requests that name the channel."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from dataservice.client.inbox import Inbox, request_id_of
+from dataservice.config import Config
+from dataservice.errors import Unavailable
+from dataservice.keys import reply_key
+from dataservice.proto import pb
+from dataservice.settings import Settings
+from tests.support import caller_key, now_ms, signed
+from tests.test_request_contract import RawPublisher
+
+CALLER = "tests"
+
+
+def _answer(request_id: str, payload: bytes = b"") -> bytes:
+    record = pb.Record(object_id="o", revision=1, payload=payload)
+    return pb.ResponseEnvelope(
+        request_id=request_id,
+        status=pb.Status(code=pb.STATUS_CODE_OK),
+        read=pb.ReadRecordResponse(record=record),
+    ).SerializeToString()
+
+
+@pytest.fixture
+def inbox(settings: Settings) -> Iterator[Inbox]:
+    box = Inbox(settings.result_backend_url, CALLER)
+    yield box
+    box.close()
+
+
+@pytest.fixture
+def results(settings: Settings) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(settings.result_backend_url)
+    yield client
+    client.close()
+
+
+@pytest.mark.parametrize("request_id", ["a", "x" * 64, uuid.uuid4().hex])
+def test_the_request_id_is_read_from_the_answers_bytes(request_id: str) -> None:
+    assert request_id_of(_answer(request_id, b"\x0a\x05payload")) == request_id
+    assert request_id_of(b"not protobuf at all\xff") == ""
+
+
+def test_each_answer_goes_to_the_call_that_waits_for_it_whatever_their_order(
+    inbox: Inbox, results: redis.Redis
+) -> None:
+    ids = [uuid.uuid4().hex for _ in range(50)]
+    for request_id in ids:
+        inbox.expect(request_id, 10)
+    got: dict[str, bytes | None] = {}
+
+    def wait(request_id: str) -> None:
+        got[request_id] = inbox.wait(request_id, 10)
+
+    threads = [threading.Thread(target=wait, args=(i,)) for i in ids]
+    for thread in threads:
+        thread.start()
+    for request_id in reversed(ids):
+        results.rpush(reply_key(CALLER, inbox.channel), _answer(request_id, request_id.encode()))
+    for thread in threads:
+        thread.join(15)
+
+    assert {i: request_id_of(b or b"") for i, b in got.items()} == {i: i for i in ids}
+    assert inbox.dropped == 0
+    # One connection read them all.
+    assert sum(1 for c in results.client_list() if c.get("cmd") == "blpop") == 1
+
+
+def test_an_answer_nobody_waits_for_is_dropped_and_counted(
+    inbox: Inbox, results: redis.Redis
+) -> None:
+    mine = uuid.uuid4().hex
+    inbox.expect(mine, 10)
+    channel = reply_key(CALLER, inbox.channel)
+    results.rpush(channel, _answer("someone-else"), _answer(mine))
+    assert inbox.wait(mine, 5) is not None
+    assert inbox.dropped == 1
+    # Taken once: a second answer under the same id has no slot left.
+    results.rpush(channel, _answer(mine))
+    assert inbox.wait(mine, 0.2) is None
+
+
+def test_a_wait_that_times_out_keeps_its_slot_for_a_later_wait(
+    inbox: Inbox, results: redis.Redis
+) -> None:
+    request_id = uuid.uuid4().hex
+    inbox.expect(request_id, 10)
+    assert inbox.wait(request_id, 0.1) is None
+    results.rpush(reply_key(CALLER, inbox.channel), _answer(request_id, b"late"))
+    body = inbox.wait(request_id, 5)
+    assert body is not None
+    assert request_id_of(body) == request_id
+
+
+def test_a_slot_nobody_collects_lapses(inbox: Inbox) -> None:
+    inbox.expect(uuid.uuid4().hex, 0.1)
+    assert inbox.waiting == 1
+    # The reader sweeps once a slice (0.5 s), with or without answers.
+    time.sleep(1.5)
+    assert inbox.waiting == 0
+
+
+def test_a_channel_that_cannot_be_read_answers_its_waits_unavailable() -> None:
+    # Nothing listens on port 1.
+    box = Inbox("redis://127.0.0.1:1/0", CALLER)
+    try:
+        request_id = uuid.uuid4().hex
+        box.expect(request_id, 10)
+        started = time.monotonic()
+        with pytest.raises(Unavailable):
+            box.wait(request_id, 5)
+        assert time.monotonic() - started < 2
+    finally:
+        box.close()
+
+
+@pytest.mark.usefixtures("interactive_worker")
+def test_a_worker_answers_requests_naming_the_channel_through_the_inbox(
+    inbox: Inbox, settings: Settings, config: Config
+) -> None:
+    key = caller_key(settings, CALLER)
+    publisher = RawPublisher(settings, config)
+    try:
+        sent = []
+        for n in range(20):
+            envelope = pb.RequestEnvelope(
+                caller=CALLER,
+                request_id=uuid.uuid4().hex,
+                deadline_unix_ms=now_ms() + 5000,
+                reply_channel=inbox.channel,
+                read=pb.ReadRecordRequest(
+                    scope="t-inbox", object_id=f"missing-{n}", mode=pb.READ_MODE_PRIMARY
+                ),
+            )
+            inbox.expect(envelope.request_id, 7)
+            publisher.publish(signed(envelope, key), envelope.request_id, envelope.deadline_unix_ms)
+            sent.append(envelope.request_id)
+        for request_id in sent:
+            body = inbox.wait(request_id, 10)
+            assert body is not None, request_id
+            answer = pb.ResponseEnvelope.FromString(body)
+            assert (answer.request_id, answer.status.code) == (request_id, pb.STATUS_CODE_NOT_FOUND)
+    finally:
+        publisher.close()
