@@ -356,3 +356,40 @@ class TaskEvents:
         self._receiver.should_stop = True
         self._thread.join(5)
         self._connection.close()
+
+
+def own_local_ports() -> set[int]:
+    """The local TCP ports of this process's own sockets (Linux: its open
+    descriptors matched against ``/proc/net/tcp``), to tell its connections
+    apart from everyone else's in ``CLIENT LIST``."""
+    inodes: set[str] = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = fd.readlink().name
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    ports: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        lines = Path(table).read_text().splitlines()[1:]
+        for fields in (line.split() for line in lines):
+            if fields[9] in inodes:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def blocked_clients_of_this_process(
+    client: redis.Redis,
+    command: str,
+    opened_since: set[int] = frozenset(),  # type: ignore[assignment]
+) -> int:
+    """How many of this process's connections Redis sees in ``command``
+    (leaving out the ports in ``opened_since``: connections that were already
+    open, such as other tests' leftovers)."""
+    ports = own_local_ports() - opened_since
+    return sum(
+        1
+        for entry in client.client_list()
+        if entry.get("cmd") == command and int(str(entry["addr"]).rsplit(":", 1)[1]) in ports
+    )
