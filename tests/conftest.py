@@ -47,7 +47,7 @@ from dataservice.settings import Settings
 from dataservice.store.migrate import upgrade
 from dataservice.supervisor import Supervisor
 from tests.binlog import BinlogDatabase
-from tests.support import TEST_CALLERS, on_redis, with_test_callers
+from tests.support import TEST_CALLERS, RawPublisher, on_redis, with_test_callers
 from workers.app import LaneRuntime, register_task
 
 
@@ -306,3 +306,11 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
     finally:
         server.signal(signal.SIGCONT)
         server.signal(signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def raw(settings: Settings, config: Config) -> Iterator[RawPublisher]:
+    """Task messages published with kombu alone, as a caller in another language would."""
+    publisher = RawPublisher(settings, config)
+    yield publisher
+    publisher.close()

@@ -9,7 +9,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -17,15 +17,16 @@ from typing import Any
 import redis
 import yaml
 from celery import Celery
+from kombu import Connection, Exchange
 from sqlalchemy import Engine, text
 
 from dataservice.auth import Authenticator, sign
-from dataservice.broker import celery_app
+from dataservice.broker import CONTENT_TYPE, TASK_NAME, celery_app, celery_settings
 from dataservice.callers import CallerKey, load_keyring
 from dataservice.client.transport import Transport
 from dataservice.config import Config, load_config
 from dataservice.enums import LaneName
-from dataservice.limits.admission import AdmissionRefused
+from dataservice.limits.admission import DEADLINE_HEADER, AdmissionRefused
 from dataservice.limits.gate import Gate
 from dataservice.limits.permits import LanePermits
 from dataservice.localservices import free_port
@@ -382,14 +383,52 @@ def own_local_ports() -> set[int]:
 def blocked_clients_of_this_process(
     client: redis.Redis,
     command: str,
-    opened_since: set[int] = frozenset(),  # type: ignore[assignment]
+    opened_since: Collection[int] = (),
 ) -> int:
     """How many of this process's connections Redis sees in ``command``
     (leaving out the ports in ``opened_since``: connections that were already
     open, such as other tests' leftovers)."""
-    ports = own_local_ports() - opened_since
+    ports = own_local_ports() - set(opened_since)
     return sum(
         1
         for entry in client.client_list()
         if entry.get("cmd") == command and int(str(entry["addr"]).rsplit(":", 1)[1]) in ports
     )
+
+
+class RawPublisher:
+    """Publishes task messages with kombu alone: no client, no signing, no checks."""
+
+    def __init__(self, settings: Settings, config: Config) -> None:
+        options = celery_settings(settings, config)
+        self._connection = Connection(
+            settings.broker_url,
+            transport=options["broker_transport"],
+            transport_options=options["broker_transport_options"],
+        )
+        self._queue = config.lanes.interactive.queue
+        self._producer = self._connection.Producer()
+
+    def publish(self, body: bytes, request_id: str, deadline_ms: int) -> None:
+        self._producer.publish(
+            body,
+            exchange=Exchange(self._queue, type="direct"),
+            routing_key=self._queue,
+            content_type=CONTENT_TYPE,
+            content_encoding="binary",
+            headers={
+                "lang": "py",
+                "task": TASK_NAME,
+                "id": request_id,
+                "root_id": request_id,
+                "parent_id": None,
+                "group": None,
+                "retries": 0,
+                "eta": None,
+                "expires": None,
+                DEADLINE_HEADER: deadline_ms,
+            },
+        )
+
+    def close(self) -> None:
+        self._connection.release()

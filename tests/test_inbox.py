@@ -13,19 +13,18 @@ import pytest
 import redis
 
 from dataservice.client.inbox import Inbox, request_id_of
-from dataservice.config import Config
 from dataservice.errors import Unavailable
 from dataservice.keys import reply_key
 from dataservice.proto import pb
 from dataservice.settings import Settings
 from tests.support import (
+    RawPublisher,
     blocked_clients_of_this_process,
     caller_key,
     now_ms,
     own_local_ports,
     signed,
 )
-from tests.test_request_contract import RawPublisher
 
 CALLER = "tests"
 
@@ -143,29 +142,25 @@ def test_a_channel_that_cannot_be_read_answers_its_waits_unavailable() -> None:
 
 @pytest.mark.usefixtures("interactive_worker")
 def test_a_worker_answers_requests_naming_the_channel_through_the_inbox(
-    inbox: Inbox, settings: Settings, config: Config
+    inbox: Inbox, settings: Settings, raw: RawPublisher
 ) -> None:
     key = caller_key(settings, CALLER)
-    publisher = RawPublisher(settings, config)
-    try:
-        sent = []
-        for n in range(20):
-            envelope = pb.RequestEnvelope(
-                caller=CALLER,
-                request_id=uuid.uuid4().hex,
-                deadline_unix_ms=now_ms() + 5000,
-                reply_channel=inbox.channel,
-                read=pb.ReadRecordRequest(
-                    scope="t-inbox", object_id=f"missing-{n}", mode=pb.READ_MODE_PRIMARY
-                ),
-            )
-            inbox.expect(envelope.request_id, 7)
-            publisher.publish(signed(envelope, key), envelope.request_id, envelope.deadline_unix_ms)
-            sent.append(envelope.request_id)
-        for request_id in sent:
-            body = inbox.wait(request_id, 10)
-            assert body is not None, request_id
-            answer = pb.ResponseEnvelope.FromString(body)
-            assert (answer.request_id, answer.status.code) == (request_id, pb.STATUS_CODE_NOT_FOUND)
-    finally:
-        publisher.close()
+    sent = []
+    for n in range(20):
+        envelope = pb.RequestEnvelope(
+            caller=CALLER,
+            request_id=uuid.uuid4().hex,
+            deadline_unix_ms=now_ms() + 5000,
+            reply_channel=inbox.channel,
+            read=pb.ReadRecordRequest(
+                scope="t-inbox", object_id=f"missing-{n}", mode=pb.READ_MODE_PRIMARY
+            ),
+        )
+        inbox.expect(envelope.request_id, 7)
+        raw.publish(signed(envelope, key), envelope.request_id, envelope.deadline_unix_ms)
+        sent.append(envelope.request_id)
+    for request_id in sent:
+        body = inbox.wait(request_id, 10)
+        assert body is not None, request_id
+        answer = pb.ResponseEnvelope.FromString(body)
+        assert (answer.request_id, answer.status.code) == (request_id, pb.STATUS_CODE_NOT_FOUND)

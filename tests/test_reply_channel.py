@@ -18,23 +18,14 @@ import redis
 
 from dataservice import Client
 from dataservice.callers import CallerKey
-from dataservice.config import Config
 from dataservice.keys import reply_key, result_key
 from dataservice.proto import pb
 from dataservice.settings import Settings
-from tests.support import caller_key, now_ms, signed
-from tests.test_request_contract import RawPublisher
+from tests.support import RawPublisher, caller_key, now_ms, signed
 
 pytestmark = pytest.mark.usefixtures("interactive_worker")
 
 CALLER = "tests"
-
-
-@pytest.fixture(scope="module")
-def raw(settings: Settings, config: Config) -> Iterator[RawPublisher]:
-    publisher = RawPublisher(settings, config)
-    yield publisher
-    publisher.close()
 
 
 @pytest.fixture(scope="module")

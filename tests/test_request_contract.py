@@ -16,22 +16,26 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
-from kombu import Connection, Exchange
 from sqlalchemy import Engine
 
 from dataservice import Client, ReadMode
-from dataservice.broker import CONTENT_TYPE, TASK_NAME, celery_settings
 from dataservice.callers import CallerKey, Secret
 from dataservice.codec import decode_response
-from dataservice.config import Config
 from dataservice.errors import PermissionDenied, RequestError, Unauthenticated
 from dataservice.keys import REPLAY_PREFIX, WORKER_STATE_PREFIXES
-from dataservice.limits.admission import DEADLINE_HEADER
 from dataservice.proto import pb
 from dataservice.results import ResultStore
 from dataservice.settings import Settings
 from tests.conftest import SERVICE_USER
-from tests.support import RedisWatch, caller_key, counter, now_ms, signed, statements_by
+from tests.support import (
+    RawPublisher,
+    RedisWatch,
+    caller_key,
+    counter,
+    now_ms,
+    signed,
+    statements_by,
+)
 
 pytestmark = pytest.mark.usefixtures("interactive_worker")
 
@@ -47,51 +51,6 @@ def forbidden(commands: list[bytes]) -> list[bytes]:
 class Published:
     request_id: str
     caller: str
-
-
-class RawPublisher:
-    """Publishes task messages with kombu alone: no client, no signing, no checks."""
-
-    def __init__(self, settings: Settings, config: Config) -> None:
-        options = celery_settings(settings, config)
-        self._connection = Connection(
-            settings.broker_url,
-            transport=options["broker_transport"],
-            transport_options=options["broker_transport_options"],
-        )
-        self._queue = config.lanes.interactive.queue
-        self._producer = self._connection.Producer()
-
-    def publish(self, body: bytes, request_id: str, deadline_ms: int) -> None:
-        self._producer.publish(
-            body,
-            exchange=Exchange(self._queue, type="direct"),
-            routing_key=self._queue,
-            content_type=CONTENT_TYPE,
-            content_encoding="binary",
-            headers={
-                "lang": "py",
-                "task": TASK_NAME,
-                "id": request_id,
-                "root_id": request_id,
-                "parent_id": None,
-                "group": None,
-                "retries": 0,
-                "eta": None,
-                "expires": None,
-                DEADLINE_HEADER: deadline_ms,
-            },
-        )
-
-    def close(self) -> None:
-        self._connection.release()
-
-
-@pytest.fixture(scope="module")
-def raw(settings: Settings, config: Config) -> Iterator[RawPublisher]:
-    publisher = RawPublisher(settings, config)
-    yield publisher
-    publisher.close()
 
 
 @pytest.fixture(scope="module")
