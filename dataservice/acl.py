@@ -120,7 +120,7 @@ def caller_rules(queues: Sequence[str], caller: str) -> list[str]:
         ),
         _selector([f"%RW~{result_pattern(caller)}"], ["+blpop", "+lpop", "+exists"]),
         # Its own reply channels: the answers to the requests that name one.
-        _selector([f"%RW~{reply_pattern(caller)}"], ["+blpop", "+lpop", "+llen"]),
+        _selector([f"%RW~{reply_pattern(caller)}"], ["+blmpop", "+blpop", "+lpop", "+llen"]),
     ]
 
 

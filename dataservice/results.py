@@ -13,7 +13,7 @@ still found.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -34,9 +34,6 @@ _WAIT_SLICE_S = 2.0
 # waiters than the pool holds is a caller-side overload, reported as such.
 _POOL_WAIT_S = 2.0
 RETRY_RESULTS_DOWN_S = 0.5
-# Answers taken in one round trip by take_many, and keys one wait_any watches.
-TAKE_MANY = 500
-WAIT_ANY = 64
 _ANSWER = LuaScript("answer.lua", "dataservice")
 
 
@@ -176,46 +173,6 @@ class ResultStore:
                 if time.monotonic() < until:
                     raise
         return None
-
-    def take_many(self, caller: str, request_ids: Sequence[str]) -> dict[str, bytes]:
-        """The answers already there among ``request_ids``, taken: one round
-        trip for up to ``TAKE_MANY`` of them."""
-        taken: dict[str, bytes] = {}
-        with _backend_errors():
-            for start in range(0, len(request_ids), TAKE_MANY):
-                chunk = request_ids[start : start + TAKE_MANY]
-                with self._redis.pipeline(transaction=False) as pipe:
-                    for request_id in chunk:
-                        pipe.lpop(result_key(caller, request_id))
-                    values = pipe.execute()
-                taken.update(
-                    (i, v) for i, v in zip(chunk, values, strict=True) if isinstance(v, bytes)
-                )
-        return taken
-
-    def wait_any(
-        self, caller: str, request_ids: Sequence[str], timeout_s: float
-    ) -> tuple[str, bytes] | None:
-        """Take the first answer to come among ``request_ids`` (at most
-        ``WAIT_ANY`` of them are watched), waiting up to ``timeout_s`` (at most
-        one slice); None if none came."""
-        keys = {result_key(caller, i): i for i in request_ids[:WAIT_ANY]}
-        wait_s = max(min(timeout_s, _WAIT_SLICE_S), _MIN_WAIT_S)
-        with _backend_errors(), within(wait_s + SLACK_S):
-            try:
-                popped = self._redis.blpop(list(keys), timeout=wait_s)
-            except redis.TimeoutError:
-                return None
-        if popped is None:
-            return None
-        key, value = popped
-        name = key.decode() if isinstance(key, bytes) else str(key)
-        return (keys[name], value) if isinstance(value, bytes) else None
-
-    def ready(self, caller: str, request_id: str) -> bool:
-        """Whether the answer is there to be taken (without taking it)."""
-        with _backend_errors():
-            return bool(self._redis.exists(result_key(caller, request_id)))
 
     def close(self) -> None:
         self._redis.close()

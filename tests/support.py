@@ -380,6 +380,15 @@ def own_local_ports() -> set[int]:
     return ports
 
 
+def connections_of_this_process(client: redis.Redis, opened_since: Collection[int] = ()) -> int:
+    """How many connections Redis (``CLIENT LIST``) has from this process's
+    sockets, leaving out the ports in ``opened_since`` (and ``client``'s own)."""
+    ports = own_local_ports() - set(opened_since)
+    return sum(
+        1 for entry in client.client_list() if int(str(entry["addr"]).rsplit(":", 1)[1]) in ports
+    )
+
+
 def blocked_clients_of_this_process(
     client: redis.Redis,
     command: str,

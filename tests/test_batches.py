@@ -115,6 +115,7 @@ def send(client: Client, own: Settings, ops: list[pb.BatchOperation]) -> list[Ha
     for start in range(0, len(ops), most):
         carried = ops[start : start + most]
         envelope = batch_envelope(CALLER, uuid.uuid4().hex, now_ms(), carried)
+        envelope.reply_channel = transport.replies.channel
         body = sign(envelope.SerializeToString(), caller_key(own, CALLER))
         items.append((body, envelope.request_id, envelope.deadline_unix_ms, "batch", len(carried)))
         # The message's answer carries each of its operations' (a BatchResponse).

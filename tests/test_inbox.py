@@ -12,9 +12,12 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from dataservice.client.inbox import Inbox, request_id_of
-from dataservice.errors import Unavailable
-from dataservice.keys import reply_key
+from dataservice import Client, ReadMode
+from dataservice.callers import CallerKey, Secret
+from dataservice.client.inbox import FIRST_LOOK_S, SLICE_S, Inbox, request_id_of
+from dataservice.config import Config
+from dataservice.errors import Unauthenticated, Unavailable
+from dataservice.keys import reply_key, result_key
 from dataservice.proto import pb
 from dataservice.settings import Settings
 from tests.support import (
@@ -89,7 +92,7 @@ def _answered_in_any_order(inbox: Inbox, results: redis.Redis, already_open: set
     assert {i: request_id_of(b or b"") for i, b in got.items()} == {i: i for i in ids}
     assert inbox.dropped == 0
     # One connection of this process read them all.
-    assert blocked_clients_of_this_process(results, "blpop", already_open) == 1
+    assert blocked_clients_of_this_process(results, "blmpop", already_open) == 1
 
 
 def test_an_answer_nobody_waits_for_is_dropped_and_counted(
@@ -164,3 +167,28 @@ def test_a_worker_answers_requests_naming_the_channel_through_the_inbox(
         assert body is not None, request_id
         answer = pb.ResponseEnvelope.FromString(body)
         assert (answer.request_id, answer.status.code) == (request_id, pb.STATUS_CODE_NOT_FOUND)
+
+
+def test_an_answer_under_the_requests_own_key_is_found_by_a_look(
+    inbox: Inbox, results: redis.Redis
+) -> None:
+    request_id = uuid.uuid4().hex
+    inbox.expect(request_id, 10)
+    # As a refusal before the signature was checked is written: not on the channel.
+    results.rpush(result_key(CALLER, request_id), _answer(request_id))
+    body = inbox.wait(request_id, FIRST_LOOK_S + 2 * SLICE_S + 1)
+    assert request_id_of(body or b"") == request_id
+    assert inbox.slots.looked_up == 1
+    assert not results.exists(result_key(CALLER, request_id))
+
+
+@pytest.mark.usefixtures("interactive_worker")
+def test_a_client_with_a_wrong_key_hears_unauthenticated_well_before_its_deadline(
+    settings: Settings, config: Config
+) -> None:
+    wrong = CallerKey(CALLER, caller_key(settings, CALLER).key_id, Secret(b"\x01" * 32))
+    with Client(CALLER, settings, config, key=wrong) as client:
+        with pytest.raises(Unauthenticated):
+            client.read("t-inbox", "anything", mode=ReadMode.PRIMARY, timeout=20)
+        # The refusal came under the request's own key and a look found it.
+        assert client._publisher.transport.replies.slots.looked_up == 1

@@ -2,11 +2,11 @@
 
 - :mod:`.client`: the API and the retry loop.
 - :mod:`.handle`: a submitted request and the wait for its answer.
-- :mod:`.inbox`: one reply channel read by one thread, its answers handed to
-  the calls that wait for them.
+- :mod:`.inbox`: the client's one reply channel, read by one thread over one
+  connection, its answers handed to the calls that wait for them.
 - :mod:`.pacer`: a caller's rate, kept in its own process.
-- :mod:`.transport`: publish to a lane (through admission); answers come back
-  through :class:`~dataservice.results.ResultStore`.
+- :mod:`.transport`: publish to a lane (through admission) on at most two
+  broker connections, each request's answer expected on the inbox first.
 """
 
 from dataservice.client.client import Client

@@ -93,7 +93,8 @@ class Client:
             raise InvalidArgument("the signing key belongs to another caller")
         self.caller = caller
         self.config = config
-        self._publisher = Publisher(caller, key, Transport(settings, config), config)
+        transport = Transport(settings, config, caller=caller)
+        self._publisher = Publisher(caller, key, transport, config)
 
     @classmethod
     def from_env(cls, caller: str, environ: Mapping[str, str] | None = None) -> Client:

@@ -1,5 +1,6 @@
 """A submitted request, and the wait for its answer.
 
+Every answer comes on the client's reply channel (:class:`~.inbox.Inbox`).
 A request that went out alone is answered under its own id. The operations
 of a batch message are answered together, under the message's id (one
 ``BatchResponse``): their handles share a :class:`Carrier`, and whichever of
@@ -8,10 +9,9 @@ them is asked first takes the message's answer for all of them.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from dataservice.client.transport import Transport
 from dataservice.codec import parse_response, result_of
@@ -26,8 +26,6 @@ EPOCH_CHECK_S = 1.0
 # held the request when Redis restarted puts it back in the new queue (kombu
 # restores what it had prefetched) or answers it.
 LOST_AFTER_S = 5.0
-# The oldest answers gather takes at once after one of them came.
-GATHER_WINDOW = 512
 
 
 def now_ms() -> int:
@@ -134,7 +132,7 @@ class Handle:
             return True
         if self._carrier is not None and self._carrier.settled:
             return True
-        return self._transport.results.ready(self.caller, self._waits_on)
+        return self._transport.replies.ready(self._waits_on)
 
     def result(self, timeout: float | None = None) -> Result:
         """Wait for the answer, at most until the deadline (or ``timeout`` seconds).
@@ -145,8 +143,8 @@ class Handle:
         :class:`DeadlineExceeded` when no answer came before the deadline (or
         the request was dropped for it), or :class:`ResultNotReady` when
         ``timeout`` ran out first (the request may still complete: call again).
-        ``Unavailable`` means the result backend did not answer; the request
-        may still complete: call again.
+        ``Unavailable`` means the client's reply channel could not be read; the
+        request may still complete: call again.
         """
         if self._result is not None:
             return self._result
@@ -169,31 +167,34 @@ class Handle:
         return self._take(carrier.answer_for(self.request_id))
 
     def _await(self, wait_id: str, deadline_ms: int, timeout: float | None) -> bytes:
-        """The body that comes under ``wait_id``, within the deadline (and ``timeout``)."""
+        """The body that comes under ``wait_id``, within the deadline (and
+        ``timeout``). Its slot on the reply channel goes once the wait ends
+        for good (an answer, the deadline, a lost request)."""
+        replies = self._transport.replies
         remaining = (deadline_ms - now_ms()) / 1000
         until = time.monotonic() + (remaining if timeout is None else min(timeout, remaining))
-        while True:
+        while replies.expecting(wait_id):
             left = max(0.0, until - time.monotonic())
             ended = self._transport.ended_for(self.epoch) if self.epoch else None
             # Past the grace, only an answer already there is taken.
             hopeless = ended is not None and ended >= LOST_AFTER_S
-            body = self._transport.results.wait(
-                self.caller,
-                wait_id,
-                0.0 if hopeless else min(left, EPOCH_CHECK_S),
-                patience_s=left,
-            )
+            body = replies.wait(wait_id, 0.0 if hopeless else min(left, EPOCH_CHECK_S))
             if body is not None:
                 return body
             if hopeless:
+                replies.forget(wait_id)
                 raise self._lost()
             if time.monotonic() >= until:
                 break
             if self.epoch:
                 self._transport.look_at_epoch(self.epoch, deadline_ms)
         if self.epoch and self._transport.ended_for(self.epoch) is not None:
+            replies.forget(wait_id)
             raise self._lost()
-        raise self._not_in(timeout, remaining)
+        error = self._not_in(timeout, remaining)
+        if isinstance(error, DeadlineExceeded):
+            replies.forget(wait_id)
+        raise error
 
     def _not_in(self, timeout: float | None, remaining: float) -> DataServiceError:
         if timeout is not None and timeout < remaining:
@@ -234,23 +235,13 @@ class Handle:
 
 def gather(handles: Sequence[Handle]) -> list[Result | DataServiceError]:
     """Every handle's answer, or the error it raises, in their order: what
-    :meth:`Handle.result` gives each, collected a round trip per hundreds of
-    messages rather than one each (a batch message's answers come at once).
+    :meth:`Handle.result` gives each.
 
-    Waits until every answer is in or each handle's own deadline has passed;
-    a handle still without one is then asked as :meth:`Handle.result` would
-    be (so it is told ``DeadlineExceeded`` or ``RequestLost`` as it would).
+    The answers arrive on the reply channel together, whoever waits: taking
+    them one handle after another waits, in all, until every answer is in or
+    each handle's own deadline has passed (so a handle still without one is
+    told ``DeadlineExceeded`` or ``RequestLost`` as it would be alone).
     """
-    pending: dict[tuple[int, str], dict[str, list[Handle]]] = {}
-    for handle in handles:
-        if handle._result is not None or handle._error is not None:
-            continue
-        if handle._carrier is not None and handle._carrier.settled:
-            continue
-        group = pending.setdefault((id(handle._transport), handle.caller), {})
-        group.setdefault(handle._waits_on, []).append(handle)
-    for waiting in pending.values():
-        _collect(waiting)
     out: list[Result | DataServiceError] = []
     for handle in handles:
         try:
@@ -258,60 +249,3 @@ def gather(handles: Sequence[Handle]) -> list[Result | DataServiceError]:
         except DataServiceError as exc:
             out.append(exc)
     return out
-
-
-def _collect(waiting: dict[str, list[Handle]]) -> None:
-    """Settle what comes in for ``waiting`` (handles by the id their answer
-    comes under; one transport, one caller, in the order sent) until it is
-    all in or the latest deadline among them has passed.
-
-    Answers come roughly in the order sent: wait for the first of the oldest
-    few, then take the window of the oldest that came with it in one round
-    trip. A wait that sees none of the oldest come sweeps them all once, so
-    that one never answered (dropped late) holds nobody else up for longer
-    than a wait.
-    """
-    first = next(iter(waiting.values()))[0]
-    transport, caller = first._transport, first.caller
-    results = transport.results
-    deadlines = {wait_id: max(h.deadline_ms for h in hs) for wait_id, hs in waiting.items()}
-    until_ms = max(deadlines.values())
-    while waiting and (left_ms := until_ms - now_ms()) > 0:
-        ids = list(waiting)
-        came = results.wait_any(caller, ids, min(left_ms / 1000, EPOCH_CHECK_S))
-        if came is not None:
-            taken = {came[0]: came[1], **results.take_many(caller, ids[:GATHER_WINDOW])}
-        else:
-            taken = results.take_many(caller, ids)
-            if not taken and _lost(transport, waiting.values(), until_ms):
-                return
-        for wait_id, body in taken.items():
-            _settle_all(waiting.pop(wait_id), body)
-        # Handles past their own deadline are left to Handle.result.
-        now = now_ms()
-        for wait_id in [i for i in waiting if deadlines[i] <= now]:
-            del waiting[wait_id]
-
-
-def _settle_all(handles: list[Handle], body: bytes) -> None:
-    carrier = handles[0]._carrier
-    if carrier is not None:
-        with carrier._lock:
-            if not carrier.settled:
-                carrier.settle(body)
-        return
-    with contextlib.suppress(DataServiceError):
-        handles[0]._settle(body)
-
-
-def _lost(transport: Transport, waiting: Iterable[list[Handle]], until_ms: int) -> bool:
-    """After a quiet wait: whether the broker restarted empty after admitting
-    every handle still waiting, longer than ``LOST_AFTER_S`` ago (each is then
-    told so by :meth:`Handle.result`)."""
-    epochs = {handle.epoch for handles in waiting for handle in handles}
-    for epoch in epochs - {""}:
-        transport.look_at_epoch(epoch, until_ms)
-    return "" not in epochs and all(
-        (ended := transport.ended_for(epoch)) is not None and ended >= LOST_AFTER_S
-        for epoch in epochs
-    )

@@ -218,6 +218,10 @@ class Publisher:
             PACER.refused(self.caller, error.retry_after)
 
     def _sign(self, envelope: pb.RequestEnvelope) -> bytes:
+        inbox = self.transport.inbox
+        if inbox is not None:
+            # Answered on the client's reply channel, with all its others.
+            envelope.reply_channel = inbox.channel
         return sign(envelope.SerializeToString(), self._key)
 
     def _envelope(self, operation: Operation, deadline_ms: int, key: str) -> pb.RequestEnvelope:

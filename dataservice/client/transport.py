@@ -3,8 +3,10 @@
 Messages follow Celery's task protocol, so any Celery worker or tool reads
 them; the client builds each one itself (:mod:`.message`) and pushes it
 through the broker channel's admission, on a connection from Celery's
-connection pool. Answers come back through
-:class:`~dataservice.results.ResultStore`. No Celery type leaves this module.
+connection pool (at most :data:`PUBLISH_CONNECTIONS` of them). A client's
+answers come back on its reply channel (:class:`~.inbox.Inbox`), whose slot
+for each request is made before the request is published. No Celery type
+leaves this module.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from kombu.exceptions import OperationalError as BrokerError
 
 from dataservice.bounded import SLACK_S, left, within
 from dataservice.broker import celery_app
+from dataservice.client.inbox import Inbox
 from dataservice.client.message import task_message
 from dataservice.config import Config
 from dataservice.enums import LaneName
-from dataservice.errors import DeadlineExceeded, ResourceExhausted, Unavailable
+from dataservice.errors import DeadlineExceeded, InternalError, ResourceExhausted, Unavailable
 from dataservice.limits.admission import (
     CALLER_HEADER,
     DEADLINE_HEADER,
@@ -37,6 +40,11 @@ from dataservice.settings import Settings
 
 RETRY_BROKER_DOWN_S = 0.5
 _EPOCHS_KEPT = 8
+# Broker connections a client publishes on, however many of its threads
+# publish at once: a publish holds one for a round trip.
+PUBLISH_CONNECTIONS = 2
+# The broker's epoch is asked at most this often (s), however many calls wait.
+_EPOCH_EVERY_S = 0.5
 
 
 def refused(refusal: AdmissionRefused, accepted: tuple[object, ...] = ()) -> ResourceExhausted:
@@ -51,17 +59,29 @@ def refused(refusal: AdmissionRefused, accepted: tuple[object, ...] = ()) -> Res
 
 
 class Transport:
-    def __init__(self, settings: Settings, config: Config, *, max_waiters: int = 64) -> None:
+    """``caller``: the caller whose reply channel (:attr:`inbox`) receives the
+    answers; without one, answers are read from :attr:`results`, under each
+    request's own key, by whoever published it."""
+
+    def __init__(
+        self, settings: Settings, config: Config, *, caller: str = "", max_waiters: int = 4
+    ) -> None:
         self.config = config
         self._app = celery_app("dataservice-client", settings, config, caller=True)
+        self._app.conf.broker_pool_limit = PUBLISH_CONNECTIONS
+        # Made lazily, as every pool here: a client that never reads a key
+        # this way holds no connection for it.
         self.results = ResultStore.from_url(
             settings.result_backend_url, max_waiters=max_waiters, bounded=True
         )
+        self.inbox = Inbox(settings.result_backend_url, caller) if caller else None
+        self._grace_s = config.results.grace_ms / 1000
         self._reply_to = self._app.thread_oid
         # Broker epochs seen to have ended, and when (monotonic): shared by
         # every handle of this client, so a backlog lost in one restart is
         # reported in one grace period, not one per handle.
         self._ended: dict[str, float] = {}
+        self._epoch_asked = 0.0
         self._lock = threading.Lock()
 
     def publish(
@@ -90,7 +110,9 @@ class Transport:
     ) -> str:
         """Publish in order; returns the broker's epoch they went out in. A
         refusal raises :class:`AdmissionRefused` (its ``sent``: how many went
-        before it, and its ``epoch``).
+        before it, and its ``epoch``). With an :attr:`inbox`, each item's
+        answer is expected there from just before it is pushed; an item not
+        pushed is expected no more.
         ``caller`` (when given) holds the messages to that caller's rate at
         admission, as the workers will; each item's operation (``read``, ...;
         '' if unknown) lets admission add what such a request takes to the
@@ -106,6 +128,7 @@ class Transport:
         # to the earliest deadline among the items.
         deadline_ms = min((item[2] for item in items), default=0)
         left_s = (deadline_ms - time.time() * 1000) / 1000
+        inbox = self.inbox
         try:
             # Only a channel is needed (admission pushes the message): a pooled
             # connection, waited for no longer than the deadline allows.
@@ -114,8 +137,8 @@ class Transport:
                 self._app.pool.acquire(block=True, timeout=left()) as connection,
             ):
                 channel = connection.default_channel
-                for body, request_id, deadline_ms, operation, ops in items:
-                    headers: dict[str, Any] = {DEADLINE_HEADER: deadline_ms}
+                for body, request_id, item_deadline_ms, operation, ops in items:
+                    headers: dict[str, Any] = {DEADLINE_HEADER: item_deadline_ms}
                     if caller:
                         headers[CALLER_HEADER] = caller
                     if operation:
@@ -123,6 +146,9 @@ class Transport:
                     if ops > 1:
                         headers[OPS_HEADER] = ops
                     message = task_message(body, request_id, queue, headers, self._reply_to)
+                    if inbox is not None:
+                        lapses_in_s = (item_deadline_ms - time.time() * 1000) / 1000
+                        inbox.expect(request_id, lapses_in_s + self._grace_s)
                     try:
                         epoch = channel.admit(queue, message)
                     except AdmissionRefused as refused_here:
@@ -132,15 +158,32 @@ class Transport:
                         break
                     sent += 1
         except (BrokerError, redis.RedisError, LimitExceeded):
+            # Whatever went out before the failure, its caller hears only the
+            # failure: none of its answers is waited for.
+            if inbox is not None:
+                for item in items:
+                    inbox.forget(item[1])
             if time.time() * 1000 >= deadline_ms:
                 raise DeadlineExceeded("the deadline passed before the broker answered") from None
             raise Unavailable(
                 "the broker is unreachable", retry_after=RETRY_BROKER_DOWN_S
             ) from None
         if refusal is not None:
+            if inbox is not None:
+                for item in items[sent:]:
+                    inbox.forget(item[1])
             refusal.sent, refusal.epoch = sent, epoch
             raise refusal
         return epoch
+
+    @property
+    def replies(self) -> Inbox:
+        """The reply channel, for a transport that has one."""
+        if self.inbox is None:
+            raise InternalError(
+                "this transport has no reply channel (it was made without a caller)"
+            )
+        return self.inbox
 
     def ended_for(self, epoch: str) -> float | None:
         """How long ago this client first saw that the broker's epoch is no
@@ -156,6 +199,11 @@ class Transport:
         left_s = (deadline_ms - time.time() * 1000) / 1000
         if left_s <= 0 or self.ended_for(epoch) is not None:
             return
+        with self._lock:
+            # However many calls wait, one look per interval answers them all.
+            if time.monotonic() - self._epoch_asked < _EPOCH_EVERY_S:
+                return
+            self._epoch_asked = time.monotonic()
         try:
             with (
                 within(left_s),
@@ -172,5 +220,7 @@ class Transport:
                     del self._ended[next(iter(self._ended))]
 
     def close(self) -> None:
+        if self.inbox is not None:
+            self.inbox.close()
         self.results.close()
         self._app.close()
