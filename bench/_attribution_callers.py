@@ -24,7 +24,7 @@ from bench._attribution_wire import (
 from dataservice.bounded import SLACK_S, left, within
 from dataservice.broker import celery_app
 from dataservice.client import Client
-from dataservice.client.transport import refused
+from dataservice.client.publisher import refusal_error
 from dataservice.config import Config
 from dataservice.enums import LaneName, ReadMode
 from dataservice.errors import DeadlineExceeded
@@ -85,7 +85,7 @@ class JsonReader:
             ):
                 connection.default_channel.admit(self._queue, message)
         except AdmissionRefused as refusal:
-            raise refused(refusal) from None
+            raise refusal_error(refusal) from None
         body = self._results.wait(CALLER, request_id, deadline_ms / 1000 - time.time())
         if body is None:
             raise DeadlineExceeded(f"no answer to {request_id} within {timeout_s} s")

@@ -12,7 +12,8 @@ import pytest
 import redis
 
 from dataservice import Client, ReadOp, ResourceExhausted, WriteOp
-from dataservice.client.transport import Transport, refused
+from dataservice.client.publisher import refusal_error
+from dataservice.client.transport import Transport
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.keys import admission_key, held_key
@@ -234,7 +235,7 @@ def test_a_caller_over_its_rate_is_refused_before_the_queue(
                 outcomes.append("queued")
             except AdmissionRefused as refusal:
                 outcomes.append(refusal.reason)
-                error = refused(refusal)
+                error = refusal_error(refusal)
                 assert error.reason == "rate_limited"
                 assert 0 < error.retry_after <= 1 / policy.rate_per_s + 0.01
         # Unpaced messages (no caller named) only meet the queue's bounds.

@@ -108,7 +108,7 @@ def _op(
 def send(client: Client, own: Settings, ops: list[pb.BatchOperation]) -> list[Handle]:
     """``ops`` in batch messages as full as the lane takes them, as ``submit_many``
     packs them, but unchecked; a handle per operation."""
-    transport = client._publisher.transport
+    transport = client._transport
     most = client.config.lanes.batch.max_ops_per_message
     items = []
     carriers = []

@@ -191,4 +191,4 @@ def test_a_client_with_a_wrong_key_hears_unauthenticated_well_before_its_deadlin
         with pytest.raises(Unauthenticated):
             client.read("t-inbox", "anything", mode=ReadMode.PRIMARY, timeout=20)
         # The refusal came under the request's own key and a look found it.
-        assert client._publisher.transport.replies.slots.looked_up == 1
+        assert client._transport.replies.slots.looked_up == 1

@@ -104,7 +104,7 @@ def test_an_uncollected_answer_is_let_go_at_deadline_plus_grace(
     assert handle.done()
     # The reader took it off the channel into the handle's slot; nothing of
     # it stays in Redis.
-    replies = process_client._publisher.transport.replies
+    replies = process_client._transport.replies
     results = redis.Redis.from_url(process_settings.result_backend_url)
     keys = [result_key(handle.caller, handle.request_id), reply_key(handle.caller, replies.channel)]
     assert replies.expecting(handle.request_id)

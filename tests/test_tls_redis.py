@@ -144,12 +144,12 @@ def test_the_other_redis_clients_work_over_tls(
     settings: Settings, config: Config, database: Engine, tls_server: TLSRedis, tmp_path: Path
 ) -> None:
     """Worker processes (their broker consumer, limits client and answers),
-    the supervisor and the client's result store, all on the TLS Redis."""
+    the supervisor, the result store and the client (its reply channel), all on the TLS Redis."""
     url = tls_server.url(db=2)
     tls_settings = on_redis(settings, url)
     redis.Redis.from_url(url).flushdb()
     results = ResultStore.from_url(url)
-    assert not results.ready("tests", uuid.uuid4().hex)
+    assert results.wait("tests", uuid.uuid4().hex, 0.01) is None
     results.close()
     supervisor = Supervisor(tls_settings, config, tmp_path / "logs")
     supervisor.start()

@@ -5,8 +5,8 @@
 - :mod:`.inbox`: the client's one reply channel, read by one thread over one
   connection, its answers handed to the calls that wait for them.
 - :mod:`.pacer`: a caller's rate, kept in its own process.
-- :mod:`.transport`: publish to a lane (through admission) on at most two
-  broker connections, each request's answer expected on the inbox first.
+- :mod:`.transport`: publish to a lane (through admission) on one broker
+  connection, each request's answer expected on the inbox first.
 """
 
 from dataservice.client.client import Client

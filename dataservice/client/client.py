@@ -1,43 +1,27 @@
-"""The caller's API: awaited calls on the interactive lane, handles on the batch lane.
+"""The caller's API, synchronous: awaited calls on the interactive lane,
+handles on the batch lane. Its threads share one reply channel (one reader
+thread, one connection) and one broker connection, however many call at once.
 
-Every request is signed with the caller's key (:mod:`dataservice.auth`).
-Interactive calls retry a retryable answer (``RESOURCE_EXHAUSTED``,
-``UNAVAILABLE``) within their one deadline: at most
-``client.retry.max_attempts`` attempts, each wait the answer's retry-after
-plus a random share of an exponentially growing cap ("full jitter"), so
-callers refused together do not come back together. Every attempt is a new
-message with a new request id; a write or delete keeps its idempotency key
-across attempts (the client always sets one), so a retry never applies a
-change twice. A lane too full to serve the call in time (``queue_full``,
-``queue_bytes``, ``queue_too_long``) is not retried: the caller hears at once.
-The client's throttle (:mod:`.throttle`) may refuse a call before it is
-sent (``throttled``), and decides whether a refused one may try again.
+Every request is signed with the caller's key (:mod:`dataservice.auth`); how
+calls retry is :mod:`.base`'s, shared with :class:`~.async_client.AsyncClient`.
 """
 
 from __future__ import annotations
 
 import builtins
-import random
+import functools
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TypeVar
 
-from dataservice.callers import CallerKey, load_keyring
-from dataservice.client.handle import Handle, gather, now_ms
-from dataservice.client.publisher import Publisher, mutation_key
+from dataservice.callers import CallerKey
+from dataservice.client.base import BaseClient, expect, signing_key
+from dataservice.client.handle import Handle, gather
+from dataservice.client.publisher import Outgoing, Publisher, mutation_key
 from dataservice.client.transport import Transport
 from dataservice.config import Config
 from dataservice.enums import LaneName, ReadMode
-from dataservice.errors import (
-    DataServiceError,
-    InternalError,
-    InvalidArgument,
-    RequestError,
-    ResourceExhausted,
-    RetryableError,
-)
-from dataservice.identifiers import CALLER_RE
-from dataservice.refusals import Reason
+from dataservice.errors import DataServiceError, RequestError, ResourceExhausted, RetryableError
+from dataservice.limits.admission import AdmissionRefused
 from dataservice.settings import Settings
 from dataservice.types import (
     DeleteOp,
@@ -46,7 +30,6 @@ from dataservice.types import (
     Operation,
     Page,
     ReadMany,
-    ReadManyOp,
     ReadOp,
     Record,
     Result,
@@ -54,31 +37,14 @@ from dataservice.types import (
     WriteResult,
 )
 
-R = TypeVar("R", Record, WriteResult, DeleteResult, Page, ReadMany)
 
-# Refusals a call does not retry itself: the lane cannot serve it within its
-# deadline now (a later attempt would have less time still), or this
-# client's throttle says the service is refusing most of what it is sent.
-# The caller hears at once, with the retry-after, and decides. (With the
-# throttle off, the client retries them as it did before it had one.)
-FINAL_REFUSALS = frozenset(
-    {Reason.QUEUE_FULL, Reason.QUEUE_BYTES, Reason.QUEUE_TOO_LONG, Reason.THROTTLED}
-)
-
-
-def _expect(result: Result, kind: type[R]) -> R:
-    if not isinstance(result, kind):
-        raise InternalError(f"the service answered with a {type(result).__name__}")
-    return result
-
-
-class Client:
+class Client(BaseClient):
     """A caller of the data service.
 
     ``read``, ``write``, ``delete`` and ``list`` run on the interactive lane and
     wait for the answer; ``timeout`` (seconds) becomes the request's deadline,
     capped at the lane's maximum. ``submit`` and ``submit_many`` enqueue on the
-    batch lane and return :class:`Handle` objects.
+    batch lane and return :class:`Handle` objects. Safe to share between threads.
     """
 
     def __init__(
@@ -86,15 +52,12 @@ class Client:
     ) -> None:
         """``key`` signs the requests; by default, the caller's first key in the
         callers file (``DATASERVICE_CALLERS_FILE``)."""
-        if not CALLER_RE.fullmatch(caller):
-            raise InvalidArgument(f"caller name is malformed (allowed: {CALLER_RE.pattern})")
-        key = load_keyring(settings.callers_file).signing_key(caller) if key is None else key
-        if key.caller != caller:
-            raise InvalidArgument("the signing key belongs to another caller")
+        key = signing_key(caller, settings, key)
         self.caller = caller
         self.config = config
-        transport = Transport(settings, config, caller=caller)
-        self._publisher = Publisher(caller, key, transport, config)
+        self._transport = Transport(settings, config, caller=caller)
+        self._publisher = Publisher(caller, key, config, self._transport.replies.channel)
+        self._make = functools.partial(Handle, self._transport, caller)
 
     @classmethod
     def from_env(cls, caller: str, environ: Mapping[str, str] | None = None) -> Client:
@@ -109,7 +72,7 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self._publisher.transport.close()
+        self._transport.close()
 
     # Interactive lane -------------------------------------------------------
 
@@ -121,7 +84,7 @@ class Client:
         mode: ReadMode = ReadMode.ALLOW_CACHED,
         timeout: float | None = None,
     ) -> Record:
-        return _expect(self._call(ReadOp(scope, object_id, mode), timeout), Record)
+        return expect(self._call(ReadOp(scope, object_id, mode), timeout), Record)
 
     def read_many(
         self,
@@ -143,38 +106,15 @@ class Client:
         retries, all within the one deadline. Errors of the whole call (a
         refused publish, the deadline) are raised as :meth:`read` raises them.
         """
-        reads = [
-            ReadOp(scope, one, mode) if isinstance(one, str) else ReadOp(one[0], one[1], mode)
-            for one in ids
-        ]
+        plan = self._read_many_plan(scope, ids, mode)
         deadline = self._publisher.deadline(LaneName.INTERACTIVE, timeout)
-        most = self.config.lanes.interactive.max_ops_per_message
-        results: builtins.list[Record | RequestError | None] = [None] * len(reads)
-        todo = builtins.list(range(len(reads)))
-        attempt = 1
-        retry = self.config.client.retry
-        while todo:
-            again: builtins.list[int] = []
-            wait_s = 0.0
-            for start in range(0, len(todo), most):
-                chunk = todo[start : start + most]
-                operation = ReadManyOp(tuple(reads[i] for i in chunk))
-                answer = _expect(self._call(operation, None, deadline), ReadMany)
-                for i, one in zip(chunk, answer.results, strict=True):
-                    results[i] = one
-                    if not isinstance(one, RetryableError):
-                        continue
-                    if one.reason == Reason.RESPONSE_FULL:
-                        again.append(i)
-                    elif attempt < retry.max_attempts and one.reason not in FINAL_REFUSALS:
-                        again.append(i)
-                        wait_s = max(wait_s, one.retry_after)
-            todo, attempt = again, attempt + 1
-            if todo and wait_s:
-                if now_ms() + wait_s * 1000 >= deadline:
-                    break
-                time.sleep(wait_s)
-        return [one for one in results if one is not None]
+        while True:
+            for chunk, operation in plan.messages():
+                plan.took(chunk, expect(self._call(operation, None, deadline), ReadMany))
+            wait_s = plan.next_round(deadline)
+            if wait_s is None:
+                return plan.results()
+            time.sleep(wait_s)
 
     def write(
         self,
@@ -187,7 +127,7 @@ class Client:
         timeout: float | None = None,
     ) -> WriteResult:
         operation = WriteOp(scope, object_id, payload, idempotency_key, expected_revision)
-        return _expect(self._call(operation, timeout), WriteResult)
+        return expect(self._call(operation, timeout), WriteResult)
 
     def delete(
         self,
@@ -199,7 +139,7 @@ class Client:
         timeout: float | None = None,
     ) -> DeleteResult:
         operation = DeleteOp(scope, object_id, idempotency_key, expected_revision)
-        return _expect(self._call(operation, timeout), DeleteResult)
+        return expect(self._call(operation, timeout), DeleteResult)
 
     def list(
         self,
@@ -209,7 +149,7 @@ class Client:
         cursor: str | None = None,
         timeout: float | None = None,
     ) -> Page:
-        return _expect(self._call(ListOp(scope, page_size, cursor), timeout), Page)
+        return expect(self._call(ListOp(scope, page_size, cursor), timeout), Page)
 
     # Batch lane -------------------------------------------------------------
 
@@ -224,12 +164,11 @@ class Client:
         All are validated before any is sent: one bad operation enqueues none.
         """
         deadline = self._publisher.deadline(LaneName.BATCH, timeout)
-        return self._publisher.send_batch(builtins.list(operations), deadline)
+        return self._send(self._publisher.many(builtins.list(operations), deadline))
 
     def results(self, handles: Sequence[Handle]) -> builtins.list[Result | DataServiceError]:
         """Every handle's answer, or the error it raises, in their order, as
-        :meth:`Handle.result` would give each; collected in one round trip
-        per few hundred answers (a batch's answers come together)."""
+        :meth:`Handle.result` would give each."""
         return gather(handles)
 
     # Internals --------------------------------------------------------------
@@ -241,28 +180,29 @@ class Client:
         if deadline is None:
             deadline = self._publisher.deadline(LaneName.INTERACTIVE, timeout)
         key = mutation_key(operation)
-        retry = self.config.client.retry
         attempt = 1
         while True:
             try:
                 return self._attempt(operation, deadline, key)
             except RetryableError as exc:
-                throttle = self._publisher.throttle
-                final = throttle.config.enabled and exc.reason in FINAL_REFUSALS
-                if final or attempt >= retry.max_attempts:
-                    raise
-                if not throttle.may_retry(LaneName.INTERACTIVE, exc.reason):
-                    raise
-                cap_ms = min(retry.backoff_max_ms, retry.backoff_base_ms << (attempt - 1))
-                delay_ms = exc.retry_after * 1000 + random.uniform(0, cap_ms)
-                if now_ms() + delay_ms >= deadline:
+                delay_ms = self._retry_in_ms(exc, attempt, deadline)
+                if delay_ms is None:
                     raise
                 time.sleep(delay_ms / 1000)
                 attempt += 1
 
     def _attempt(self, operation: Operation, deadline: int, key: str) -> Result:
         try:
-            return self._publisher.send(operation, deadline, key).result()
+            return self._send(self._publisher.one(operation, deadline, key))[0].result()
         except ResourceExhausted as exc:
             self._publisher.held_back(exc)
             raise
+
+    def _send(self, out: Outgoing) -> builtins.list[Handle]:
+        try:
+            epoch = self._transport.publish_many(out.items, lane=out.lane, caller=self.caller)
+        except AdmissionRefused as refusal:
+            made = self._publisher.handles(out, refusal.epoch, self._make, refusal.sent)
+            raise self._publisher.refused(out, refusal, made) from None
+        self._publisher.accepted(out)
+        return self._publisher.handles(out, epoch, self._make)

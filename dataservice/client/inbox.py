@@ -255,8 +255,12 @@ class Inbox:
         self._stop.set()
         with self._start:
             thread = self._thread
-        if thread is not None:
-            thread.join(SLICE_S + 1)
+        until = time.monotonic() + SLICE_S + 1
+        while thread is not None and thread.is_alive() and time.monotonic() < until:
+            # Cut the reader's blocking read short rather than wait out its
+            # slice (again, if it was still connecting the last time).
+            self._redis.connection_pool.disconnect()
+            thread.join(0.02)
         self._redis.close()
         self._redis.connection_pool.disconnect()
 
@@ -272,6 +276,8 @@ class Inbox:
                 if due:
                     self._look(due)
             except redis.RedisError as exc:
+                if self._stop.is_set():
+                    break
                 if not self._failing:
                     log.warning("reply channel unreadable: %s", type(exc).__name__)
                 self._failing = True

@@ -1,17 +1,19 @@
-"""What a caller's request goes through before it waits: its envelope, its
-signature, the caller's pace in this process, and the lane's admission."""
+"""What a caller's request goes through before it is published: its
+envelope, its signature, the caller's pace in this process and the throttle;
+and what admission's answer does to the throttle. Shared by both clients."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from dataservice.auth import sign
 from dataservice.callers import CallerKey
 from dataservice.client import throttle
-from dataservice.client.handle import Carrier, Handle, now_ms
+from dataservice.client.handle import Carrier, now_ms
 from dataservice.client.pacer import PACER
-from dataservice.client.transport import Transport, refused
 from dataservice.codec import (
     batch_envelope,
     batch_operation,
@@ -24,7 +26,7 @@ from dataservice.enums import LaneName
 from dataservice.errors import InvalidArgument, ResourceExhausted
 from dataservice.limits.admission import AdmissionRefused
 from dataservice.proto import pb
-from dataservice.refusals import Reason
+from dataservice.refusals import LIMIT_MESSAGES, Reason
 from dataservice.types import DeleteOp, Operation, WriteOp
 
 # A batch message's own fields around its operations, and each operation's
@@ -33,8 +35,25 @@ _BATCH_FRAMING = 256
 _OPERATION_FRAMING = 16
 
 
-# What send_batch sends an operation as: a batch's part, or an envelope of its own.
+# What a batch sends an operation as: a batch's part, or an envelope of its own.
 Prepared = pb.BatchOperation | pb.RequestEnvelope
+H_co = TypeVar("H_co", covariant=True)
+# One message for the transport: the signed body, the message id, its
+# deadline, its operation and how many operations it carries.
+Item = tuple[bytes, str, int, str, int]
+
+
+def refusal_error(
+    refusal: AdmissionRefused, accepted: tuple[object, ...] = ()
+) -> ResourceExhausted:
+    """The caller's error for an admission refusal (``accepted``: what went before it)."""
+    rate = refusal.reason is Reason.RATE_LIMITED
+    return ResourceExhausted(
+        LIMIT_MESSAGES[refusal.reason] + ("; not queued" if rate else "; retry later"),
+        retry_after=refusal.retry_after_ms / 1000,
+        reason=refusal.reason,
+        accepted=accepted,
+    )
 
 
 def new_request_id() -> str:
@@ -49,15 +68,45 @@ def mutation_key(operation: Operation) -> str:
     return ""
 
 
-class Publisher:
-    """One caller's way onto the lanes."""
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """Requests ready for a lane: what the transport publishes and, per
+    message, what it carries."""
 
-    def __init__(self, caller: str, key: CallerKey, transport: Transport, config: Config) -> None:
+    lane: LaneName
+    deadline_ms: int
+    items: list[Item]
+    messages: list[tuple[pb.RequestEnvelope, list[Prepared]]]
+
+    @property
+    def count(self) -> int:
+        """The operations it carries in all."""
+        return sum(len(carried) for _, carried in self.messages)
+
+
+class MakeHandle(Protocol[H_co]):
+    """A client's handle for one operation: (request id, deadline, epoch,
+    idempotency key, the batch message's carrier if it went in one)."""
+
+    def __call__(
+        self, request_id: str, deadline_ms: int, epoch: str, key: str, carrier: Carrier | None
+    ) -> H_co: ...
+
+
+class Publisher:
+    """One caller's way onto the lanes, without I/O: requests built, signed
+    and checked against the caller's pace and the throttle before they go
+    (:meth:`one`, :meth:`many`); the throttle told how admission answered
+    (:meth:`accepted`, :meth:`refused`); a handle made per operation sent
+    (:meth:`handles`). The clients publish in between, each its own way."""
+
+    def __init__(self, caller: str, key: CallerKey, config: Config, channel: str) -> None:
         policy = config.callers.get(caller)
         self.caller = caller
-        self.transport = transport
         self._key = key
         self._config = config
+        # Every answer comes on the client's reply channel.
+        self._channel = channel
         self._rate = None if policy is None else policy.rate
         self.throttle = throttle.for_caller(caller, config.client.throttle)
 
@@ -72,43 +121,25 @@ class Publisher:
             budget_ms = min(int(timeout * 1000), lane_config.max_deadline_ms)
         return now_ms() + budget_ms
 
-    def send(self, operation: Operation, deadline_ms: int, key: str) -> Handle:
-        """Publish one interactive request (one attempt) and return its handle.
-
-        A refusal is raised as ``ResourceExhausted``; the caller, which also
-        sees the service's refusals, passes either to :meth:`held_back`."""
+    def one(self, operation: Operation, deadline_ms: int, key: str) -> Outgoing:
+        """One interactive request (one attempt), or the refusal of the
+        caller's pace or the throttle raised as ``ResourceExhausted`` (which
+        the caller, seeing the service's refusals too, passes to :meth:`held_back`)."""
         envelope = self._envelope(operation, deadline_ms, key)
         ops = operation_count(envelope)
         self.throttle.check(LaneName.INTERACTIVE)
         PACER.take(self.caller, None if self._rate is None else self._rate.paced(ops))
-        try:
-            epoch = self.transport.publish(
-                self._sign(envelope),
-                request_id=envelope.request_id,
-                lane=LaneName.INTERACTIVE,
-                deadline_ms=deadline_ms,
-                caller=self.caller,
-                operation=envelope.WhichOneof("operation") or "",
-                ops=ops,
-            )
-        except AdmissionRefused as refusal:
-            error = refused(refusal)
-            self.throttle.refused(LaneName.INTERACTIVE, error)
-            raise error from None
-        # Accepted once admitted: an answer comes about a window later, too
-        # late for the throttle to see the service accepting again in time.
-        self.throttle.outcome(LaneName.INTERACTIVE, 1, 1)
-        return Handle(
-            self.transport,
-            self.caller,
+        item = (
+            self._sign(envelope),
             envelope.request_id,
             deadline_ms,
-            epoch,
-            envelope.idempotency_key,
+            envelope.WhichOneof("operation") or "",
+            ops,
         )
+        return Outgoing(LaneName.INTERACTIVE, deadline_ms, [item], [(envelope, [envelope])])
 
-    def send_batch(self, operations: Sequence[Operation], deadline_ms: int) -> list[Handle]:
-        """Publish every operation on the batch lane, all validated before any is
+    def many(self, operations: Sequence[Operation], deadline_ms: int) -> Outgoing:
+        """Every operation for the batch lane, all validated before any is
         sent: runs of writes and deletes packed into batch messages
         (:meth:`_pack`), the rest one message each, in the order given."""
         prepared = [self._prepared(op, deadline_ms) for op in operations]
@@ -117,48 +148,47 @@ class Publisher:
         # only a standing rate refusal holds it back.
         PACER.take(self.caller, None)
         self.throttle.check(LaneName.BATCH, len(prepared))
-
-        def handles(epoch: str, count: int | None = None) -> list[Handle]:
-            made = []
-            for message, carried in messages[:count]:
-                # A batch message's operations are answered together, under its id.
-                carrier = Carrier(message.request_id, deadline_ms) if len(carried) > 1 else None
-                made += [
-                    Handle(
-                        self.transport,
-                        self.caller,
-                        one.request_id,
-                        deadline_ms,
-                        epoch,
-                        one.idempotency_key,
-                        carrier,
-                    )
-                    for one in carried
-                ]
-            return made
-
-        try:
-            epoch = self.transport.publish_many(
-                (
-                    (
-                        self._sign(message),
-                        message.request_id,
-                        deadline_ms,
-                        message.WhichOneof("operation") or "",
-                        len(carried),
-                    )
-                    for message, carried in messages
-                ),
-                lane=LaneName.BATCH,
-                caller=self.caller,
+        items: list[Item] = [
+            (
+                self._sign(message),
+                message.request_id,
+                deadline_ms,
+                message.WhichOneof("operation") or "",
+                len(carried),
             )
-        except AdmissionRefused as refusal:
-            error = refused(refusal, tuple(handles(refusal.epoch, refusal.sent)))
-            self.throttle.refused(LaneName.BATCH, error, len(error.accepted))
+            for message, carried in messages
+        ]
+        return Outgoing(LaneName.BATCH, deadline_ms, items, messages)
+
+    def accepted(self, out: Outgoing) -> None:
+        # Accepted once admitted: an answer comes about a window later, too
+        # late for the throttle to see the service accepting again in time.
+        self.throttle.outcome(out.lane, out.count, out.count)
+
+    def refused(
+        self, out: Outgoing, refusal: AdmissionRefused, made: Sequence[object] = ()
+    ) -> ResourceExhausted:
+        """The caller's error for admission's refusal of ``out`` (``made``: the
+        handles of what it accepted before)."""
+        error = refusal_error(refusal, tuple(made))
+        self.throttle.refused(out.lane, error, len(error.accepted))
+        if out.lane is LaneName.BATCH:
             self.held_back(error)
-            raise error from None
-        self.throttle.outcome(LaneName.BATCH, len(prepared), len(prepared))
-        return handles(epoch)
+        return error
+
+    def handles(
+        self, out: Outgoing, epoch: str, make: MakeHandle[H_co], sent: int | None = None
+    ) -> list[H_co]:
+        """A handle per operation of the first ``sent`` messages (all: None)."""
+        made = []
+        for message, carried in out.messages[:sent]:
+            # A batch message's operations are answered together, under its id.
+            carrier = Carrier(message.request_id, out.deadline_ms) if len(carried) > 1 else None
+            made += [
+                make(one.request_id, out.deadline_ms, epoch, one.idempotency_key, carrier)
+                for one in carried
+            ]
+        return made
 
     def _prepared(self, operation: Operation, deadline_ms: int) -> Prepared:
         """A write or delete as a batch carries it; anything else as its own envelope."""
@@ -218,10 +248,7 @@ class Publisher:
             PACER.refused(self.caller, error.retry_after)
 
     def _sign(self, envelope: pb.RequestEnvelope) -> bytes:
-        inbox = self.transport.inbox
-        if inbox is not None:
-            # Answered on the client's reply channel, with all its others.
-            envelope.reply_channel = inbox.channel
+        envelope.reply_channel = self._channel
         return sign(envelope.SerializeToString(), self._key)
 
     def _envelope(self, operation: Operation, deadline_ms: int, key: str) -> pb.RequestEnvelope:

@@ -3,7 +3,7 @@
 Messages follow Celery's task protocol, so any Celery worker or tool reads
 them; the client builds each one itself (:mod:`.message`) and pushes it
 through the broker channel's admission, on a connection from Celery's
-connection pool (at most :data:`PUBLISH_CONNECTIONS` of them). A client's
+connection pool (:data:`PUBLISH_CONNECTIONS`). A client's
 answers come back on its reply channel (:class:`~.inbox.Inbox`), whose slot
 for each request is made before the request is published. No Celery type
 leaves this module.
@@ -26,7 +26,7 @@ from dataservice.client.inbox import Inbox
 from dataservice.client.message import task_message
 from dataservice.config import Config
 from dataservice.enums import LaneName
-from dataservice.errors import DeadlineExceeded, InternalError, ResourceExhausted, Unavailable
+from dataservice.errors import DeadlineExceeded, InternalError, Unavailable
 from dataservice.limits.admission import (
     CALLER_HEADER,
     DEADLINE_HEADER,
@@ -34,28 +34,18 @@ from dataservice.limits.admission import (
     OPS_HEADER,
     AdmissionRefused,
 )
-from dataservice.refusals import LIMIT_MESSAGES, Reason
 from dataservice.results import ResultStore
 from dataservice.settings import Settings
 
 RETRY_BROKER_DOWN_S = 0.5
 _EPOCHS_KEPT = 8
 # Broker connections a client publishes on, however many of its threads
-# publish at once: a publish holds one for a round trip.
-PUBLISH_CONNECTIONS = 2
+# publish at once: a publish holds one for a round trip, far less than the
+# rest of a call costs its thread. (Each holds two Redis connections: kombu
+# checks a new channel on a pool of its own.)
+PUBLISH_CONNECTIONS = 1
 # The broker's epoch is asked at most this often (s), however many calls wait.
 _EPOCH_EVERY_S = 0.5
-
-
-def refused(refusal: AdmissionRefused, accepted: tuple[object, ...] = ()) -> ResourceExhausted:
-    """The caller's error for an admission refusal (``accepted``: what went before it)."""
-    rate = refusal.reason is Reason.RATE_LIMITED
-    return ResourceExhausted(
-        LIMIT_MESSAGES[refusal.reason] + ("; not queued" if rate else "; retry later"),
-        retry_after=refusal.retry_after_ms / 1000,
-        reason=refusal.reason,
-        accepted=accepted,
-    )
 
 
 class Transport:
@@ -68,7 +58,10 @@ class Transport:
     ) -> None:
         self.config = config
         self._app = celery_app("dataservice-client", settings, config, caller=True)
-        self._app.conf.broker_pool_limit = PUBLISH_CONNECTIONS
+        # A pool of its own: the app's (broker_pool_limit) resizes every kombu
+        # pool in the process, a worker's included.
+        self._connection = self._app.connection_for_write()
+        self._pool = self._connection.Pool(limit=PUBLISH_CONNECTIONS)
         # Made lazily, as every pool here: a client that never reads a key
         # this way holds no connection for it.
         self.results = ResultStore.from_url(
@@ -134,7 +127,7 @@ class Transport:
             # connection, waited for no longer than the deadline allows.
             with (
                 within(max(left_s, 0.0) + SLACK_S),
-                self._app.pool.acquire(block=True, timeout=left()) as connection,
+                self._pool.acquire(block=True, timeout=left()) as connection,
             ):
                 channel = connection.default_channel
                 for body, request_id, item_deadline_ms, operation, ops in items:
@@ -207,7 +200,7 @@ class Transport:
         try:
             with (
                 within(left_s),
-                self._app.pool.acquire(block=True, timeout=left()) as connection,
+                self._pool.acquire(block=True, timeout=left()) as connection,
             ):
                 now = str(connection.default_channel.epoch())
         except (BrokerError, redis.RedisError, LimitExceeded, OSError):
@@ -223,4 +216,6 @@ class Transport:
         if self.inbox is not None:
             self.inbox.close()
         self.results.close()
+        self._pool.force_close_all()
+        self._connection.release()
         self._app.close()

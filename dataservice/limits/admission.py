@@ -73,7 +73,7 @@ SERVICE_STALE_MS = 5000
 STANDING_AFTER_MS = 100
 SERVICE_PREFIX = "service:"
 
-_ADMIT = LuaScript("admit.lua")
+ADMIT = LuaScript("admit.lua")
 _SERVICE = LuaScript("service.lua")
 
 
@@ -214,6 +214,18 @@ def admit(
 
     With ``pacing`` (caller -> (interval µs, burst)), a message whose caller
     header names a known caller is also held to that caller's rate."""
+    return admitted(ADMIT(client, *admit_call(queue_key, lane, encoded, message, pacing)))
+
+
+def admit_call(
+    queue_key: str,
+    lane: LaneAdmission,
+    encoded: str,
+    message: dict[str, Any],
+    pacing: dict[str, Any] | None = None,
+) -> tuple[list[str], list[Any]]:
+    """The keys and arguments of :data:`ADMIT` for :func:`admit`'s push (for a
+    client that runs the script itself, on an asyncio connection)."""
     keys = [queue_key, lane.stats_key, lane.held_key, EPOCH_KEY]
     operation = message.get("headers", {}).get(OPERATION_HEADER)
     args: list[Any] = [
@@ -242,7 +254,11 @@ def admit(
     else:
         args += [0, 0]
     args.append(ops)
-    answer = _ADMIT(client, keys, args)
+    return keys, args
+
+
+def admitted(answer: Any) -> str:
+    """The epoch :data:`ADMIT` answered with, or its refusal raised."""
     reason = answer[0].decode() if isinstance(answer[0], bytes) else str(answer[0])
     if reason:
         raise AdmissionRefused(Reason(reason), int(answer[1]))

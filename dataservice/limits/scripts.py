@@ -17,6 +17,7 @@ from importlib import resources
 from typing import Any
 
 import redis
+from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import NoScriptError
 
 _INCLUDE = "--#include "
@@ -55,6 +56,14 @@ class LuaScript:
             return run("EVALSHA", self.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
         except NoScriptError:
             return run("EVAL", self.text, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+
+    async def run_async(self, client: AsyncRedis, keys: list[str], args: list[Any]) -> Any:
+        """The same, on an asyncio client."""
+        run = client.execute_command
+        try:
+            return await run("EVALSHA", self.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+        except NoScriptError:
+            return await run("EVAL", self.text, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
 
 
 def run_pipelined(
