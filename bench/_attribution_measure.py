@@ -263,7 +263,7 @@ def message_sizes(
             continue
         if name == b"LPUSH" and args[1] == queue.encode():
             messages.append(args[-1])
-        elif name == b"RPUSH" and args[1].startswith(b"ds:result:"):
+        elif name == b"RPUSH" and args[1].startswith((b"ds:result:", b"ds:reply:")):
             answers.append(len(args[2]))
         elif name == b"SETEX" and args[1].startswith(b"celery-task-meta-") and len(args) > 3:
             answers.append(len(args[3]))

@@ -3,7 +3,7 @@
 The public API is what this module exports; everything else is internal.
 """
 
-from dataservice.client import Client, Handle
+from dataservice.client import AsyncClient, AsyncHandle, Client, Handle
 from dataservice.config import Config, load_config
 from dataservice.enums import LaneName, ReadMode, StatusCode
 from dataservice.errors import (
@@ -42,6 +42,8 @@ from dataservice.types import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncClient",
+    "AsyncHandle",
     "Client",
     "Config",
     "ConfigError",

@@ -4,40 +4,47 @@ and every call gets its own answer. Real worker processes serve the reads."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
 
-from dataservice import Client, Record, WriteOp
+from dataservice import AsyncClient, Client, Record, WriteOp
 from dataservice.config import Config
 from dataservice.settings import Settings
 from dataservice.supervisor import Supervisor
-from tests.support import connections_of_this_process, own_local_ports
+from tests.support import bounded_admission, connections_of_this_process, own_local_ports
 
 # What a client process may hold, whatever its concurrency.
 MOST_CONNECTIONS = 4
 THREADS = 1000
+COROUTINES = 5000
 BURSTS = 3
+RECORDS = 200
+FAN_IN_REDIS_URL = "redis://127.0.0.1:6379/13"
 
 
 class Peak:
     """The most connections the process held, sampled while ``during`` runs."""
 
-    def __init__(self, redis_client: redis.Redis, opened_before: set[int]) -> None:
+    def __init__(self, redis_client: redis.Redis) -> None:
         self._redis = redis_client
         # Its own connection is not the client's.
         redis_client.ping()
-        self._before = opened_before | own_local_ports()
+        self._before = own_local_ports()
         self.most = 0
+
+    def count(self) -> int:
+        return connections_of_this_process(self._redis, self._before)
 
     def during(self, run: Callable[[], None]) -> None:
         stop = threading.Event()
 
         def sample() -> None:
             while not stop.wait(0.02):
-                self.most = max(self.most, connections_of_this_process(self._redis, self._before))
+                self.most = max(self.most, self.count())
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
@@ -46,28 +53,45 @@ class Peak:
         finally:
             stop.set()
             sampler.join(5)
-        self.most = max(self.most, connections_of_this_process(self._redis, self._before))
+        self.most = max(self.most, self.count())
 
 
-@pytest.fixture
-def records(process_client: Client, scope: str) -> list[str]:
-    ids = [f"r{n}" for n in range(200)]
-    # Each record's payload is its id: an answer shows whose it is.
-    writes = [WriteOp(scope, i, i.encode()) for i in ids]
-    for handle in process_client.submit_many(writes, timeout=60):
-        handle.result()
-    return ids
+@pytest.fixture(scope="module")
+def fleet(
+    settings: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Settings, Config, list[str]]]:
+    """Worker processes whose interactive lane admits a burst of 5,000 at
+    once (the shipped bounds refuse most of it: 2,000 messages, a 500 ms
+    standing queue), and records whose payloads are their ids."""
+    directory = tmp_path_factory.mktemp("fan-in")
+    bounds = {"max_messages": 20_000, "max_bytes": 1 << 26}
+    with bounded_admission(settings, FAN_IN_REDIS_URL, directory, interactive=bounds) as bounded:
+        fan_in_settings, config, _ = bounded
+        supervisor = Supervisor(fan_in_settings, config, directory / "logs")
+        supervisor.start()
+        try:
+            supervisor.wait_ready()
+            ids = [f"r{n}" for n in range(RECORDS)]
+            with Client("tests", fan_in_settings, config) as client:
+                writes = [WriteOp("fan-in", i, i.encode()) for i in ids]
+                for handle in client.submit_many(writes, timeout=60):
+                    handle.result()
+            yield fan_in_settings, config, ids
+        finally:
+            supervisor.stop()
+
+
+def _own(record: object, object_id: str) -> bool:
+    """The answer is the record asked for (its payload names it)."""
+    return isinstance(record, Record) and record.payload == object_id.encode()
 
 
 def test_a_thousand_threads_share_one_sync_client_on_four_connections(
-    worker_processes: Supervisor,
-    process_settings: Settings,
-    config: Config,
-    scope: str,
-    records: list[str],
+    fleet: tuple[Settings, Config, list[str]],
 ) -> None:
-    counter = redis.Redis.from_url(process_settings.result_backend_url)
-    peak = Peak(counter, own_local_ports())
+    settings, config, ids = fleet
+    counter = redis.Redis.from_url(settings.result_backend_url)
+    peak = Peak(counter)
     answered: list[bool] = []
     failures: list[BaseException] = []
 
@@ -75,14 +99,12 @@ def test_a_thousand_threads_share_one_sync_client_on_four_connections(
         start = threading.Barrier(THREADS)
 
         def call(n: int) -> None:
-            object_id = records[n % len(records)]
+            object_id = ids[n % len(ids)]
             start.wait(30)
             try:
-                record = client.read(scope, object_id, timeout=30)
+                answered.append(_own(client.read("fan-in", object_id, timeout=30), object_id))
             except BaseException as exc:
                 failures.append(exc)
-                return
-            answered.append(isinstance(record, Record) and record.payload == object_id.encode())
 
         threads = [threading.Thread(target=call, args=(n,)) for n in range(THREADS)]
         for thread in threads:
@@ -90,12 +112,40 @@ def test_a_thousand_threads_share_one_sync_client_on_four_connections(
         for thread in threads:
             thread.join(60)
 
-    with Client("tests", process_settings, config) as client:
+    with Client("tests", settings, config) as client:
         for _ in range(BURSTS):
             peak.during(lambda: burst(client))
     counter.close()
     assert not failures, failures[:3]
     assert len(answered) == THREADS * BURSTS
     assert all(answered)
-    print(f"peak connections: {peak.most}")
+    print(f"sync: {THREADS} threads, peak {peak.most} connections")
+    assert 0 < peak.most <= MOST_CONNECTIONS
+
+
+def test_five_thousand_coroutines_share_one_async_client_on_four_connections(
+    fleet: tuple[Settings, Config, list[str]],
+) -> None:
+    settings, config, ids = fleet
+    counter = redis.Redis.from_url(settings.result_backend_url)
+    peak = Peak(counter)
+    outcomes: list[object] = []
+
+    async def read(client: AsyncClient, object_id: str) -> bool:
+        return _own(await client.read("fan-in", object_id, timeout=30), object_id)
+
+    async def bursts() -> None:
+        async with AsyncClient("tests", settings, config) as client:
+            for _ in range(BURSTS):
+                calls = [read(client, ids[n % len(ids)]) for n in range(COROUTINES)]
+                outcomes.extend(await asyncio.gather(*calls, return_exceptions=True))
+                peak.most = max(peak.most, peak.count())
+
+    peak.during(lambda: asyncio.run(bursts()))
+    counter.close()
+    failures = [o for o in outcomes if not isinstance(o, bool)]
+    assert not failures, failures[:3]
+    assert len(outcomes) == COROUTINES * BURSTS
+    assert all(outcomes)
+    print(f"async: {COROUTINES} coroutines, peak {peak.most} connections")
     assert 0 < peak.most <= MOST_CONNECTIONS

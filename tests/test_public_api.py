@@ -9,7 +9,8 @@ from dataservice import errors
 def test_public_api_is_pinned() -> None:
     assert sorted(dataservice.__all__) == sorted(
         [
-            "Client", "Config", "ConfigError", "Conflict", "DataServiceError", "DeadlineExceeded",
+            "AsyncClient", "AsyncHandle", "Client", "Config", "ConfigError", "Conflict",
+            "DataServiceError", "DeadlineExceeded",
             "DeleteOp", "DeleteResult", "Handle", "InternalError", "InvalidArgument", "LaneName",
             "ListOp", "NotFound", "Operation", "Page", "PermissionDenied", "ReadMany",
             "ReadManyOp", "ReadMode", "ReadOp",

@@ -1,6 +1,8 @@
-"""The caller's side: :class:`Client` and its :class:`Handle`.
+"""The caller's side: :class:`Client` and its :class:`Handle`, and their
+asyncio twins :class:`AsyncClient` and :class:`AsyncHandle`.
 
-- :mod:`.client`: the API and the retry loop.
+- :mod:`.base`: what both clients share (retries, ``read_many``'s rounds).
+- :mod:`.client`, :mod:`.async_client`: the two APIs and their waits.
 - :mod:`.handle`: a submitted request and the wait for its answer.
 - :mod:`.inbox`: the client's one reply channel, read by one thread over one
   connection, its answers handed to the calls that wait for them.
@@ -9,7 +11,8 @@
   connection, each request's answer expected on the inbox first.
 """
 
+from dataservice.client.async_client import AsyncClient
 from dataservice.client.client import Client
-from dataservice.client.handle import Handle
+from dataservice.client.handle import AsyncHandle, Handle
 
-__all__ = ["Client", "Handle"]
+__all__ = ["AsyncClient", "AsyncHandle", "Client", "Handle"]

@@ -9,15 +9,19 @@ them is asked first takes the message's answer for all of them.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Sequence
+from typing import Generic, TypeVar
 
-from dataservice.client.transport import Transport
+from dataservice.client.transport import AsyncTransport, Transport
 from dataservice.codec import parse_response, result_of
 from dataservice.errors import DataServiceError, DeadlineExceeded, RequestLost, ResultNotReady
 from dataservice.proto import pb
 from dataservice.types import Result
+
+T = TypeVar("T", Transport, AsyncTransport)
 
 # How long a wait goes between looks at the broker's epoch: an answer that
 # comes sooner costs no look at all.
@@ -36,12 +40,15 @@ class Carrier:
     """One batch message's answer, shared by the handles of its operations:
     taken once, by whichever of them asks first (or by :func:`gather`)."""
 
-    __slots__ = ("_answers", "_lock", "_whole", "deadline_ms", "message_id")
+    __slots__ = ("_alock", "_answers", "_lock", "_whole", "deadline_ms", "message_id")
 
     def __init__(self, message_id: str, deadline_ms: int) -> None:
         self.message_id = message_id
         self.deadline_ms = deadline_ms
+        # Held by the handle taking the answer: a thread's, or a coroutine's
+        # (made on first use, on the loop that uses it).
         self._lock = threading.Lock()
+        self._alock: asyncio.Lock | None = None
         # The message's answer: each operation's, or one for all of them.
         self._answers: dict[str, pb.ResponseEnvelope] | None = None
         self._whole: pb.ResponseEnvelope | None = None
@@ -68,6 +75,12 @@ class Carrier:
         else:
             self._whole = response
 
+    @property
+    def alock(self) -> asyncio.Lock:
+        if self._alock is None:
+            self._alock = asyncio.Lock()
+        return self._alock
+
     def answer_for(self, request_id: str) -> pb.ResponseEnvelope | None:
         """Once settled: the operation's answer, the whole message's refusal,
         or None (the operation was dropped, its deadline passed)."""
@@ -76,16 +89,9 @@ class Carrier:
         return None if self._answers is None else self._answers.get(request_id)
 
 
-class Handle:
-    """A submitted request. Await it with :meth:`result`, or drop it: an answer
-    nobody collects expires with its deadline.
-
-    ``epoch`` is the broker's epoch the request was admitted in: a Redis that
-    restarts empty (it keeps nothing on disk) loses its queue and takes a new
-    epoch, and a handle that sees it raises :class:`RequestLost` instead of
-    waiting out its deadline. ``idempotency_key`` is the key a write or delete
-    went out under ('' for reads and lists): sent again under it, it is
-    applied once."""
+class HandleBase(Generic[T]):
+    """A submitted request: what both clients' handles keep and how they
+    read an answer (see :class:`Handle`)."""
 
     __slots__ = (
         "_carrier",
@@ -98,10 +104,11 @@ class Handle:
         "idempotency_key",
         "request_id",
     )
+    _transport: T
 
     def __init__(
         self,
-        transport: Transport,
+        transport: T,
         caller: str,
         request_id: str,
         deadline_ms: int,
@@ -134,6 +141,62 @@ class Handle:
             return True
         return self._transport.replies.ready(self._waits_on)
 
+    def _kept(self) -> Result | None:
+        """The answer already taken (raised again if it was an error)."""
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def _not_in(self, timeout: float | None, remaining: float) -> DataServiceError:
+        if timeout is not None and timeout < remaining:
+            return ResultNotReady(f"no answer to {self.request_id} within {timeout} s")
+        return DeadlineExceeded("no answer before the deadline", request_id=self.request_id)
+
+    def _settle(self, body: bytes) -> Result:
+        """Keep the answer (or its error) and return (or raise) it."""
+        try:
+            response = parse_response(body, self.request_id)
+        except DataServiceError as exc:
+            self._error = exc
+            raise
+        return self._take(response)
+
+    def _take(self, response: pb.ResponseEnvelope | None) -> Result:
+        if response is None:
+            # The worker dropped it: its deadline had passed when it was reached.
+            self._error = DeadlineExceeded(
+                "dropped: its deadline passed before it was served", request_id=self.request_id
+            )
+            raise self._error
+        try:
+            self._result = result_of(response, self.request_id)
+        except DataServiceError as exc:
+            self._error = exc
+            raise
+        return self._result
+
+    def _lost(self) -> RequestLost:
+        return RequestLost(
+            "the broker's Redis restarted empty after admitting this request, and no "
+            "answer came after it: the request, or its answer, was lost"
+            + ("; send it again under the same idempotency key" if self.idempotency_key else ""),
+            request_id=self.request_id,
+        )
+
+
+class Handle(HandleBase[Transport]):
+    """A submitted request. Wait for it with :meth:`result`, or drop it: an
+    answer nobody collects is let go at its deadline plus the grace.
+
+    ``epoch`` is the broker's epoch the request was admitted in: a Redis that
+    restarts empty (it keeps nothing on disk) loses its queue and takes a new
+    epoch, and a handle that sees it raises :class:`RequestLost` instead of
+    waiting out its deadline. ``idempotency_key`` is the key a write or delete
+    went out under ('' for reads and lists): sent again under it, it is
+    applied once."""
+
+    __slots__ = ()
+
     def result(self, timeout: float | None = None) -> Result:
         """Wait for the answer, at most until the deadline (or ``timeout`` seconds).
 
@@ -146,10 +209,9 @@ class Handle:
         ``Unavailable`` means the client's reply channel could not be read; the
         request may still complete: call again.
         """
-        if self._result is not None:
-            return self._result
-        if self._error is not None:
-            raise self._error
+        kept = self._kept()
+        if kept is not None:
+            return kept
         carrier = self._carrier
         if carrier is None:
             return self._settle(self._await(self.request_id, self.deadline_ms, timeout))
@@ -196,41 +258,66 @@ class Handle:
             replies.forget(wait_id)
         raise error
 
-    def _not_in(self, timeout: float | None, remaining: float) -> DataServiceError:
-        if timeout is not None and timeout < remaining:
-            return ResultNotReady(f"no answer to {self.request_id} within {timeout} s")
-        return DeadlineExceeded("no answer before the deadline", request_id=self.request_id)
 
-    def _settle(self, body: bytes) -> Result:
-        """Keep the answer (or its error) and return (or raise) it."""
-        try:
-            response = parse_response(body, self.request_id)
-        except DataServiceError as exc:
-            self._error = exc
-            raise
-        return self._take(response)
+class AsyncHandle(HandleBase[AsyncTransport]):
+    """A request submitted by :class:`~dataservice.AsyncClient`: as
+    :class:`Handle`, its :meth:`result` awaited. A cancelled await changes
+    nothing: the answer can still be awaited, and is let go at the deadline
+    plus the grace if nobody does."""
 
-    def _take(self, response: pb.ResponseEnvelope | None) -> Result:
-        if response is None:
-            # The worker dropped it: its deadline had passed when it was reached.
-            self._error = DeadlineExceeded(
-                "dropped: its deadline passed before it was served", request_id=self.request_id
-            )
-            raise self._error
-        try:
-            self._result = result_of(response, self.request_id)
-        except DataServiceError as exc:
-            self._error = exc
-            raise
-        return self._result
+    __slots__ = ()
 
-    def _lost(self) -> RequestLost:
-        return RequestLost(
-            "the broker's Redis restarted empty after admitting this request, and no "
-            "answer came after it: the request, or its answer, was lost"
-            + ("; send it again under the same idempotency key" if self.idempotency_key else ""),
-            request_id=self.request_id,
-        )
+    async def result(self, timeout: float | None = None) -> Result:
+        """As :meth:`Handle.result`."""
+        kept = self._kept()
+        if kept is not None:
+            return kept
+        carrier = self._carrier
+        if carrier is None:
+            return self._settle(await self._await(self.request_id, self.deadline_ms, timeout))
+        if not carrier.settled:
+            remaining = max(0.0, (carrier.deadline_ms - now_ms()) / 1000)
+            wait_s = remaining if timeout is None else min(timeout, remaining)
+            # A sibling may be taking the message's answer: wait for it, as long.
+            try:
+                async with asyncio.timeout(wait_s):
+                    await carrier.alock.acquire()
+            except TimeoutError:
+                raise self._not_in(timeout, remaining) from None
+            try:
+                if not carrier.settled:
+                    body = await self._await(carrier.message_id, carrier.deadline_ms, timeout)
+                    carrier.settle(body)
+            finally:
+                carrier.alock.release()
+        return self._take(carrier.answer_for(self.request_id))
+
+    async def _await(self, wait_id: str, deadline_ms: int, timeout: float | None) -> bytes:
+        """As :meth:`Handle._await`."""
+        replies = self._transport.replies
+        remaining = (deadline_ms - now_ms()) / 1000
+        until = time.monotonic() + (remaining if timeout is None else min(timeout, remaining))
+        while replies.expecting(wait_id):
+            left = max(0.0, until - time.monotonic())
+            ended = self._transport.ended_for(self.epoch) if self.epoch else None
+            hopeless = ended is not None and ended >= LOST_AFTER_S
+            body = await replies.wait(wait_id, 0.0 if hopeless else min(left, EPOCH_CHECK_S))
+            if body is not None:
+                return body
+            if hopeless:
+                replies.forget(wait_id)
+                raise self._lost()
+            if time.monotonic() >= until:
+                break
+            if self.epoch:
+                await self._transport.look_at_epoch(self.epoch, deadline_ms)
+        if self.epoch and self._transport.ended_for(self.epoch) is not None:
+            replies.forget(wait_id)
+            raise self._lost()
+        error = self._not_in(timeout, remaining)
+        if isinstance(error, DeadlineExceeded):
+            replies.forget(wait_id)
+        raise error
 
 
 def gather(handles: Sequence[Handle]) -> list[Result | DataServiceError]:
@@ -246,6 +333,17 @@ def gather(handles: Sequence[Handle]) -> list[Result | DataServiceError]:
     for handle in handles:
         try:
             out.append(handle.result())
+        except DataServiceError as exc:
+            out.append(exc)
+    return out
+
+
+async def gather_async(handles: Sequence[AsyncHandle]) -> list[Result | DataServiceError]:
+    """As :func:`gather`, for :class:`AsyncHandle`\\ s."""
+    out: list[Result | DataServiceError] = []
+    for handle in handles:
+        try:
+            out.append(await handle.result())
         except DataServiceError as exc:
             out.append(exc)
     return out

@@ -26,11 +26,12 @@ told :class:`~dataservice.errors.Unavailable` rather than left to their
 deadline.
 
 :class:`Slots` is the bookkeeping, without I/O; :class:`Inbox` reads with a
-thread, :class:`dataservice.aio.inbox.AsyncInbox` with an asyncio task.
+thread, :class:`AsyncInbox` with an asyncio task.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import threading
@@ -40,13 +41,14 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 import redis
+from redis.asyncio import Redis as AsyncRedis
 
 from dataservice.bounded import QUIET
 from dataservice.errors import Unavailable
 from dataservice.keys import reply_key, result_key
 from dataservice.proto import pb
 
-__all__ = ["Inbox", "Slots", "request_id_of"]
+__all__ = ["AsyncInbox", "Inbox", "Slots", "request_id_of"]
 
 log = logging.getLogger(__name__)
 
@@ -294,5 +296,135 @@ class Inbox:
 
     @staticmethod
     def _wake(signals: list[threading.Event]) -> None:
+        for signal in signals:
+            signal.set()
+
+
+class AsyncInbox:
+    """A client's reply channel read by one asyncio task.
+
+    The task alone touches its connection, and is cancelled only by
+    :meth:`aclose`: a waiting call that is cancelled or times out stops
+    waiting on its slot's event and nothing else, so it can neither break the
+    connection nor take, or lose, another call's answer. (redis-py's asyncio
+    client drops a connection whose command is cancelled, and a blocking pop
+    cancelled after Redis popped loses the answer: neither can happen here.)
+    Made and used inside one event loop.
+    """
+
+    def __init__(self, url: str, caller: str, *, channel: str | None = None) -> None:
+        self.slots: Slots[asyncio.Event] = Slots(caller, channel)
+        self.caller = caller
+        self.channel = self.slots.channel
+        self._url = url
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._failing = False
+
+    @property
+    def dropped(self) -> int:
+        return self.slots.dropped
+
+    @property
+    def waiting(self) -> int:
+        return len(self.slots)
+
+    def expect(self, request_id: str, lapses_in_s: float) -> None:
+        """As :meth:`Inbox.expect` (called inside the client's event loop)."""
+        self.slots.expect(request_id, lapses_in_s, asyncio.Event())
+        if self._task is None and not self._closed:
+            self._task = asyncio.get_running_loop().create_task(
+                self._read(), name=f"inbox-{self.caller}"
+            )
+
+    def forget(self, request_id: str) -> None:
+        self.slots.forget(request_id)
+
+    def expecting(self, request_id: str) -> bool:
+        return self.slots.get(request_id) is not None
+
+    def ready(self, request_id: str) -> bool:
+        slot = self.slots.get(request_id)
+        return slot is not None and slot.arrived.is_set()
+
+    async def wait(self, request_id: str, timeout_s: float) -> bytes | None:
+        """As :meth:`Inbox.wait`."""
+        slot = self.slots.get(request_id)
+        if slot is None:
+            return None
+        until = time.monotonic() + max(timeout_s, 0.0)
+        while not slot.arrived.is_set():
+            if self._failing:
+                raise Unavailable(
+                    "the result backend is unreachable", retry_after=RETRY_READER_DOWN_S
+                )
+            left = until - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                async with asyncio.timeout(min(left, SLICE_S)):
+                    await slot.arrived.wait()
+            except TimeoutError:
+                continue
+        return self.slots.take(request_id)
+
+    async def aclose(self) -> None:
+        """Stop the reader and let go of its connection."""
+        self._closed = True
+        task, self._task = self._task, None
+        until = time.monotonic() + SLICE_S + 1
+        while task is not None and not task.done() and time.monotonic() < until:
+            # Again if redis-py swallowed the last cancellation (it may, in a
+            # read about to time out): the task stops at its next read anyway.
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.02)
+        if task is not None and task.done() and not task.cancelled():
+            error = task.exception()
+            if error is not None:
+                log.warning("reply channel reader failed: %s", type(error).__name__)
+
+    async def _read(self) -> None:
+        client = AsyncRedis.from_url(
+            self._url,
+            max_connections=1,
+            socket_timeout=SLICE_S + 3,
+            socket_connect_timeout=2,
+            **QUIET,
+        )
+        try:
+            while not self._closed:
+                try:
+                    popped = await client.blmpop(
+                        SLICE_S, 1, self.slots.key, direction="LEFT", count=TAKE
+                    )
+                    if popped and isinstance(taken := popped[1], list):
+                        self._wake(self.slots.hand_over(b for b in taken if isinstance(b, bytes)))
+                    due = self.slots.due(time.monotonic())
+                    if due:
+                        await self._look(client, due)
+                except (redis.RedisError, OSError) as exc:
+                    # redis-py may turn the cancellation of a command into
+                    # an error of its own.
+                    if self._closed:
+                        break
+                    if not self._failing:
+                        log.warning("reply channel unreadable: %s", type(exc).__name__)
+                    self._failing = True
+                    await asyncio.sleep(PAUSE_S)
+                    continue
+                self._failing = False
+        finally:
+            await client.aclose()
+            await client.connection_pool.disconnect()
+
+    async def _look(self, client: AsyncRedis, keys: list[str]) -> None:
+        async with client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.lpop(key)
+            found = [v for v in await pipe.execute() if isinstance(v, bytes)]
+        self._wake(self.slots.hand_over(found, looked_up=True))
+
+    @staticmethod
+    def _wake(signals: list[asyncio.Event]) -> None:
         for signal in signals:
             signal.set()

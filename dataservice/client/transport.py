@@ -11,28 +11,44 @@ leaves this module.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterable
 from typing import Any
 
 import redis
+from kombu.common import oid_from
 from kombu.exceptions import LimitExceeded
 from kombu.exceptions import OperationalError as BrokerError
+from kombu.utils.json import dumps
+from redis.asyncio import BlockingConnectionPool as AsyncBlockingPool
+from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
 
-from dataservice.bounded import SLACK_S, left, within
-from dataservice.broker import celery_app
-from dataservice.client.inbox import Inbox
+from dataservice.bounded import QUIET, SLACK_S, left, within
+from dataservice.broker import CONNECT_TIMEOUT_S, celery_app
+from dataservice.client.inbox import AsyncInbox, Inbox
 from dataservice.client.message import task_message
 from dataservice.config import Config
 from dataservice.enums import LaneName
-from dataservice.errors import DeadlineExceeded, InternalError, Unavailable
+from dataservice.errors import DeadlineExceeded, InternalError, InvalidArgument, Unavailable
+from dataservice.keys import EPOCH_KEY
 from dataservice.limits.admission import (
+    ADMIT,
     CALLER_HEADER,
     DEADLINE_HEADER,
     OPERATION_HEADER,
     OPS_HEADER,
+    SIZE_HEADER,
     AdmissionRefused,
+    LaneAdmission,
+    admit_call,
+    admitted,
+    caller_pacing,
+    envelope_size,
+    lane_admissions,
 )
 from dataservice.results import ResultStore
 from dataservice.settings import Settings
@@ -44,8 +60,63 @@ _EPOCHS_KEPT = 8
 # rest of a call costs its thread. (Each holds two Redis connections: kombu
 # checks a new channel on a pool of its own.)
 PUBLISH_CONNECTIONS = 1
+# The same for the asyncio client: its coroutines pass a connection on
+# without a thread switch, and its publishing holds no kombu channel.
+ASYNC_PUBLISH_CONNECTIONS = 2
 # The broker's epoch is asked at most this often (s), however many calls wait.
 _EPOCH_EVERY_S = 0.5
+
+
+class Epochs:
+    """The broker epochs a client has seen end, and when (monotonic): shared
+    by every handle of the client, so a backlog lost in one restart is
+    reported in one grace period, not one per handle. However many calls
+    wait, the broker is asked at most once per ``_EPOCH_EVERY_S``."""
+
+    def __init__(self) -> None:
+        self._ended: dict[str, float] = {}
+        self._asked = 0.0
+        self._lock = threading.Lock()
+
+    def ended_for(self, epoch: str) -> float | None:
+        """How long ago the broker's epoch was first seen to differ from
+        ``epoch`` (None: not seen)."""
+        with self._lock:
+            seen = self._ended.get(epoch)
+        return None if seen is None else time.monotonic() - seen
+
+    def may_ask(self, epoch: str, deadline_ms: int) -> float:
+        """Seconds a look at the broker's epoch may take now (0: none is due)."""
+        left_s = (deadline_ms - time.time() * 1000) / 1000
+        if left_s <= 0 or self.ended_for(epoch) is not None:
+            return 0.0
+        with self._lock:
+            if time.monotonic() - self._asked < _EPOCH_EVERY_S:
+                return 0.0
+            self._asked = time.monotonic()
+        return left_s
+
+    def saw(self, epoch: str, now: str) -> None:
+        """The broker said its epoch is ``now``."""
+        if now == epoch:
+            return
+        with self._lock:
+            self._ended.setdefault(epoch, time.monotonic())
+            # Epochs end once per Redis restart: a few are plenty to remember.
+            while len(self._ended) > _EPOCHS_KEPT:
+                del self._ended[next(iter(self._ended))]
+
+
+def _item_headers(caller: str, deadline_ms: int, operation: str, ops: int) -> dict[str, Any]:
+    """The service's own headers of one message (admission reads them)."""
+    headers: dict[str, Any] = {DEADLINE_HEADER: deadline_ms}
+    if caller:
+        headers[CALLER_HEADER] = caller
+    if operation:
+        headers[OPERATION_HEADER] = operation
+    if ops > 1:
+        headers[OPS_HEADER] = ops
+    return headers
 
 
 class Transport:
@@ -70,12 +141,7 @@ class Transport:
         self.inbox = Inbox(settings.result_backend_url, caller) if caller else None
         self._grace_s = config.results.grace_ms / 1000
         self._reply_to = self._app.thread_oid
-        # Broker epochs seen to have ended, and when (monotonic): shared by
-        # every handle of this client, so a backlog lost in one restart is
-        # reported in one grace period, not one per handle.
-        self._ended: dict[str, float] = {}
-        self._epoch_asked = 0.0
-        self._lock = threading.Lock()
+        self.epochs = Epochs()
 
     def publish(
         self,
@@ -131,13 +197,7 @@ class Transport:
             ):
                 channel = connection.default_channel
                 for body, request_id, item_deadline_ms, operation, ops in items:
-                    headers: dict[str, Any] = {DEADLINE_HEADER: item_deadline_ms}
-                    if caller:
-                        headers[CALLER_HEADER] = caller
-                    if operation:
-                        headers[OPERATION_HEADER] = operation
-                    if ops > 1:
-                        headers[OPS_HEADER] = ops
+                    headers = _item_headers(caller, item_deadline_ms, operation, ops)
                     message = task_message(body, request_id, queue, headers, self._reply_to)
                     if inbox is not None:
                         lapses_in_s = (item_deadline_ms - time.time() * 1000) / 1000
@@ -181,36 +241,22 @@ class Transport:
     def ended_for(self, epoch: str) -> float | None:
         """How long ago this client first saw that the broker's epoch is no
         longer ``epoch`` (None: not seen); asks nothing of the broker."""
-        with self._lock:
-            seen = self._ended.get(epoch)
-        return None if seen is None else time.monotonic() - seen
+        return self.epochs.ended_for(epoch)
 
     def look_at_epoch(self, epoch: str, deadline_ms: int) -> None:
-        """Ask the broker for its epoch (within ``deadline_ms``, Unix ms) and
-        note when one is first seen to differ from ``epoch``; a broker that
-        cannot say tells nothing."""
-        left_s = (deadline_ms - time.time() * 1000) / 1000
-        if left_s <= 0 or self.ended_for(epoch) is not None:
+        """Ask the broker for its epoch (within ``deadline_ms``, Unix ms), if
+        a look is due; a broker that cannot say tells nothing."""
+        left_s = self.epochs.may_ask(epoch, deadline_ms)
+        if not left_s:
             return
-        with self._lock:
-            # However many calls wait, one look per interval answers them all.
-            if time.monotonic() - self._epoch_asked < _EPOCH_EVERY_S:
-                return
-            self._epoch_asked = time.monotonic()
         try:
             with (
                 within(left_s),
                 self._pool.acquire(block=True, timeout=left()) as connection,
             ):
-                now = str(connection.default_channel.epoch())
+                self.epochs.saw(epoch, str(connection.default_channel.epoch()))
         except (BrokerError, redis.RedisError, LimitExceeded, OSError):
             return
-        if now != epoch:
-            with self._lock:
-                self._ended.setdefault(epoch, time.monotonic())
-                # Epochs end once per Redis restart: a few are plenty to remember.
-                while len(self._ended) > _EPOCHS_KEPT:
-                    del self._ended[next(iter(self._ended))]
 
     def close(self) -> None:
         if self.inbox is not None:
@@ -219,3 +265,126 @@ class Transport:
         self._pool.force_close_all()
         self._connection.release()
         self._app.close()
+
+
+class AsyncTransport:
+    """The wire of :class:`~dataservice.AsyncClient`: the same messages through
+    the same admission script, on asyncio connections.
+
+    kombu has no asyncio producer, so the client does what the sync
+    transport's broker channel does for a lane's message, and nothing more:
+    it builds the message kombu's Redis transport would store
+    (:func:`~.message.task_message`, kept equal to Celery's by a test), adds
+    its size header and runs ``admit.lua`` with the arguments the channel
+    gives it (:func:`~dataservice.limits.admission.admit_call`). The script's
+    push is atomic, so a publish cancelled midway either queued the message
+    or did not; its slot on the reply channel goes either way. A test keeps
+    what both transports queue identical.
+
+    At most :data:`ASYNC_PUBLISH_CONNECTIONS` connections publish, however
+    many coroutines do; the reply channel's reader holds one more.
+    """
+
+    def __init__(self, settings: Settings, config: Config, *, caller: str) -> None:
+        if not settings.broker_url.startswith(("redis://", "rediss://")):
+            raise InvalidArgument("AsyncClient needs a redis:// or rediss:// broker URL")
+        self.config = config
+        self.inbox = AsyncInbox(settings.result_backend_url, caller)
+        self._broker_url = settings.broker_url
+        self._broker: AsyncRedis | None = None
+        self._admission = {
+            queue: LaneAdmission(**lane) for queue, lane in lane_admissions(config).items()
+        }
+        self._pacing = caller_pacing(config)
+        self._grace_s = config.results.grace_ms / 1000
+        self._reply_to = oid_from(self, threads=False)
+        self.epochs = Epochs()
+
+    @property
+    def replies(self) -> AsyncInbox:
+        return self.inbox
+
+    def _client(self) -> AsyncRedis:
+        # Made on first use, inside the event loop it then belongs to.
+        if self._broker is None:
+            pool = AsyncBlockingPool.from_url(
+                self._broker_url,
+                max_connections=ASYNC_PUBLISH_CONNECTIONS,
+                # Waits for a connection end with the publish's own bound.
+                timeout=None,
+                socket_timeout=CONNECT_TIMEOUT_S + 3,
+                socket_connect_timeout=CONNECT_TIMEOUT_S,
+                **QUIET,
+            )
+            self._broker = AsyncRedis(connection_pool=pool, retry=AsyncRetry(NoBackoff(), 0))
+        return self._broker
+
+    async def publish_many(
+        self,
+        items: Iterable[tuple[bytes, str, int, str, int]],
+        *,
+        lane: LaneName,
+        caller: str = "",
+    ) -> str:
+        """As :meth:`Transport.publish_many`."""
+        sent = 0
+        epoch = ""
+        refusal = None
+        queue = self.config.lanes[lane].queue
+        admission = self._admission[queue]
+        items = list(items)
+        deadline_ms = min((item[2] for item in items), default=0)
+        left_s = (deadline_ms - time.time() * 1000) / 1000
+        client = self._client()
+        try:
+            async with asyncio.timeout(max(left_s, 0.0) + SLACK_S):
+                for body, request_id, item_deadline_ms, operation, ops in items:
+                    headers = _item_headers(caller, item_deadline_ms, operation, ops)
+                    message = task_message(body, request_id, queue, headers, self._reply_to)
+                    message["headers"][SIZE_HEADER] = envelope_size(message)
+                    keys, args = admit_call(queue, admission, dumps(message), message, self._pacing)
+                    lapses_in_s = (item_deadline_ms - time.time() * 1000) / 1000
+                    self.inbox.expect(request_id, lapses_in_s + self._grace_s)
+                    try:
+                        epoch = admitted(await ADMIT.run_async(client, keys, args))
+                    except AdmissionRefused as refused_here:
+                        refusal = refused_here
+                        break
+                    sent += 1
+        except (redis.RedisError, OSError, TimeoutError, asyncio.CancelledError) as exc:
+            for item in items:
+                self.inbox.forget(item[1])
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            if time.time() * 1000 >= deadline_ms:
+                raise DeadlineExceeded("the deadline passed before the broker answered") from None
+            raise Unavailable(
+                "the broker is unreachable", retry_after=RETRY_BROKER_DOWN_S
+            ) from None
+        if refusal is not None:
+            for item in items[sent:]:
+                self.inbox.forget(item[1])
+            refusal.sent, refusal.epoch = sent, epoch
+            raise refusal
+        return epoch
+
+    def ended_for(self, epoch: str) -> float | None:
+        return self.epochs.ended_for(epoch)
+
+    async def look_at_epoch(self, epoch: str, deadline_ms: int) -> None:
+        """As :meth:`Transport.look_at_epoch`."""
+        left_s = self.epochs.may_ask(epoch, deadline_ms)
+        if not left_s:
+            return
+        try:
+            async with asyncio.timeout(left_s):
+                value = await self._client().get(EPOCH_KEY)
+        except (redis.RedisError, OSError, TimeoutError):
+            return
+        self.epochs.saw(epoch, value.decode() if isinstance(value, bytes) else "")
+
+    async def aclose(self) -> None:
+        await self.inbox.aclose()
+        if self._broker is not None:
+            await self._broker.aclose()
+            await self._broker.connection_pool.disconnect()
