@@ -1,18 +1,21 @@
-"""Fan-in: however many calls one client process has in flight, it holds a
+"""Many calls in flight from one process: however many, the process holds a
 handful of Redis connections (the reply channel's reader, the publish pool),
-and every call gets its own answer. Real worker processes serve the reads."""
+every call gets its own answer, and a cancelled or timed-out await takes no
+other call's. Real worker processes serve the reads."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 from collections.abc import Callable, Iterator
 
 import pytest
 import redis
 
-from dataservice import AsyncClient, Client, Record, WriteOp
+from dataservice import AsyncClient, Client, DeadlineExceeded, Record, ResourceExhausted, WriteOp
 from dataservice.config import Config
+from dataservice.keys import reply_key
 from dataservice.settings import Settings
 from dataservice.supervisor import Supervisor
 from tests.support import bounded_admission, connections_of_this_process, own_local_ports
@@ -149,3 +152,69 @@ def test_five_thousand_coroutines_share_one_async_client_on_four_connections(
     assert all(outcomes)
     print(f"async: {COROUTINES} coroutines, peak {peak.most} connections")
     assert 0 < peak.most <= MOST_CONNECTIONS
+
+
+def test_cancelled_and_timed_out_awaits_take_no_other_calls_answer(
+    fleet: tuple[Settings, Config, list[str]],
+) -> None:
+    """10,000 reads from 200 coroutines, a third of them cancelled or timed
+    out at random moments: every read that completes gets its own record,
+    the client works as before afterwards, and nothing stays on its channel."""
+    settings, config, ids = fleet
+    rng = random.Random(7)
+    completed: list[bool] = []
+    given_up = 0
+
+    async def one(client: AsyncClient, object_id: str) -> None:
+        nonlocal given_up
+        call = client.read("fan-in", object_id, timeout=30)
+        fate = rng.random()
+        try:
+            if fate < 0.15:
+                # Cancelled: at once, or while its request is queued or answered.
+                task = asyncio.ensure_future(call)
+                await asyncio.sleep(rng.uniform(0, 0.01))
+                task.cancel()
+                record = await task
+            elif fate < 0.3:
+                record = await asyncio.wait_for(call, rng.uniform(0.0005, 0.01))
+            elif fate < 0.35:
+                # Its own deadline too short to be served.
+                call.close()
+                record = await client.read("fan-in", object_id, timeout=0.002)
+            else:
+                record = await call
+        except (asyncio.CancelledError, TimeoutError, DeadlineExceeded, ResourceExhausted):
+            given_up += 1
+            return
+        completed.append(_own(record, object_id))
+
+    async def caller(client: AsyncClient, n: int) -> None:
+        for k in range(50):
+            await one(client, ids[(n * 50 + k) % len(ids)])
+
+    async def main() -> tuple[list[bool], int]:
+        async with AsyncClient("tests", settings, config) as client:
+            await asyncio.gather(*(caller(client, n) for n in range(200)))
+            # Afterwards, every read is answered as before.
+            after = await asyncio.gather(*(client.read("fan-in", i, timeout=30) for i in ids))
+            channel = reply_key("tests", client._transport.replies.channel)
+            grace_s = config.results.grace_ms / 1000
+            async with asyncio.timeout(grace_s + 5):
+                while results.llen(channel):
+                    await asyncio.sleep(0.05)
+            replies = client._transport.replies
+            print(f"dropped {replies.dropped}, given up {given_up}, waiting {replies.waiting}")
+            # Answers to calls given up came, and went to nobody else.
+            assert replies.dropped > 0
+            assert replies.waiting == 0
+            return [_own(r, i) for r, i in zip(after, ids, strict=True)], results.llen(channel)
+
+    results = redis.Redis.from_url(settings.result_backend_url)
+    after, left_on_channel = asyncio.run(main())
+    results.close()
+    assert given_up > 2000, given_up
+    assert len(completed) + given_up == 10_000
+    assert all(completed)
+    assert all(after)
+    assert left_on_channel == 0

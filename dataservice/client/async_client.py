@@ -186,11 +186,19 @@ class AsyncClient(BaseClient):
 
     async def _attempt(self, operation: Operation, deadline: int, key: str) -> Result:
         try:
-            handles = await self._send(self._publisher.one(operation, deadline, key))
-            return await handles[0].result()
+            (handle,) = await self._send(self._publisher.one(operation, deadline, key))
         except ResourceExhausted as exc:
             self._publisher.held_back(exc)
             raise
+        try:
+            return await handle.result()
+        except ResourceExhausted as exc:
+            self._publisher.held_back(exc)
+            raise
+        finally:
+            # Nobody else waits for this attempt's answer: once its call has
+            # it, gave up or was cancelled, a late one is dropped on arrival.
+            self._transport.replies.forget(handle.request_id)
 
     async def _send(self, out: Outgoing) -> builtins.list[AsyncHandle]:
         try:

@@ -193,10 +193,19 @@ class Client(BaseClient):
 
     def _attempt(self, operation: Operation, deadline: int, key: str) -> Result:
         try:
-            return self._send(self._publisher.one(operation, deadline, key))[0].result()
+            (handle,) = self._send(self._publisher.one(operation, deadline, key))
         except ResourceExhausted as exc:
             self._publisher.held_back(exc)
             raise
+        try:
+            return handle.result()
+        except ResourceExhausted as exc:
+            self._publisher.held_back(exc)
+            raise
+        finally:
+            # Nobody else waits for this attempt's answer: once its call has
+            # it or gave up, a late one is dropped on arrival.
+            self._transport.replies.forget(handle.request_id)
 
     def _send(self, out: Outgoing) -> builtins.list[Handle]:
         try:
