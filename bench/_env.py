@@ -112,6 +112,26 @@ def process_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
 
 
+def connections_to(port: int) -> int:
+    """This process's established TCP connections to ``port`` (Linux: its open
+    descriptors matched against ``/proc/net/tcp``)."""
+    inodes = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = fd.readlink().name
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for fields in (line.split() for line in Path(table).read_text().splitlines()[1:]):
+            remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+            # State 01: established.
+            count += fields[9] in inodes and remote_port == port and fields[3] == "01"
+    return count
+
+
 def find_pid(*names: str) -> int | None:
     """The first process whose comm is one of ``names`` (read-only /proc scan)."""
     for entry in Path("/proc").iterdir():

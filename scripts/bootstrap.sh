@@ -36,8 +36,8 @@ fi
 # (2-3 s of CPU each).
 if .venv/bin/python -m pip install -q --disable-pip-version-check uv >/dev/null 2>&1; then
   .venv/bin/python -m uv pip install -q --compile-bytecode --python .venv/bin/python \
-    "pip>=25.1" -e '.[loadtest]' --group dev --group bench
+    "pip>=25.1" -e '.[loadtest,examples]' --group dev --group bench
 else
   .venv/bin/python -m pip install -q --upgrade "pip>=25.1"
-  .venv/bin/python -m pip install -q -e '.[loadtest]' --group dev --group bench
+  .venv/bin/python -m pip install -q -e '.[loadtest,examples]' --group dev --group bench
 fi

@@ -33,6 +33,7 @@ from dataservice.broker import celery_settings
 from dataservice.callers import write_callers_file
 from dataservice.changes.user import changes_url, create_changes_user
 from dataservice.client import throttle
+from dataservice.client.pacer import PACER
 from dataservice.client.transport import Transport
 from dataservice.config import Config
 from dataservice.enums import LaneName
@@ -47,6 +48,7 @@ from dataservice.settings import Settings
 from dataservice.store.migrate import upgrade
 from dataservice.supervisor import Supervisor
 from tests.binlog import BinlogDatabase
+from tests.clients import KINDS, AnyClient, ClientKind, make_client
 from tests.support import TEST_CALLERS, RawPublisher, on_redis, with_test_callers
 from workers.app import LaneRuntime, register_task
 
@@ -54,8 +56,10 @@ from workers.app import LaneRuntime, register_task
 @pytest.fixture(autouse=True)
 def fresh_throttles() -> None:
     """A caller's throttle is shared by its clients in the process: one test's
-    overload must not hold back the next test's first requests."""
+    overload must not hold back the next test's first requests (nor its
+    pace: the pacer is the process's too)."""
     throttle._shared.clear()
+    PACER.clear()
 
 
 if TYPE_CHECKING:
@@ -209,6 +213,29 @@ def client(settings: Settings, config: Config) -> Iterator[Client]:
 def process_client(process_settings: Settings, config: Config) -> Iterator[Client]:
     """A client whose requests only the worker processes serve."""
     with Client("tests", process_settings, config) as c:
+        yield c
+
+
+@pytest.fixture(params=KINDS)
+def client_kind(request: pytest.FixtureRequest) -> ClientKind:
+    """Each client in turn: a test that takes it runs once with each."""
+    kind: ClientKind = request.param
+    return kind
+
+
+@pytest.fixture
+def any_client(client_kind: ClientKind, settings: Settings, config: Config) -> Iterator[AnyClient]:
+    """The sync client, then the asyncio one (tests/clients.py)."""
+    with make_client(client_kind, "tests", settings, config) as c:
+        yield c
+
+
+@pytest.fixture
+def any_process_client(
+    client_kind: ClientKind, process_settings: Settings, config: Config
+) -> Iterator[AnyClient]:
+    """As ``process_client``, with each client in turn."""
+    with make_client(client_kind, "tests", process_settings, config) as c:
         yield c
 
 

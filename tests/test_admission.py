@@ -28,6 +28,7 @@ from dataservice.localservices import redis_reachable
 from dataservice.metrics import QUEUES, REGISTRY, QueueWatch
 from dataservice.results import Completion, ResultStore
 from dataservice.settings import Settings
+from tests.clients import ClientKind, make_client
 from tests.conftest import require
 from tests.support import bounded_admission, publish_concurrently
 
@@ -67,10 +68,10 @@ def test_concurrent_producers_never_overshoot_the_message_bound(
 
 
 def test_a_full_lane_refuses_fast_and_retryably(
-    bounded: tuple[Settings, Config, redis.Redis],
+    client_kind: ClientKind, bounded: tuple[Settings, Config, redis.Redis]
 ) -> None:
     settings, config, broker = bounded
-    with Client("tests", settings, config) as client:
+    with make_client(client_kind, "tests", settings, config) as client:
         transport = Transport(settings, config)
         for _ in range(MAX_MESSAGES):
             transport.publish(b"x", request_id=uuid.uuid4().hex, lane=LaneName.INTERACTIVE,
@@ -85,13 +86,13 @@ def test_a_full_lane_refuses_fast_and_retryably(
 
 
 def test_the_byte_bound_refuses_and_a_partial_batch_says_what_was_accepted(
-    bounded: tuple[Settings, Config, redis.Redis],
+    client_kind: ClientKind, bounded: tuple[Settings, Config, redis.Redis]
 ) -> None:
     from dataservice import WriteOp
 
     settings, config, broker = bounded
     big = b"\x07" * config.limits.max_payload_bytes
-    with Client("tests", settings, config) as client:
+    with make_client(client_kind, "tests", settings, config) as client:
         ops = [WriteOp("s", f"big{n}", big) for n in range(5)]
         with pytest.raises(ResourceExhausted, match="bytes") as caught:
             client.submit_many(ops, timeout=60)

@@ -24,7 +24,7 @@ from sqlalchemy import Engine, text
 from dataservice import Client, Conflict, DataServiceError, InvalidArgument
 from dataservice.auth import sign
 from dataservice.broker import celery_app
-from dataservice.client.handle import Carrier, Handle
+from dataservice.client.handle import AsyncHandle, Carrier, Handle
 from dataservice.codec import batch_envelope
 from dataservice.config import Config
 from dataservice.enums import LaneName
@@ -34,6 +34,14 @@ from dataservice.processes import WorkerProcess, stop_all, wait_answering
 from dataservice.proto import pb
 from dataservice.settings import Settings
 from dataservice.types import WriteOp, WriteResult
+from tests.clients import (
+    AnyClient,
+    AnyHandle,
+    ClientKind,
+    DrivenAsyncClient,
+    DrivenHandle,
+    make_client,
+)
 from tests.conftest import require
 from tests.support import caller_key, now_ms, on_redis, with_changes
 
@@ -105,9 +113,9 @@ def _op(
     )
 
 
-def send(client: Client, own: Settings, ops: list[pb.BatchOperation]) -> list[Handle]:
+def send(client: AnyClient, own: Settings, ops: list[pb.BatchOperation]) -> list[AnyHandle]:
     """``ops`` in batch messages as full as the lane takes them, as ``submit_many``
-    packs them, but unchecked; a handle per operation."""
+    packs them, but unchecked; a handle per operation, of the client's kind."""
     transport = client._transport
     most = client.config.lanes.batch.max_ops_per_message
     items = []
@@ -121,14 +129,26 @@ def send(client: Client, own: Settings, ops: list[pb.BatchOperation]) -> list[Ha
         # The message's answer carries each of its operations' (a BatchResponse).
         carrier = Carrier(envelope.request_id, envelope.deadline_unix_ms)
         carriers += [carrier] * len(carried)
+    made = zip(ops, carriers, strict=True)
+    if isinstance(client, DrivenAsyncClient):
+        epoch = client.run(transport.publish_many(items, lane=LaneName.BATCH, caller=CALLER))
+        return [
+            DrivenHandle(
+                client,
+                AsyncHandle(
+                    transport, CALLER, o.request_id, o.deadline_unix_ms, epoch, o.idempotency_key, c
+                ),
+            )
+            for o, c in made
+        ]
     epoch = transport.publish_many(items, lane=LaneName.BATCH, caller=CALLER)
     return [
-        Handle(transport, CALLER, op.request_id, op.deadline_unix_ms, epoch, op.idempotency_key, c)
-        for op, c in zip(ops, carriers, strict=True)
+        Handle(transport, CALLER, o.request_id, o.deadline_unix_ms, epoch, o.idempotency_key, c)
+        for o, c in made
     ]
 
 
-def outcomes(handles: list[Handle]) -> list[object]:
+def outcomes(handles: list[AnyHandle]) -> list[object]:
     answers: list[object] = []
     for handle in handles:
         try:
@@ -139,22 +159,29 @@ def outcomes(handles: list[Handle]) -> list[object]:
 
 
 def test_one_failing_operation_fails_alone_and_a_resend_changes_nothing(
-    own: Settings, config: Config, database: Engine, scope: str, tmp_path: Path
+    client_kind: ClientKind,
+    own: Settings,
+    config: Config,
+    database: Engine,
+    scope: str,
+    tmp_path: Path,
 ) -> None:
     workers = start(own, config, tmp_path / "worker")
     try:
-        with Client(CALLER, own, config) as client:
+        with make_client(client_kind, CALLER, own, config) as client:
             # Three records at revision 1, and a key already used for another write.
             seeded = client.submit_many(
                 [WriteOp(scope, f"stale-{n}", b"v1") for n in range(3)]
-                + [WriteOp(scope, "first", b"first", idempotency_key="reused")]
+                + [WriteOp(scope, "first", b"first", idempotency_key=f"{scope}-reused")]
             )
             assert all(isinstance(h.result(), WriteResult) for h in seeded)
             too_big = b"x" * (config.limits.max_payload_bytes + 1)
-            ops = [_op(scope, f"rec-{n:03d}", b"p%d" % n, f"k-{n}") for n in range(494)]
-            ops += [_op(scope, f"stale-{n}", b"v2", f"stale-{n}", expected=7) for n in range(3)]
-            ops += [_op(scope, f"big-{n}", too_big, f"big-{n}") for n in range(2)]
-            ops += [_op(scope, "other", b"another request", "reused")]
+            ops = [_op(scope, f"rec-{n:03d}", b"p%d" % n, f"{scope}-k-{n}") for n in range(494)]
+            ops += [
+                _op(scope, f"stale-{n}", b"v2", f"{scope}-stale-{n}", expected=7) for n in range(3)
+            ]
+            ops += [_op(scope, f"big-{n}", too_big, f"{scope}-big-{n}") for n in range(2)]
+            ops += [_op(scope, "other", b"another request", f"{scope}-reused")]
             random.Random(7).shuffle(ops)
             assert len(ops) == BATCH
             first = outcomes(send(client, own, ops))

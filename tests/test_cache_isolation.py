@@ -134,7 +134,7 @@ def test_a_caller_refused_a_scope_is_refused_before_any_cache_lookup(
     assert statements.since() == 0
     touched = touching(commands, cache_keys(scope, OBJECT_ID, rollout.current().generation))
     assert touched == [], f"Redis saw the refused scope's cache keys: {touched}"
-    assert any(b"ds:result:" in c for c in commands), "the watch saw the refusal's answer"
+    assert any(b"ds:reply:" in c for c in commands), "the watch saw the refusal's answer"
 
 
 def test_primary_reads_never_touch_the_cache(

@@ -26,6 +26,7 @@ from dataservice.keys import REPLAY_PREFIX, result_key
 from dataservice.localservices import redis_reachable
 from dataservice.settings import Settings
 from dataservice.types import ReadOp
+from tests.clients import ClientKind, make_client
 from tests.conftest import SERVICE_USER, require
 from tests.support import (
     RedisWatch,
@@ -83,6 +84,7 @@ def test_a_request_late_by_the_time_it_is_dequeued_does_no_database_work(
 
 @pytest.mark.timeout(60)
 def test_retries_are_bounded_jittered_and_stop_at_the_deadline(
+    client_kind: ClientKind,
     own_redis: tuple[Settings, redis.Redis],
     config: Config,
     database: Engine,
@@ -95,7 +97,7 @@ def test_retries_are_bounded_jittered_and_stop_at_the_deadline(
     log = tmp_path / "interactive.log"
     with (
         worker_process(unreachable_db, config, LaneName.INTERACTIVE, log) as (_, port),
-        Client("tests", settings, client_config) as client,
+        make_client(client_kind, "tests", settings, client_config) as client,
     ):
         # Plenty of time: the attempts run out first.
         started = time.monotonic()
@@ -127,7 +129,7 @@ def test_retries_are_bounded_jittered_and_stop_at_the_deadline(
         # Little time: the deadline runs out first, whatever the attempts allow.
         broker.delete(*markers)
         patient = with_retry(config, max_attempts=20)
-        with Client("tests", settings, patient) as bounded:
+        with make_client(client_kind, "tests", settings, patient) as bounded:
             started = time.monotonic()
             # It ends at the deadline with whatever the last attempt met: a
             # retryable answer (the database's UNAVAILABLE, admission judging the

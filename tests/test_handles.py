@@ -1,4 +1,4 @@
-"""Batch handles: waiting less than the deadline, and past it."""
+"""Batch handles, of each client: waiting less than the deadline, and past it."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from dataservice import Client, DeadlineExceeded, ReadOp, ResultNotReady
+from dataservice import DeadlineExceeded, ReadOp, ResultNotReady
 from dataservice.config import Config
+from tests.clients import AnyClient
 
 
 @pytest.fixture
@@ -20,8 +21,10 @@ def unserved_batch_lane(redis_client: redis.Redis, config: Config) -> Iterator[N
 
 
 @pytest.mark.usefixtures("unserved_batch_lane")
-def test_a_short_wait_says_not_ready_and_the_deadline_says_exceeded(client: Client) -> None:
-    handle = client.submit(ReadOp("s", "a"), timeout=0.5)
+def test_a_short_wait_says_not_ready_and_the_deadline_says_exceeded(
+    any_client: AnyClient,
+) -> None:
+    handle = any_client.submit(ReadOp("s", "a"), timeout=0.5)
     start = time.monotonic()
     with pytest.raises(ResultNotReady):
         handle.result(timeout=0.05)

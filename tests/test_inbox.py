@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from dataservice import Client, ReadMode
+from dataservice import ReadMode
 from dataservice.callers import CallerKey, Secret
 from dataservice.client.inbox import FIRST_LOOK_S, SLICE_S, Inbox, request_id_of
 from dataservice.config import Config
@@ -20,6 +20,7 @@ from dataservice.errors import Unauthenticated, Unavailable
 from dataservice.keys import reply_key, result_key
 from dataservice.proto import pb
 from dataservice.settings import Settings
+from tests.clients import ClientKind, make_client
 from tests.support import (
     RawPublisher,
     blocked_clients_of_this_process,
@@ -184,10 +185,10 @@ def test_an_answer_under_the_requests_own_key_is_found_by_a_look(
 
 @pytest.mark.usefixtures("interactive_worker")
 def test_a_client_with_a_wrong_key_hears_unauthenticated_well_before_its_deadline(
-    settings: Settings, config: Config
+    client_kind: ClientKind, settings: Settings, config: Config
 ) -> None:
     wrong = CallerKey(CALLER, caller_key(settings, CALLER).key_id, Secret(b"\x01" * 32))
-    with Client(CALLER, settings, config, key=wrong) as client:
+    with make_client(client_kind, CALLER, settings, config, key=wrong) as client:
         with pytest.raises(Unauthenticated):
             client.read("t-inbox", "anything", mode=ReadMode.PRIMARY, timeout=20)
         # The refusal came under the request's own key and a look found it.

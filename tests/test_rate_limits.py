@@ -8,13 +8,14 @@ import uuid
 import pytest
 import redis
 
-from dataservice import Client, ReadMode, ResourceExhausted
+from dataservice import ReadMode, ResourceExhausted
 from dataservice.config import CallerPolicy, Config
 from dataservice.errors import NotFound
-from dataservice.keys import inflight_key
+from dataservice.keys import inflight_key, pace_key, rate_key
 from dataservice.limits.gate import Gate
 from dataservice.refusals import Rejected
 from dataservice.settings import Settings
+from tests.clients import ClientKind, make_client
 from tests.support import counter, now_ms, with_retry
 
 LIMITED = "tests-limited"
@@ -63,17 +64,21 @@ def test_without_redis_each_replica_keeps_to_its_share(config: Config) -> None:
 
 @pytest.mark.usefixtures("interactive_worker")
 def test_a_client_holds_back_until_the_retry_after(
-    settings: Settings, config: Config, scope: str, redis_client: redis.Redis
+    client_kind: ClientKind,
+    settings: Settings,
+    config: Config,
+    scope: str,
+    redis_client: redis.Redis,
 ) -> None:
-    for key in redis_client.scan_iter(f"ds:rate:{LIMITED}"):
-        redis_client.delete(key)
+    # Neither the service's rate nor admission's pace remembers an earlier run.
+    redis_client.delete(rate_key(LIMITED), pace_key(LIMITED))
     single = with_retry(config, max_attempts=1)
     refused_by_service = counter(
         "dataservice_rejections", lane="interactive", reason="rate_limited"
     )
     outcomes: list[str] = []
     refusals: list[ResourceExhausted] = []
-    with Client(LIMITED, settings, single) as client:
+    with make_client(client_kind, LIMITED, settings, single) as client:
         for _ in range(40):
             try:
                 client.read(scope, "missing", mode=ReadMode.PRIMARY)

@@ -1,4 +1,5 @@
-"""Acceptance: round trips through a real broker, real worker processes and MariaDB."""
+"""Acceptance: round trips through a real broker, real worker processes and
+MariaDB, with each client (the sync one, then the asyncio one)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import redis
 from sqlalchemy import Engine
 
 from dataservice import (
-    Client,
     DeleteOp,
     DeleteResult,
     ListOp,
@@ -26,43 +26,44 @@ from dataservice.config import Config
 from dataservice.keys import reply_key, result_key
 from dataservice.settings import Settings
 from dataservice.supervisor import Supervisor
+from tests.clients import AnyClient
 from tests.support import row_count
 
 pytestmark = pytest.mark.usefixtures("worker_processes")
 
 
 def test_interactive_write_read_list_delete_round_trip(
-    process_client: Client, scope: str, database: Engine
+    any_process_client: AnyClient, scope: str, database: Engine
 ) -> None:
-    first = process_client.write(scope, "alpha", b"\x00one\xff")
+    first = any_process_client.write(scope, "alpha", b"\x00one\xff")
     assert first == WriteResult("alpha", revision=1, created=True)
-    second = process_client.write(scope, "alpha", b"two")
+    second = any_process_client.write(scope, "alpha", b"two")
     assert second == WriteResult("alpha", revision=2, created=False)
 
-    record = process_client.read(scope, "alpha", mode=ReadMode.PRIMARY)
+    record = any_process_client.read(scope, "alpha", mode=ReadMode.PRIMARY)
     assert (record.object_id, record.revision, record.payload) == ("alpha", 2, b"two")
-    assert process_client.read(scope, "alpha").revision == 2
+    assert any_process_client.read(scope, "alpha").revision == 2
 
-    page = process_client.list(scope)
+    page = any_process_client.list(scope)
     assert [(r.object_id, r.revision, r.payload) for r in page.records] == [("alpha", 2, b"two")]
     assert page.next_cursor is None
 
-    assert process_client.delete(scope, "alpha") == DeleteResult("alpha", revision=2)
+    assert any_process_client.delete(scope, "alpha") == DeleteResult("alpha", revision=2)
     with pytest.raises(NotFound):
-        process_client.read(scope, "alpha")
+        any_process_client.read(scope, "alpha")
     with pytest.raises(NotFound):
-        process_client.delete(scope, "alpha")
+        any_process_client.delete(scope, "alpha")
     assert row_count(database, scope) == 0
 
 
-def test_list_pages_through_a_scope_in_id_order(process_client: Client, scope: str) -> None:
+def test_list_pages_through_a_scope_in_id_order(any_process_client: AnyClient, scope: str) -> None:
     ids = [f"item-{n:03d}" for n in range(25)]
     for object_id in reversed(ids):
-        process_client.write(scope, object_id, object_id.encode())
+        any_process_client.write(scope, object_id, object_id.encode())
     seen: list[str] = []
     cursor = None
     while True:
-        page = process_client.list(scope, page_size=10, cursor=cursor)
+        page = any_process_client.list(scope, page_size=10, cursor=cursor)
         assert len(page.records) <= 10
         seen += [r.object_id for r in page.records]
         assert all(r.payload == r.object_id.encode() for r in page.records)
@@ -73,30 +74,30 @@ def test_list_pages_through_a_scope_in_id_order(process_client: Client, scope: s
 
 
 def test_batch_submissions_are_answered_through_handles(
-    process_client: Client, scope: str, worker_processes: Supervisor
+    any_process_client: AnyClient, scope: str, worker_processes: Supervisor
 ) -> None:
-    writes = process_client.submit_many(
+    writes = any_process_client.submit_many(
         [WriteOp(scope, f"b{n}", bytes([n]) * 100) for n in range(20)], timeout=60
     )
     results = [h.result() for h in writes]
     assert all(isinstance(r, WriteResult) and r.revision == 1 for r in results)
 
-    read = process_client.submit(ReadOp(scope, "b7"), timeout=60).result()
+    read = any_process_client.submit(ReadOp(scope, "b7"), timeout=60).result()
     assert isinstance(read, Record)
     assert read.payload == bytes([7]) * 100
-    listed = process_client.submit(ListOp(scope, page_size=5), timeout=60).result()
+    listed = any_process_client.submit(ListOp(scope, page_size=5), timeout=60).result()
     assert isinstance(listed, Page)
     assert len(listed.records) == 5
-    deleted = process_client.submit(DeleteOp(scope, "b7"), timeout=60).result()
+    deleted = any_process_client.submit(DeleteOp(scope, "b7"), timeout=60).result()
     assert deleted == DeleteResult("b7", 1)
     snapshot = worker_processes.snapshot()
     assert all(stats.workers == 1 for stats in snapshot.lanes.values())
 
 
 def test_an_uncollected_answer_is_let_go_at_deadline_plus_grace(
-    process_client: Client, process_settings: Settings, config: Config, scope: str
+    any_process_client: AnyClient, process_settings: Settings, config: Config, scope: str
 ) -> None:
-    handle = process_client.submit(WriteOp(scope, "ignored", b"x"), timeout=1)
+    handle = any_process_client.submit(WriteOp(scope, "ignored", b"x"), timeout=1)
     waited = 0.0
     while not handle.done() and waited < 1.0:
         time.sleep(0.01)
@@ -104,7 +105,7 @@ def test_an_uncollected_answer_is_let_go_at_deadline_plus_grace(
     assert handle.done()
     # The reader took it off the channel into the handle's slot; nothing of
     # it stays in Redis.
-    replies = process_client._transport.replies
+    replies = any_process_client._transport.replies
     results = redis.Redis.from_url(process_settings.result_backend_url)
     keys = [result_key(handle.caller, handle.request_id), reply_key(handle.caller, replies.channel)]
     assert replies.expecting(handle.request_id)

@@ -6,20 +6,21 @@ import time
 
 import pytest
 
-from dataservice import Client, RetryableError, Unavailable
+from dataservice import RetryableError, Unavailable
 from dataservice.config import Config
 from dataservice.localservices import free_port
 from dataservice.settings import Settings
+from tests.clients import ClientKind, make_client
 from tests.support import on_redis
 
 
 @pytest.mark.timeout(30)
 def test_unreachable_broker_is_unavailable_within_a_bounded_time(
-    settings: Settings, config: Config
+    client_kind: ClientKind, settings: Settings, config: Config
 ) -> None:
     dead = f"redis://127.0.0.1:{free_port()}/0"
     unreachable = on_redis(settings, dead)
-    with Client("tests", unreachable, config) as client:
+    with make_client(client_kind, "tests", unreachable, config) as client:
         start = time.monotonic()
         with pytest.raises(Unavailable) as caught:
             client.read("s", "a", timeout=1.0)

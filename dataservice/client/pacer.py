@@ -47,6 +47,12 @@ class Pacer:
                 reason=Reason.RATE_LIMITED,
             )
 
+    def clear(self) -> None:
+        """Forget every caller's pace and hold (a process that starts over)."""
+        with self._lock:
+            self._arrivals = Arrivals()
+            self._until.clear()
+
     def refused(self, caller: str, retry_after: float) -> None:
         """The service refused ``caller`` for its rate: hold it back that long."""
         until = monotonic_us() + int(retry_after * 1_000_000)
