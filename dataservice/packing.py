@@ -19,6 +19,7 @@ from typing import Any
 
 import hiredis
 import redis
+import redis.asyncio
 
 _PLAIN = frozenset({str, bytes, int, float})
 
@@ -53,6 +54,30 @@ class PackedConnection(Packed, redis.Connection):
 
 class PackedSSLConnection(Packed, redis.SSLConnection):
     pass
+
+
+class AsyncPacked:
+    """The same for asyncio connections, which pack every command (pipelines'
+    included) through ``pack_command``."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        if _plain(args) and _default_encoding(self):
+            return [hiredis.pack_command(args)]
+        packed: list[bytes] = super().pack_command(*args)  # type: ignore[misc]
+        return packed
+
+
+class AsyncPackedConnection(AsyncPacked, redis.asyncio.Connection):
+    pass
+
+
+class AsyncPackedSSLConnection(AsyncPacked, redis.asyncio.SSLConnection):
+    pass
+
+
+def async_packed_connection_class(url: str) -> type[redis.asyncio.Connection]:
+    """The packed asyncio connection class for a ``redis://`` or ``rediss://`` URL."""
+    return AsyncPackedSSLConnection if url.startswith("rediss://") else AsyncPackedConnection
 
 
 def packed_connection_class(url: str) -> type[redis.Connection]:

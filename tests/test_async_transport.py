@@ -95,3 +95,54 @@ def test_the_async_client_needs_a_redis_broker(settings: Settings, config: Confi
     amqp = dataclasses.replace(settings, broker_url="amqp://guest:guest@127.0.0.1:5672//")
     with pytest.raises(InvalidArgument, match="redis"):
         AsyncTransport(amqp, config, caller="tests")
+
+
+def test_a_publish_cancelled_before_it_went_is_never_sent(
+    unserved: tuple[Settings, Config, redis.Redis],
+) -> None:
+    settings, config, broker = unserved
+
+    async def publish() -> int:
+        wire = AsyncTransport(settings, config, caller="tests")
+        try:
+            item = (b"x", uuid.uuid4().hex, now_ms() + 20_000, "read", 1)
+            sending = asyncio.ensure_future(
+                wire.publish_many([item], lane=LaneName.INTERACTIVE, caller="tests")
+            )
+            await asyncio.sleep(0)  # handed to the publishing task, not yet sent
+            sending.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await sending
+            # Published now, it would be; it is not.
+            ok = (b"y", uuid.uuid4().hex, now_ms() + 20_000, "read", 1)
+            await wire.publish_many([ok], lane=LaneName.INTERACTIVE, caller="tests")
+            return wire.replies.waiting
+        finally:
+            await wire.aclose()
+
+    waiting = asyncio.run(publish())
+    queued = broker.lrange(config.lanes.interactive.queue, 0, -1)
+    assert [json.loads(m)["body"] for m in queued] == ["eQ=="]  # base64 of b"y"
+    assert waiting == 1
+
+
+def test_concurrent_publishes_share_round_trips(
+    unserved: tuple[Settings, Config, redis.Redis],
+) -> None:
+    settings, config, broker = unserved
+
+    async def publish() -> int:
+        wire = AsyncTransport(settings, config, caller="tests")
+        try:
+            items = [(b"z", uuid.uuid4().hex, now_ms() + 20_000, "write", 1) for _ in range(60)]
+            await asyncio.gather(
+                *(wire.publish_many([i], lane=LaneName.BATCH, caller="tests") for i in items)
+            )
+            return wire._admit.round_trips
+        finally:
+            await wire.aclose()
+
+    round_trips = asyncio.run(publish())
+    assert broker.llen(config.lanes.batch.queue) == 60
+    # The first alone, the rest together as they gathered meanwhile.
+    assert round_trips <= 3, round_trips

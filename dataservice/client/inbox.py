@@ -48,7 +48,7 @@ from dataservice.errors import Unavailable
 from dataservice.keys import reply_key, result_key
 from dataservice.proto import pb
 
-__all__ = ["AsyncInbox", "Inbox", "Slots", "request_id_of"]
+__all__ = ["AsyncInbox", "Inbox", "Slots", "request_id_of", "stop_task"]
 
 log = logging.getLogger(__name__)
 
@@ -300,6 +300,21 @@ class Inbox:
             signal.set()
 
 
+async def stop_task(task: asyncio.Task[None], within_s: float, name: str) -> None:
+    """Cancel ``task`` and wait (``within_s`` at most) until it has ended.
+
+    Cancelled again every 20 ms: redis-py may swallow a cancellation (in a
+    read about to time out), and the task stops at its next step anyway."""
+    until = time.monotonic() + within_s
+    while not task.done() and time.monotonic() < until:
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.02)
+    if task.done() and not task.cancelled():
+        error = task.exception()
+        if error is not None:
+            log.warning("%s failed: %s", name, type(error).__name__)
+
+
 class AsyncInbox:
     """A client's reply channel read by one asyncio task.
 
@@ -372,16 +387,8 @@ class AsyncInbox:
         """Stop the reader and let go of its connection."""
         self._closed = True
         task, self._task = self._task, None
-        until = time.monotonic() + SLICE_S + 1
-        while task is not None and not task.done() and time.monotonic() < until:
-            # Again if redis-py swallowed the last cancellation (it may, in a
-            # read about to time out): the task stops at its next read anyway.
-            task.cancel()
-            await asyncio.wait({task}, timeout=0.02)
-        if task is not None and task.done() and not task.cancelled():
-            error = task.exception()
-            if error is not None:
-                log.warning("reply channel reader failed: %s", type(error).__name__)
+        if task is not None:
+            await stop_task(task, SLICE_S + 1, "reply channel reader")
 
     async def _read(self) -> None:
         client = AsyncRedis.from_url(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import redis
@@ -29,7 +29,7 @@ from redis.backoff import NoBackoff
 
 from dataservice.bounded import QUIET, SLACK_S, left, within
 from dataservice.broker import CONNECT_TIMEOUT_S, celery_app
-from dataservice.client.inbox import AsyncInbox, Inbox
+from dataservice.client.inbox import AsyncInbox, Inbox, stop_task
 from dataservice.client.message import task_message
 from dataservice.config import Config
 from dataservice.enums import LaneName
@@ -50,6 +50,8 @@ from dataservice.limits.admission import (
     envelope_size,
     lane_admissions,
 )
+from dataservice.limits.scripts import run_pipelined_async
+from dataservice.packing import async_packed_connection_class
 from dataservice.results import ResultStore
 from dataservice.settings import Settings
 
@@ -60,9 +62,11 @@ _EPOCHS_KEPT = 8
 # rest of a call costs its thread. (Each holds two Redis connections: kombu
 # checks a new channel on a pool of its own.)
 PUBLISH_CONNECTIONS = 1
-# The same for the asyncio client: its coroutines pass a connection on
-# without a thread switch, and its publishing holds no kombu channel.
+# The asyncio client's broker connections: its publishing task's, and one for
+# the broker's epoch.
 ASYNC_PUBLISH_CONNECTIONS = 2
+# Admission calls sent in one pipeline, at most.
+PIPELINE = 128
 # The broker's epoch is asked at most this often (s), however many calls wait.
 _EPOCH_EVERY_S = 0.5
 
@@ -267,6 +271,76 @@ class Transport:
         self._app.close()
 
 
+class AdmitQueue:
+    """Admission calls from many coroutines, sent by one task in pipelines.
+
+    A caller hands in its call and awaits the answer; the task sends whatever
+    gathered during its last round trip in one pipeline (at most
+    :data:`PIPELINE`), so a hundred concurrent publishes cost a few round
+    trips, not a hundred. Only the task touches its connection: a caller that
+    is cancelled or times out stops waiting, and its call, if not sent yet,
+    is never sent; if sent, its answer finds nobody. Made and used inside one
+    event loop."""
+
+    def __init__(self, connect: Callable[[], AsyncRedis]) -> None:
+        self._connect = connect
+        self._pending: list[tuple[list[str], list[Any], asyncio.Future[Any]]] = []
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        #: Round trips made so far (each one command or one pipeline).
+        self.round_trips = 0
+
+    async def call(self, keys: list[str], args: list[Any]) -> Any:
+        """:data:`ADMIT`'s answer to ``keys`` and ``args`` (or its error)."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Any] = loop.create_future()
+        self._pending.append((keys, args, answer))
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        if self._task is None:
+            self._task = loop.create_task(self._send(self._wake), name="admit-queue")
+        self._wake.set()
+        return await answer
+
+    async def _send(self, wake: asyncio.Event) -> None:
+        client = self._connect()
+        while True:
+            await wake.wait()
+            wake.clear()
+            while self._pending:
+                batch = self._pending[:PIPELINE]
+                del self._pending[:PIPELINE]
+                # A caller that gave up before its call went: it never goes.
+                live = [one for one in batch if not one[2].done()]
+                if not live:
+                    continue
+                self.round_trips += 1
+                try:
+                    if len(live) == 1:
+                        # Alone: the command itself, without a pipeline's making.
+                        results = [await ADMIT.run_async(client, live[0][0], live[0][1])]
+                    else:
+                        calls = [(ADMIT, keys, args) for keys, args, _ in live]
+                        results = await run_pipelined_async(client, calls)
+                except (redis.RedisError, OSError) as exc:
+                    results = [exc] * len(live)
+                for (_, _, answer), result in zip(live, results, strict=True):
+                    if answer.done():
+                        continue
+                    if isinstance(result, BaseException):
+                        answer.set_exception(result)
+                    else:
+                        answer.set_result(result)
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            await stop_task(task, CONNECT_TIMEOUT_S + 4, "publisher")
+        for _, _, answer in self._pending:
+            answer.cancel()
+        self._pending.clear()
+
+
 class AsyncTransport:
     """The wire of :class:`~dataservice.AsyncClient`: the same messages through
     the same admission script, on asyncio connections.
@@ -281,8 +355,9 @@ class AsyncTransport:
     or did not; its slot on the reply channel goes either way. A test keeps
     what both transports queue identical.
 
-    At most :data:`ASYNC_PUBLISH_CONNECTIONS` connections publish, however
-    many coroutines do; the reply channel's reader holds one more.
+    One task publishes (:class:`AdmitQueue`), on one connection, however many
+    coroutines do; the broker's epoch is read on a second, and the reply
+    channel's reader holds a third.
     """
 
     def __init__(self, settings: Settings, config: Config, *, caller: str) -> None:
@@ -298,6 +373,7 @@ class AsyncTransport:
         self._pacing = caller_pacing(config)
         self._grace_s = config.results.grace_ms / 1000
         self._reply_to = oid_from(self, threads=False)
+        self._admit = AdmitQueue(self._client)
         self.epochs = Epochs()
 
     @property
@@ -310,6 +386,7 @@ class AsyncTransport:
             pool = AsyncBlockingPool.from_url(
                 self._broker_url,
                 max_connections=ASYNC_PUBLISH_CONNECTIONS,
+                connection_class=async_packed_connection_class(self._broker_url),
                 # Waits for a connection end with the publish's own bound.
                 timeout=None,
                 socket_timeout=CONNECT_TIMEOUT_S + 3,
@@ -335,7 +412,6 @@ class AsyncTransport:
         items = list(items)
         deadline_ms = min((item[2] for item in items), default=0)
         left_s = (deadline_ms - time.time() * 1000) / 1000
-        client = self._client()
         try:
             async with asyncio.timeout(max(left_s, 0.0) + SLACK_S):
                 for body, request_id, item_deadline_ms, operation, ops in items:
@@ -346,7 +422,7 @@ class AsyncTransport:
                     lapses_in_s = (item_deadline_ms - time.time() * 1000) / 1000
                     self.inbox.expect(request_id, lapses_in_s + self._grace_s)
                     try:
-                        epoch = admitted(await ADMIT.run_async(client, keys, args))
+                        epoch = admitted(await self._admit.call(keys, args))
                     except AdmissionRefused as refused_here:
                         refusal = refused_here
                         break
@@ -384,6 +460,7 @@ class AsyncTransport:
         self.epochs.saw(epoch, value.decode() if isinstance(value, bytes) else "")
 
     async def aclose(self) -> None:
+        await self._admit.aclose()
         await self.inbox.aclose()
         if self._broker is not None:
             await self._broker.aclose()

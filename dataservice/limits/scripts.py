@@ -87,6 +87,31 @@ def run_pipelined(
     return results
 
 
+async def run_pipelined_async(
+    client: AsyncRedis, calls: Sequence[tuple[LuaScript, list[str], list[Any]]]
+) -> list[Any]:
+    """As :func:`run_pipelined`, on an asyncio client; each call's result or
+    error (raised by none: the caller hands each its own)."""
+    results = await _pipelined_async(client, calls)
+    missing = [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
+    if missing:
+        for script in {calls[i][0] for i in missing}:
+            await client.script_load(script.text)
+        again = await _pipelined_async(client, [calls[i] for i in missing])
+        for i, result in zip(missing, again, strict=True):
+            results[i] = result
+    return results
+
+
+async def _pipelined_async(
+    client: AsyncRedis, calls: Sequence[tuple[LuaScript, list[str], list[Any]]]
+) -> list[Any]:
+    async with client.pipeline(transaction=False) as pipe:
+        for script, keys, args in calls:
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        return list(await pipe.execute(raise_on_error=False))
+
+
 def _pipelined(
     client: redis.Redis, calls: Sequence[tuple[LuaScript, list[str], list[Any]]]
 ) -> list[Any]:
