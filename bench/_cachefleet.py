@@ -40,7 +40,8 @@ DATABASE = "dataservice_cache"
 # Only the worker replicas connect as this user.
 SERVICE_USER = "ds_replicas"
 _PASSWORD = "ds-replicas-pw"
-# A client's result waits each hold one Redis connection (Transport's max_waiters).
+# Threads share a client 50 at a time: each client publishes on one broker
+# connection, so a burst's publishes go out on several at once.
 _THREADS_PER_CLIENT = 50
 
 # Statements from the service user that read the records table (the driver may

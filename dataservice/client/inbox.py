@@ -134,11 +134,12 @@ class Slots(Generic[S]):
         with self._lock:
             return self._slots.get(request_id)
 
-    def take(self, request_id: str) -> bytes:
-        """The answer that arrived for ``request_id``, its slot gone."""
+    def take(self, request_id: str) -> bytes | None:
+        """The answer that arrived for ``request_id``, its slot gone (None:
+        another wait took it first)."""
         with self._lock:
             slot = self._slots.pop(request_id, None)
-        return b"" if slot is None else slot.body
+        return None if slot is None else slot.body
 
     def __len__(self) -> int:
         with self._lock:
