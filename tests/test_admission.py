@@ -85,6 +85,32 @@ def test_a_full_lane_refuses_fast_and_retryably(
     assert broker.llen(config.lanes.interactive.queue) == MAX_MESSAGES
 
 
+def test_a_client_refused_again_and_again_holds_itself_back(
+    client_kind: ClientKind, bounded: tuple[Settings, Config, redis.Redis]
+) -> None:
+    """The adaptive throttle, shared by both clients: once the lane refuses most
+    of what a client sends, the client refuses a share of its calls itself
+    (``throttled``), and those never reach the broker."""
+    settings, config, broker = bounded
+    transport = Transport(settings, config)
+    for _ in range(MAX_MESSAGES):
+        transport.publish(b"x", request_id=uuid.uuid4().hex, lane=LaneName.INTERACTIVE,
+                          deadline_ms=_deadline(30))  # fmt: skip
+    transport.close()
+    stats = admission_key(config.lanes.interactive.queue)
+    offered_before = int(broker.hget(stats, "offered") or 0)
+    reasons = []
+    with make_client(client_kind, "tests", settings, config) as client:
+        for _ in range(60):
+            with pytest.raises(ResourceExhausted) as caught:
+                client.read("s", "x", timeout=5)
+            reasons.append(caught.value.reason)
+    offered = int(broker.hget(stats, "offered") or 0) - offered_before
+    assert set(reasons) == {"queue_full", "throttled"}, reasons
+    # Only what the client did not hold back reached admission, once each.
+    assert offered == reasons.count("queue_full")
+
+
 def test_the_byte_bound_refuses_and_a_partial_batch_says_what_was_accepted(
     client_kind: ClientKind, bounded: tuple[Settings, Config, redis.Redis]
 ) -> None:
