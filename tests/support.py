@@ -3,8 +3,10 @@ word, and variations of the test configuration."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import socket
 import threading
 import time
 import urllib.request
@@ -441,3 +443,49 @@ class RawPublisher:
 
     def close(self) -> None:
         self._connection.release()
+
+
+class StallingProxy:
+    """A TCP forwarder to ``127.0.0.1:<port>`` that can stop forwarding, both
+    ways, without closing anything: to its clients, a server that stalled."""
+
+    def __init__(self, port: int) -> None:
+        self._target = port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def stall(self) -> None:
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
+
+    def close(self) -> None:
+        self._flowing.set()
+        self._listener.close()
+        for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self._target))
+            self._sockets += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                self._flowing.wait()
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)

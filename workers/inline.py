@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from dataservice.bounded import within
 from dataservice.cache.source import CachedSource, Peeking
 from dataservice.enums import CacheFormat, ReadMode
 from dataservice.limits.gate import Delivery, Peek
@@ -24,6 +25,11 @@ from dataservice.worker import RequestHandler
 from dataservice.worker.steps import Admitted, Opened, Reply
 from workers.answers import Answers, int_header
 from workers.fastpath import InlineMessage, Outcome, PoolWork
+
+# The longest an answer written on the consumer thread may take, as long as
+# the limits' calls there (workers/app.py): the thread also runs the worker's
+# control commands, heartbeats and alive file.
+ANSWER_TIMEOUT_S = 0.25
 
 # LaneRuntime.process: answer a message as far as it got here, acknowledging
 # it with the answer when given kombu's keys; False if nothing was stored.
@@ -169,7 +175,11 @@ class InlineRequests:
 
     def _answered(self, message: InlineMessage, reply: Reply | None, body: object) -> Outcome:
         ack = message.acknowledgement if self._ack_with_answers else None
-        stored = self._answers.deliver(
-            message.task_id, reply, body, message.admitted_size, ack, message.admitted_ops
-        )
+        # Within the consumer thread's bound: a stalled result Redis costs each
+        # answer that long (the answer is then lost, its caller told by its
+        # deadline), not the pool's socket timeout of seconds.
+        with within(ANSWER_TIMEOUT_S):
+            stored = self._answers.deliver(
+                message.task_id, reply, body, message.admitted_size, ack, message.admitted_ops
+            )
         return Outcome.ANSWERED_AND_ACKED if stored and ack else Outcome.ANSWERED
