@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import redis
 
-from dataservice.client.transport import AsyncTransport, Transport
+from dataservice.client.async_transport import AsyncTransport
+from dataservice.client.transport import Transport
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.errors import InvalidArgument

@@ -8,7 +8,8 @@ asyncio twins :class:`AsyncClient` and :class:`AsyncHandle`.
   connection, its answers handed to the calls that wait for them.
 - :mod:`.pacer`: a caller's rate, kept in its own process.
 - :mod:`.transport`: publish to a lane (through admission) on one broker
-  connection, each request's answer expected on the inbox first.
+  connection, each request's answer expected on the inbox first;
+  :mod:`.async_transport`: the same for asyncio, one publishing task per client.
 """
 
 from dataservice.client.async_client import AsyncClient

@@ -19,10 +19,10 @@ import functools
 from collections.abc import Iterable, Mapping, Sequence
 
 from dataservice.callers import CallerKey
+from dataservice.client.async_transport import AsyncTransport
 from dataservice.client.base import BaseClient, expect, signing_key
 from dataservice.client.handle import AsyncHandle, gather_async
 from dataservice.client.publisher import Outgoing, Publisher, mutation_key
-from dataservice.client.transport import AsyncTransport
 from dataservice.config import Config
 from dataservice.enums import LaneName, ReadMode
 from dataservice.errors import DataServiceError, RequestError, ResourceExhausted, RetryableError

@@ -15,7 +15,8 @@ import time
 from collections.abc import Sequence
 from typing import Generic, TypeVar
 
-from dataservice.client.transport import AsyncTransport, Transport
+from dataservice.client.async_transport import AsyncTransport
+from dataservice.client.transport import Transport
 from dataservice.codec import parse_response, result_of
 from dataservice.errors import DataServiceError, DeadlineExceeded, RequestLost, ResultNotReady
 from dataservice.proto import pb
@@ -147,6 +148,15 @@ class HandleBase(Generic[T]):
             raise self._error
         return self._result
 
+    def _gave_up(self, wait_id: str, timeout: float | None, remaining: float) -> DataServiceError:
+        """The error of a wait that ended without an answer; the slot goes
+        unless the caller may still ask again (``ResultNotReady``)."""
+        lost = bool(self.epoch) and self._transport.ended_for(self.epoch) is not None
+        error = self._lost() if lost else self._not_in(timeout, remaining)
+        if not isinstance(error, ResultNotReady):
+            self._transport.replies.forget(wait_id)
+        return error
+
     def _not_in(self, timeout: float | None, remaining: float) -> DataServiceError:
         if timeout is not None and timeout < remaining:
             return ResultNotReady(f"no answer to {self.request_id} within {timeout} s")
@@ -250,13 +260,7 @@ class Handle(HandleBase[Transport]):
                 break
             if self.epoch:
                 self._transport.look_at_epoch(self.epoch, deadline_ms)
-        if self.epoch and self._transport.ended_for(self.epoch) is not None:
-            replies.forget(wait_id)
-            raise self._lost()
-        error = self._not_in(timeout, remaining)
-        if isinstance(error, DeadlineExceeded):
-            replies.forget(wait_id)
-        raise error
+        raise self._gave_up(wait_id, timeout, remaining)
 
 
 class AsyncHandle(HandleBase[AsyncTransport]):
@@ -311,13 +315,7 @@ class AsyncHandle(HandleBase[AsyncTransport]):
                 break
             if self.epoch:
                 await self._transport.look_at_epoch(self.epoch, deadline_ms)
-        if self.epoch and self._transport.ended_for(self.epoch) is not None:
-            replies.forget(wait_id)
-            raise self._lost()
-        error = self._not_in(timeout, remaining)
-        if isinstance(error, DeadlineExceeded):
-            replies.forget(wait_id)
-        raise error
+        raise self._gave_up(wait_id, timeout, remaining)
 
 
 def gather(handles: Sequence[Handle]) -> list[Result | DataServiceError]:
