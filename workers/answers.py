@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import redis
 
+from dataservice.bounded import within
 from dataservice.enums import LaneName
 from dataservice.keys import admission_key, held_key, reply_key, result_key
 from dataservice.limits.admission import held_member
@@ -21,6 +23,10 @@ from dataservice.worker import RequestHandler
 from dataservice.worker.steps import Reply
 
 log = logging.getLogger(__name__)
+
+
+def _bounded(seconds: float | None) -> AbstractContextManager[None]:
+    return nullcontext() if seconds is None else within(seconds)
 
 
 def int_header(value: Any) -> int | None:
@@ -65,10 +71,16 @@ class Answers:
         admitted_size: Any,
         ack: tuple[str, str, str] | None = None,
         admitted_ops: Any = None,
+        *,
+        each_within_s: float | None = None,
     ) -> bool:
         """Store the answer (if any), give the request's bytes back to
         admission and its in-flight slot back to the gate, and with ``ack``
-        acknowledge its message, all in one step. False if Redis did not take it."""
+        acknowledge its message, all in one step. False if Redis did not take it.
+
+        ``each_within_s`` bounds each Redis call on its own: the slot's Redis
+        (the limits') may be stalled while the answers' is not, and a slot
+        given back late must not cost the answer its time."""
         size = _size(admitted_size, body)
         # The in-flight slot goes back in the answer's own transaction when
         # both live on one Redis: one round trip fewer per request.
@@ -80,13 +92,11 @@ class Answers:
         held = (self._held_key, held_member(task_id, size, ops))
         done = Completion(self._admission_key, held, size, inflight, ack, ops)
         try:
-            self._handler.release(reply, released_in_redis=inflight is not None)
-            if reply is None or not reply.caller:
-                self._results.complete(done)
-            else:
-                self._results.put(
-                    reply.caller, task_id, reply.body, reply.expires_at_ms, done, reply.channel
-                )
+            with _bounded(each_within_s):
+                # Never raises: a slot not given back lapses on its own.
+                self._handler.release(reply, released_in_redis=inflight is not None)
+            with _bounded(each_within_s):
+                self._store(reply, task_id, done)
         except redis.RedisError as exc:
             # The work is done; its caller sees DEADLINE_EXCEEDED and may retry.
             DEPENDENCY_FAILURES.labels(self._lane.value, Dependency.RESULTS.value).inc()
@@ -95,6 +105,14 @@ class Answers:
         finally:
             self._handler.finished(reply)
         return True
+
+    def _store(self, reply: Reply | None, task_id: str, done: Completion) -> None:
+        if reply is None or not reply.caller:
+            self._results.complete(done)
+        else:
+            self._results.put(
+                reply.caller, task_id, reply.body, reply.expires_at_ms, done, reply.channel
+            )
 
     def in_gate(
         self,

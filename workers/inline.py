@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from dataservice.bounded import within
 from dataservice.cache.source import CachedSource, Peeking
 from dataservice.enums import CacheFormat, ReadMode
 from dataservice.limits.gate import Delivery, Peek
@@ -178,8 +177,13 @@ class InlineRequests:
         # Within the consumer thread's bound: a stalled result Redis costs each
         # answer that long (the answer is then lost, its caller told by its
         # deadline), not the pool's socket timeout of seconds.
-        with within(ANSWER_TIMEOUT_S):
-            stored = self._answers.deliver(
-                message.task_id, reply, body, message.admitted_size, ack, message.admitted_ops
-            )
+        stored = self._answers.deliver(
+            message.task_id,
+            reply,
+            body,
+            message.admitted_size,
+            ack,
+            message.admitted_ops,
+            each_within_s=ANSWER_TIMEOUT_S,
+        )
         return Outcome.ANSWERED_AND_ACKED if stored and ack else Outcome.ANSWERED
