@@ -32,7 +32,7 @@ import functools
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 from celery import Celery
@@ -44,6 +44,7 @@ from kombu.utils.json import dumps
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from dataservice import rabbitmq
 from dataservice.bounded import QUIET, BoundedConnection, BoundedSSLConnection
 from dataservice.config import Config
 from dataservice.keys import EPOCH_KEY
@@ -240,6 +241,32 @@ class CallerRedisTransport(RedisTransport):
     Channel = _CallerChannel
 
 
+class QueueDepths(Protocol):
+    """How many messages wait in a lane's queue, on the broker in use."""
+
+    def depth(self, queue: str) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class _RedisDepths:
+    def __init__(self, url: str) -> None:
+        self._redis = redis.Redis.from_url(url, socket_timeout=2, **QUIET)
+
+    def depth(self, queue: str) -> int:
+        return int(self._redis.llen(queue))
+
+    def close(self) -> None:
+        self._redis.close()
+
+
+def queue_depths(settings: Settings) -> QueueDepths:
+    """A :class:`QueueDepths` on the service's broker (connects on first use)."""
+    if settings.broker_is_amqp:
+        return rabbitmq.AmqpDepths(settings.broker_url)
+    return _RedisDepths(settings.broker_url)
+
+
 def direct_queue(name: str) -> Queue:
     """A queue bound to a direct exchange of its own name (the lanes', the consumers')."""
     return Queue(name, Exchange(name, type="direct"), routing_key=name)
@@ -257,7 +284,24 @@ def celery_settings(settings: Settings, config: Config) -> dict[str, Any]:
     tls = redis_tls(settings.broker_url, "the broker URL")
     tls_options = tls.kombu_options() if tls else None
     over_tcp = settings.broker_url.startswith(("redis://", "rediss://"))
+    common = {
+        "result_backend": None,
+        "task_ignore_result": True,
+        "task_serializer": "json",
+        "accept_content": [CONTENT_TYPE, "application/json"],
+        "task_queues": queues,
+        "task_create_missing_queues": False,
+        "task_default_queue": config.lanes.batch.queue,
+        "task_acks_late": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_hijack_root_logger": False,
+        "worker_redirect_stdouts": False,
+        "enable_utc": True,
+    }
+    if settings.broker_is_amqp:
+        return {**common, **rabbitmq.broker_settings(settings, config)}
     return {
+        **common,
         "broker_url": without_tls_options(settings.broker_url),
         "broker_transport": f"{__name__}:RedisTransport" if over_tcp else None,
         "broker_use_ssl": tls_options or False,
@@ -281,18 +325,6 @@ def celery_settings(settings: Settings, config: Config) -> dict[str, Any]:
             # made with weaker certificate checks.
             "dataservice_tls": tls_options,
         },
-        "result_backend": None,
-        "task_ignore_result": True,
-        "task_serializer": "json",
-        "accept_content": [CONTENT_TYPE, "application/json"],
-        "task_queues": queues,
-        "task_create_missing_queues": False,
-        "task_default_queue": config.lanes.batch.queue,
-        "task_acks_late": True,
-        "worker_prefetch_multiplier": 1,
-        "worker_hijack_root_logger": False,
-        "worker_redirect_stdouts": False,
-        "enable_utc": True,
     }
 
 

@@ -69,6 +69,11 @@ class ResultStore:
     def __init__(self, client: redis.Redis) -> None:
         self._redis = client
 
+    @property
+    def client(self) -> redis.Redis:
+        """The store's Redis client (admission's books share it on RabbitMQ)."""
+        return self._redis
+
     @classmethod
     def from_url(cls, url: str, *, max_waiters: int = 64, bounded: bool = False) -> ResultStore:
         """A store on ``url``; ``bounded`` for a client, whose every wait keeps to

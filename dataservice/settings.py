@@ -18,6 +18,7 @@ from dataservice.errors import ConfigError
 from dataservice.tls import redis_tls
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+AMQP_SCHEMES = ("amqp://", "amqps://")
 DEFAULT_DATABASE_URL = "mysql+mysqldb://root@127.0.0.1:3306/dataservice"
 # Relative: the working directory's queues.yml, as with other tools' config files.
 DEFAULT_CONFIG_PATH = Path("queues.yml")
@@ -77,13 +78,29 @@ class Settings:
         ):
             if name not in env:
                 continue
+            if name == "DATASERVICE_BROKER_URL" and env[name].startswith(AMQP_SCHEMES):
+                continue
             if not env[name].startswith(("redis://", "rediss://", "unix://")):
-                raise ConfigError(f"{name} must be a redis://, rediss:// or unix:// URL")
+                also = " (the broker: or amqp://, amqps://)" if "BROKER" in name else ""
+                raise ConfigError(f"{name} must be a redis://, rediss:// or unix:// URL{also}")
             redis_tls(env[name], name)
         for name in ("DATASERVICE_DATABASE_URL", "DATASERVICE_CHANGES_DATABASE_URL"):
             if name in env and not env[name].startswith("mysql"):
                 raise ConfigError(f"{name} must be a mysql+mysqldb:// URL")
         return cls(**values)
+
+    @property
+    def broker_is_amqp(self) -> bool:
+        """The broker is RabbitMQ (``amqp://``, ``amqps://``), not Redis."""
+        return self.broker_url.startswith(AMQP_SCHEMES)
+
+    @property
+    def admission_url(self) -> str:
+        """The Redis that keeps admission's books (the lanes' held requests,
+        bytes, drain rates and service times): the broker's when it is Redis,
+        where the admission script pushes the message in the same step; else
+        the result backend's, where every answer gives its request's bytes back."""
+        return self.result_backend_url if self.broker_is_amqp else self.broker_url
 
     @property
     def changes_url(self) -> str:

@@ -18,11 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import redis
 from rich.table import Table
 
-from dataservice.bounded import QUIET
-from dataservice.broker import TASK_NAME, celery_app
+from dataservice.broker import TASK_NAME, celery_app, queue_depths
 from dataservice.changes.behind import describe_events, describe_lag
 from dataservice.changes.consumer import CHANGES_COMMAND
 from dataservice.config import Config
@@ -103,7 +101,7 @@ class Supervisor:
             args = ("--port", str(flower_port))
             self.pools.append(Pool(None, log_dir / "flower.log", "flower", args))
         self._control = celery_app("dataservice-supervisor", settings, config)
-        self._broker = redis.Redis.from_url(settings.broker_url, socket_timeout=2, **QUIET)
+        self._depths = queue_depths(settings)
         self._last: Snapshot | None = None
 
     def _spawn(self, pool: Pool) -> None:
@@ -162,7 +160,7 @@ class Supervisor:
             )
             snap.changes = [s for s in (ask._request(CHANGES_COMMAND) or {}).values() if s]
         for lane in (pool.lane for pool in self.pools if pool.lane is not None):
-            lane_stats = LaneStats(depth=int(self._broker.llen(self.config.lanes[lane].queue)))
+            lane_stats = LaneStats(depth=self._depths.depth(self.config.lanes[lane].queue))
             for node, info in stats.items():
                 if node.startswith(f"{lane.value}-"):
                     lane_stats.workers += 1
@@ -211,7 +209,7 @@ class Supervisor:
         """Warm shutdown: in-flight requests finish, then the pools exit."""
         stop_all((pool.worker for pool in self.pools if pool.worker is not None), timeout)
         self._control.close()
-        self._broker.close()
+        self._depths.close()
 
 
 def _metrics_line(ports: dict[str, int]) -> str:

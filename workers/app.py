@@ -117,10 +117,11 @@ class LaneRuntime:
             slots_with_answers=settings.redis_url == settings.result_backend_url,
         )
         self._deliver = self._answers.deliver
-        # The worker's own small talk with the broker (service times, queue
-        # gauges): short timeouts, so that a stalled broker costs a beat, not a thread.
+        # The worker's own small talk with admission's Redis (service times,
+        # queue gauges): the broker's, or on RabbitMQ the result backend's.
+        # Short timeouts, so that a stalled Redis costs a beat, not a thread.
         self._broker = redis.Redis.from_url(
-            settings.broker_url,
+            settings.admission_url,
             **QUIET,
             socket_timeout=_BROKER_CHATTER_TIMEOUT_S,
             socket_connect_timeout=_BROKER_CHATTER_TIMEOUT_S,

@@ -235,7 +235,8 @@ class _InlineStrategy:
         the pool, so for it too."""
         # The channel's bookkeeping of the message, if it waited for this
         # decision (dataservice/broker.py), unless the handler wrote it.
-        qos = message.channel.qos
+        # Only kombu's Redis channel keeps books of its own (RabbitMQ keeps them).
+        qos = getattr(message.channel, "qos", None)
         if work.recorded:
             recorded = getattr(qos, "recorded", None)
             if recorded is not None:
@@ -262,7 +263,7 @@ class _InlineStrategy:
     def _passed_on(self, message: Any, *args: Any, **kwargs: Any) -> Any:
         """The default strategy's, after the channel's bookkeeping of the
         message, which may wait for this decision (``dataservice/broker.py``)."""
-        flush = getattr(message.channel.qos, "flush", None)
+        flush = getattr(getattr(message.channel, "qos", None), "flush", None)
         if flush is not None:
             flush()
         return self._default(message, *args, **kwargs)
@@ -314,7 +315,7 @@ class _InlineStrategy:
         ):
             return None
         delivery_info = message.delivery_info or {}
-        qos = message.channel.qos
+        qos = getattr(message.channel, "qos", None)
         record_of = getattr(qos, "record_of", None)
         return InlineMessage(
             task_id=task_id,
@@ -322,7 +323,11 @@ class _InlineStrategy:
             kwargs=MappingProxyType(kwargs),
             headers=MappingProxyType(headers),
             redelivered=bool(delivery_info.get(_REDELIVERED) or headers.get(_REDELIVERED)),
-            acknowledgement=(qos.unacked_index_key, qos.unacked_key, message.delivery_tag),
+            acknowledgement=(
+                getattr(qos, "unacked_index_key", ""),
+                getattr(qos, "unacked_key", ""),
+                str(message.delivery_tag),
+            ),
             record=None if record_of is None else lambda: str(record_of(message)),
         )
 

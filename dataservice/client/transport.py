@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import redis
 from kombu.exceptions import LimitExceeded
@@ -33,11 +34,21 @@ from dataservice.limits.admission import (
     OPERATION_HEADER,
     OPS_HEADER,
     AdmissionRefused,
+    caller_pacing,
+    lane_admission_bounds,
 )
+from dataservice.rabbitmq import AMQP_ERRORS, AmqpPublisher, lane_queues
 from dataservice.results import ResultStore
 from dataservice.settings import Settings
 
 RETRY_BROKER_DOWN_S = 0.5
+# A publish that failed for want of a broker (or of the Redis admission runs on).
+_PUBLISH_ERRORS: tuple[type[BaseException], ...] = (
+    BrokerError,
+    redis.RedisError,
+    LimitExceeded,
+    *AMQP_ERRORS,
+)
 _EPOCHS_KEPT = 8
 # Broker connections a client publishes on, however many of its threads
 # publish at once: a publish holds one for a round trip, far less than the
@@ -123,6 +134,10 @@ class Transport:
         self._grace_s = config.results.grace_ms / 1000
         self._reply_to = self._app.thread_oid
         self.epochs = Epochs()
+        # On RabbitMQ, admission runs on the result backend's Redis, then the
+        # message is published and confirmed (dataservice/rabbitmq.py).
+        self._amqp = settings.broker_is_amqp
+        self._publishers: WeakKeyDictionary[Any, AmqpPublisher] = WeakKeyDictionary()
 
     def publish(
         self,
@@ -176,7 +191,7 @@ class Transport:
                 within(max(left_s, 0.0) + SLACK_S),
                 self._pool.acquire(block=True, timeout=left()) as connection,
             ):
-                channel = connection.default_channel
+                admit = self._admit_on(connection)
                 for body, request_id, item_deadline_ms, operation, ops in items:
                     headers = item_headers(caller, item_deadline_ms, operation, ops)
                     message = task_message(body, request_id, queue, headers, self._reply_to)
@@ -184,14 +199,14 @@ class Transport:
                         lapses_in_s = (item_deadline_ms - time.time() * 1000) / 1000
                         inbox.expect(request_id, lapses_in_s + self._grace_s)
                     try:
-                        epoch = channel.admit(queue, message)
+                        epoch = admit(queue, message)
                     except AdmissionRefused as refused_here:
                         # Raised once the connection is back in its pool,
                         # outside the block that holds it.
                         refusal = refused_here
                         break
                     sent += 1
-        except (BrokerError, redis.RedisError, LimitExceeded):
+        except _PUBLISH_ERRORS:
             # Whatever went out before the failure, its caller hears only the
             # failure: none of its answers is waited for.
             if inbox is not None:
@@ -209,6 +224,27 @@ class Transport:
             refusal.sent, refusal.epoch = sent, epoch
             raise refusal
         return epoch
+
+    def _admit_on(self, connection: Any) -> Callable[[str, dict[str, Any]], str]:
+        """How a message is admitted and published on ``connection``."""
+        channel = connection.default_channel
+        if not self._amqp:
+            return channel.admit  # type: ignore[no-any-return]
+        publisher = self._publishers.get(channel)
+        if publisher is None:
+            publisher = AmqpPublisher(
+                channel,
+                self.results.client,
+                lane_admission_bounds(self.config),
+                caller_pacing(self.config),
+                lane_queues(self.config),
+            )
+            self._publishers[channel] = publisher
+
+        def admit(queue: str, message: dict[str, Any]) -> str:
+            return publisher.admit(queue, message, left() or 0.0)
+
+        return admit
 
     @property
     def replies(self) -> Inbox:
@@ -228,7 +264,7 @@ class Transport:
         """Ask the broker for its epoch (within ``deadline_ms``, Unix ms), if
         a look is due; a broker that cannot say tells nothing."""
         left_s = self.epochs.may_ask(epoch, deadline_ms)
-        if not left_s:
+        if not left_s or self._amqp:
             return
         try:
             with (

@@ -74,6 +74,7 @@ STANDING_AFTER_MS = 100
 SERVICE_PREFIX = "service:"
 
 ADMIT = LuaScript("admit.lua")
+_WITHDRAW = LuaScript("withdraw.lua")
 _SERVICE = LuaScript("service.lua")
 
 
@@ -169,6 +170,11 @@ def lane_admissions(config: Config) -> dict[str, dict[str, Any]]:
     }
 
 
+def lane_admission_bounds(config: Config) -> dict[str, LaneAdmission]:
+    """:func:`lane_admissions`, as the admission script's callers use them."""
+    return {queue: LaneAdmission(**lane) for queue, lane in lane_admissions(config).items()}
+
+
 def envelope_size(message: dict[str, Any]) -> int:
     """The envelope's size, from the base64 body kombu stores (without decoding it)."""
     body = message.get("body", "")
@@ -223,9 +229,13 @@ def admit_call(
     encoded: str,
     message: dict[str, Any],
     pacing: dict[str, Any] | None = None,
+    *,
+    elsewhere: bool = False,
 ) -> tuple[list[str], list[Any]]:
     """The keys and arguments of :data:`ADMIT` for :func:`admit`'s push (for a
-    client that runs the script itself, on an asyncio connection)."""
+    client that runs the script itself, on an asyncio connection); with
+    ``elsewhere`` (the queue is on another broker), for admission alone:
+    nothing is pushed, and the caller publishes once admitted."""
     keys = [queue_key, lane.stats_key, lane.held_key, EPOCH_KEY]
     operation = message.get("headers", {}).get(OPERATION_HEADER)
     args: list[Any] = [
@@ -253,8 +263,26 @@ def admit_call(
         args += [rate.interval_us, rate.burst]
     else:
         args += [0, 0]
-    args.append(ops)
+    args += [ops, "1" if elsewhere else ""]
     return keys, args
+
+
+def withdraw(
+    client: redis.Redis,
+    lane: LaneAdmission,
+    message: dict[str, Any],
+    reason: Reason | None,
+) -> None:
+    """Take a message admitted ``elsewhere`` (:func:`admit_call`) back out of
+    admission's books: the broker refused it (``reason``, counted as a
+    refusal) or was not reached (None)."""
+    size, ops = _admitted_size(message), message_ops(message)
+    member = held_member(str(message.get("headers", {}).get("id", "")), size, ops)
+    _WITHDRAW(
+        client,
+        [lane.stats_key, lane.held_key],
+        [member, size, ops, reason.value if reason is not None else ""],
+    )
 
 
 def admitted(answer: Any) -> str:

@@ -65,8 +65,12 @@
 -- ARGV[16] the operations the message carries: 1, or a batch's count. Every
 --          count here (the bound of ARGV[3], the drain rate, arrivals) is in
 --          operations, so the lane's bounds mean the same however they are packed
+-- ARGV[17] '1' when the queue is not a list here but on another broker
+--          (RabbitMQ): KEYS[1] and KEYS[4] are not touched, nothing is pushed
+--          (the caller publishes once admitted), and what waits is the held
+--          requests less those the workers are running; '' otherwise
 --
--- Returns {'', epoch} when the message was pushed (the epoch it was pushed
+-- Returns {'', epoch} when the message was pushed (ARGV[17]: {'', ''}, admitted) (the epoch it was pushed
 -- in, which its caller keeps to tell a lost request from a slow one), or
 -- {reason, retry_after_ms} with a
 -- dataservice.refusals.Reason value: 'queue_full' (messages), 'queue_bytes',
@@ -76,7 +80,9 @@
 -- the workers would refuse it).
 --#include limits/gcra.lua
 
-local depth = redis.call('LLEN', KEYS[1])
+local elsewhere = ARGV[17] == '1'
+local depth = 0
+if not elsewhere then depth = redis.call('LLEN', KEYS[1]) end
 local service_field = ARGV[8] ~= '' and ARGV[8] or 'service:'
 local h = redis.call('HMGET', KEYS[2], 'bytes', 'done', 'rate', 'rate_at', 'done_at',
   'service_at', service_field, 'empty_at', 'shedding', 'busy_at', 'arrivals', 'arrivals_at',
@@ -133,6 +139,7 @@ local OVERLOAD = 1.1
 -- to what the workers can hold besides the list: as many again as run.
 local running = 0
 if rate > 0 and service > 0 then running = rate * service / 1000 end
+if elsewhere then depth = math.max(math.floor(held - running), 0) end
 local ahead = math.max(depth, held)
 ahead = math.min(ahead, depth + 2 * running + 1)
 local waiting = math.max(depth, ahead - running)
@@ -248,12 +255,15 @@ if KEYS[5] then
   gcra_commit(KEYS[5], new_tat, now_us)
 end
 
-local epoch = redis.call('GET', KEYS[4])
-if not epoch then
-  epoch = ARGV[12]
-  redis.call('SET', KEYS[4], epoch)
+local epoch = ''
+if not elsewhere then
+  epoch = redis.call('GET', KEYS[4])
+  if not epoch then
+    epoch = ARGV[12]
+    redis.call('SET', KEYS[4], epoch)
+  end
+  redis.call('LPUSH', KEYS[1], ARGV[1])
 end
-redis.call('LPUSH', KEYS[1], ARGV[1])
 local member = ARGV[13] .. ':' .. size
 if ops > 1 then
   member = ARGV[13] .. ':' .. ops .. ':' .. size
