@@ -1,21 +1,59 @@
-"""RabbitMQ for the tests: a virtual host of their own, made afresh."""
+"""RabbitMQ for the tests: virtual hosts of their own, and the broker as a
+test parameter (``BROKERS``)."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import subprocess
 
+from kombu.connection import Connection
+
+from dataservice.broker import queue_depths
+from dataservice.config import Config
+from dataservice.settings import Settings
+
+# The broker-facing tests run once on each.
+BROKERS = ("redis", "amqp")
 # The Redis of the answers, the limits and admission's books when RabbitMQ is the broker.
 AMQP_REDIS_URL = "redis://127.0.0.1:6379/13"
+_AMQP = "amqp://guest:guest@127.0.0.1:5672/"
 
 
 def fresh_vhost(name: str) -> str:
     """An empty virtual host ``name`` (deleted first, with its queues), open
     to the guest user; its ``amqp://`` URL."""
     subprocess.run(["rabbitmqctl", "-q", "delete_vhost", name], check=False, capture_output=True)
-    subprocess.run(["rabbitmqctl", "-q", "add_vhost", name], check=True, capture_output=True)
+    return _vhost(name)
+
+
+@functools.cache
+def _vhost(name: str) -> str:
+    """Virtual host ``name``, made once per test process."""
+    subprocess.run(["rabbitmqctl", "-q", "add_vhost", name], check=False, capture_output=True)
     subprocess.run(
         ["rabbitmqctl", "-q", "set_permissions", "-p", name, "guest", ".*", ".*", ".*"],
         check=True,
         capture_output=True,
     )
-    return f"amqp://guest:guest@127.0.0.1:5672/{name}"
+    return _AMQP + name
+
+
+def on_rabbitmq(settings: Settings, config: Config, vhost: str) -> Settings:
+    """``settings`` with RabbitMQ as the broker, in ``vhost``, whose lane queues
+    are gone (the first publish or worker declares them afresh)."""
+    url = _vhost(vhost)
+    with Connection(url, connect_timeout=5) as connection:
+        channel = connection.default_channel
+        for lane in (config.lanes.interactive, config.lanes.batch):
+            channel.queue_delete(lane.queue)
+    return dataclasses.replace(settings, broker_url=url)
+
+
+def depth(settings: Settings, queue: str) -> int:
+    """Messages waiting in ``queue`` on the settings' broker."""
+    depths = queue_depths(settings)
+    try:
+        return depths.depth(queue)
+    finally:
+        depths.close()

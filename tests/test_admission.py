@@ -30,6 +30,7 @@ from dataservice.results import Completion, ResultStore
 from dataservice.settings import Settings
 from tests.clients import ClientKind, make_client
 from tests.conftest import require
+from tests.rabbit import BROKERS, depth, on_rabbitmq
 from tests.support import bounded_admission, publish_concurrently
 
 # No worker consumes this database: whatever is admitted stays queued.
@@ -51,17 +52,37 @@ def bounded(settings: Settings, tmp_path: Path) -> Iterator[tuple[Settings, Conf
         yield bounded
 
 
+@pytest.fixture(params=BROKERS)
+def on_either(
+    request: pytest.FixtureRequest, settings: Settings, tmp_path: Path
+) -> Iterator[tuple[Settings, Config, redis.Redis]]:
+    """As ``bounded``, on each broker in turn: on RabbitMQ the queues are its
+    own and the Redis holds admission's books alone."""
+    require(redis_reachable(UNSERVED_REDIS_URL), "Redis at 127.0.0.1:6379")
+    with bounded_admission(
+        settings,
+        UNSERVED_REDIS_URL,
+        tmp_path,
+        interactive={"max_messages": MAX_MESSAGES, "max_bytes": 1 << 24},
+        batch={"max_messages": 10_000, "max_bytes": 3 * 70_000},
+    ) as (redis_settings, config, books):
+        if request.param == "amqp":
+            yield on_rabbitmq(redis_settings, config, "dataservice-admission"), config, books
+        else:
+            yield redis_settings, config, books
+
+
 def _deadline(seconds: float) -> int:
     return int((time.time() + seconds) * 1000)
 
 
 def test_concurrent_producers_never_overshoot_the_message_bound(
-    bounded: tuple[Settings, Config, redis.Redis],
+    on_either: tuple[Settings, Config, redis.Redis],
 ) -> None:
-    settings, config, broker = bounded
+    settings, config, _ = on_either
     producers, each = 16, 20
     outcomes = publish_concurrently(settings, config, producers, each)
-    assert broker.llen(config.lanes.interactive.queue) == MAX_MESSAGES
+    assert depth(settings, config.lanes.interactive.queue) == MAX_MESSAGES
     assert outcomes.count("queued") == MAX_MESSAGES
     assert outcomes.count("queue_full") == producers * each - MAX_MESSAGES
     assert set(outcomes) == {"queued", "queue_full"}
@@ -132,9 +153,9 @@ def test_the_byte_bound_refuses_and_a_partial_batch_says_what_was_accepted(
 
 
 def test_a_request_that_cannot_start_before_its_deadline_is_refused(
-    bounded: tuple[Settings, Config, redis.Redis],
+    on_either: tuple[Settings, Config, redis.Redis],
 ) -> None:
-    settings, config, broker = bounded
+    settings, config, broker = on_either
     queue = config.lanes.batch.queue
     with Client("tests", settings, config) as client:
         client.submit_many([ReadOp("s", f"k{n}") for n in range(50)], timeout=600)
@@ -146,13 +167,13 @@ def test_a_request_that_cannot_start_before_its_deadline_is_refused(
             client.submit(ReadOp("s", "late"), timeout=1)
         assert 3.5 <= caught.value.retry_after <= 4.5
         client.submit(ReadOp("s", "patient"), timeout=60)
-    assert broker.llen(queue) == 51
+    assert depth(settings, queue) == 51
 
 
 def test_a_request_that_could_start_but_not_be_served_in_time_is_refused(
-    bounded: tuple[Settings, Config, redis.Redis],
+    on_either: tuple[Settings, Config, redis.Redis],
 ) -> None:
-    settings, config, broker = bounded
+    settings, config, broker = on_either
     key = admission_key(config.lanes.batch.queue)
     with Client("tests", settings, config) as client:
         client.submit_many([ReadOp("s", f"k{n}") for n in range(10)], timeout=600)
@@ -171,7 +192,7 @@ def test_a_request_that_could_start_but_not_be_served_in_time_is_refused(
         # An estimate the workers stopped renewing is not relied on.
         broker.hset(key, "service_at", _deadline(0) - SERVICE_STALE_MS - 1000)
         client.submit(ReadOp("s", "stale"), timeout=0.8)
-    assert broker.llen(config.lanes.batch.queue) == 13
+    assert depth(settings, config.lanes.batch.queue) == 13
 
 
 @pytest.mark.usefixtures("interactive_worker")
@@ -216,9 +237,9 @@ def test_answered_requests_give_their_bytes_back(
 
 
 def test_a_request_already_past_its_deadline_is_not_admitted(
-    bounded: tuple[Settings, Config, redis.Redis],
+    on_either: tuple[Settings, Config, redis.Redis],
 ) -> None:
-    settings, config, broker = bounded
+    settings, config, _ = on_either
     transport = Transport(settings, config)
     try:
         with pytest.raises(AdmissionRefused) as caught:
@@ -227,30 +248,30 @@ def test_a_request_already_past_its_deadline_is_not_admitted(
     finally:
         transport.close()
     assert caught.value.reason == "queue_too_long"
-    assert broker.llen(config.lanes.batch.queue) == 0
+    assert depth(settings, config.lanes.batch.queue) == 0
 
 
 def test_a_negative_byte_balance_is_never_room_beyond_the_bound(
-    bounded: tuple[Settings, Config, redis.Redis],
+    on_either: tuple[Settings, Config, redis.Redis],
 ) -> None:
     from dataservice import WriteOp
 
-    settings, config, broker = bounded
+    settings, config, broker = on_either
     # As after a completion counted twice: the balance went below zero.
     broker.hset(admission_key(config.lanes.batch.queue), "bytes", -10_000_000)
     big = b"\x07" * config.limits.max_payload_bytes
     with Client("tests", settings, config) as client, pytest.raises(ResourceExhausted):
         client.submit_many([WriteOp("s", f"big{n}", big) for n in range(5)], timeout=60)
     # One message of three, as the byte bound allows; the second refused.
-    assert broker.llen(config.lanes.batch.queue) == 1
+    assert depth(settings, config.lanes.batch.queue) == 1
 
 
 def test_a_caller_over_its_rate_is_refused_before_the_queue(
-    bounded: tuple[Settings, Config, redis.Redis],
+    on_either: tuple[Settings, Config, redis.Redis],
 ) -> None:
     """Publish pacing: admission applies the caller's rate (as the workers'
     gate will), so a well-behaved caller's excess never takes queue space."""
-    settings, config, broker = bounded
+    settings, config, _ = on_either
     policy = config.callers["tests-limited"]  # burst 5
     transport = Transport(settings, config)
     try:
@@ -271,7 +292,7 @@ def test_a_caller_over_its_rate_is_refused_before_the_queue(
     finally:
         transport.close()
     assert outcomes == ["queued"] * policy.burst + ["rate_limited"] * 3
-    assert broker.llen(config.lanes.interactive.queue) == policy.burst + 1
+    assert depth(settings, config.lanes.interactive.queue) == policy.burst + 1
 
 
 def test_refusals_at_publish_are_counted_by_reason_and_scraped_from_the_broker(

@@ -67,8 +67,8 @@
 --          operations, so the lane's bounds mean the same however they are packed
 -- ARGV[17] '1' when the queue is not a list here but on another broker
 --          (RabbitMQ): KEYS[1] and KEYS[4] are not touched, nothing is pushed
---          (the caller publishes once admitted), and what waits is the held
---          requests less those the workers are running; '' otherwise
+--          (the caller publishes once admitted), and what waits is taken to
+--          be every held request; '' otherwise
 --
 -- Returns {'', epoch} when the message was pushed (ARGV[17]: {'', ''}, admitted) (the epoch it was pushed
 -- in, which its caller keeps to tell a lost request from a slow one), or
@@ -121,6 +121,10 @@ end
 -- than waits, never less).
 local held = redis.call('ZCARD', KEYS[3]) + extra
 depth = depth + extra
+-- On another broker, all that is known of the queue is what was admitted and
+-- not yet answered: it is taken as waiting, the few running included (a
+-- wait overestimated by at most one service time).
+if elsewhere then depth = held end
 -- Relied on only while the workers keep saying it: no workers, no estimate.
 local service = 0
 if now - (tonumber(h[6]) or 0) <= tonumber(ARGV[9]) then
@@ -139,7 +143,6 @@ local OVERLOAD = 1.1
 -- to what the workers can hold besides the list: as many again as run.
 local running = 0
 if rate > 0 and service > 0 then running = rate * service / 1000 end
-if elsewhere then depth = math.max(math.floor(held - running), 0) end
 local ahead = math.max(depth, held)
 ahead = math.min(ahead, depth + 2 * running + 1)
 local waiting = math.max(depth, ahead - running)
