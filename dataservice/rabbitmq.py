@@ -23,6 +23,7 @@ gives its request's bytes back on the same Redis (``answer.lua``).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import ssl
 import threading
@@ -31,7 +32,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import aio_pika
+import aio_pika.abc
+import aiormq
 import amqp
+import amqp.exceptions
 import redis
 from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
@@ -54,6 +59,12 @@ from dataservice.settings import Settings
 # What a publish on AMQP may raise besides a refusal: the broker gone, the
 # channel closed, a socket timeout (an OSError).
 AMQP_ERRORS: tuple[type[BaseException], ...] = (amqp.exceptions.AMQPError, OSError)
+# The same, for the asyncio publisher.
+ASYNC_AMQP_ERRORS: tuple[type[BaseException], ...] = (
+    aiormq.exceptions.AMQPError,
+    aio_pika.exceptions.AMQPException,
+    OSError,
+)
 
 # What a publish RabbitMQ refused (the queue at its bound) suggests waiting:
 # the service's own admission refuses before the queue is full, so this is a
@@ -130,6 +141,82 @@ class AmqpDepths:
             self._connection.release()
 
 
+class AsyncAmqpPublisher:
+    """Publishes request messages, confirmed, from any number of coroutines on
+    one connection and one channel in confirm mode (aio-pika): confirms come
+    back pipelined, so concurrent publishes do not wait for each other. Made
+    and used inside one event loop; connects on first use, and again after
+    the connection is lost."""
+
+    def __init__(self, url: str, config: Config, connect_timeout_s: float) -> None:
+        self._url = url
+        self._lanes = {lane.queue: lane for lane in (config.lanes.interactive, config.lanes.batch)}
+        self._connect_timeout_s = connect_timeout_s
+        self._connection: aio_pika.abc.AbstractConnection | None = None
+        self._exchanges: dict[str, aio_pika.abc.AbstractExchange] = {}
+        self._lock: asyncio.Lock | None = None
+
+    async def publish(self, queue: str, message: dict[str, Any]) -> None:
+        """Publish ``message`` (as :func:`~dataservice.client.message.task_message`
+        builds it) to ``queue`` and wait for its confirm. Raises
+        :class:`amqp.exceptions.MessageNacked` when RabbitMQ refuses it, else the
+        connection's errors (:data:`ASYNC_AMQP_ERRORS`); the caller bounds the wait."""
+        exchange = await self._exchange(queue)
+        properties = message.get("properties", {})
+        expiration = expiration_ms(message, time.time_ns() // 1_000_000)
+        outgoing = aio_pika.Message(
+            base64.b64decode(message["body"]),
+            headers=message.get("headers"),
+            content_type=message.get("content-type"),
+            content_encoding=message.get("content-encoding"),
+            correlation_id=properties.get("correlation_id"),
+            reply_to=properties.get("reply_to"),
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            expiration=expiration / 1000 if expiration else None,
+        )
+        try:
+            await exchange.publish(outgoing, routing_key=queue)
+        except aiormq.exceptions.DeliveryError:
+            raise amqp.exceptions.MessageNacked() from None
+
+    async def _exchange(self, queue: str) -> aio_pika.abc.AbstractExchange:
+        exchange = self._exchanges.get(queue)
+        if exchange is not None and self._connection is not None and not self._connection.is_closed:
+            return exchange
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._connection is None or self._connection.is_closed:
+                self._exchanges.clear()
+                self._connection = await aio_pika.connect(
+                    self._url, timeout=self._connect_timeout_s
+                )
+            if queue not in self._exchanges:
+                channel = await self._connection.channel(publisher_confirms=True)
+                self._exchanges[queue] = await _declare(channel, self._lanes[queue])
+            return self._exchanges[queue]
+
+    async def aclose(self) -> None:
+        connection, self._connection = self._connection, None
+        self._exchanges.clear()
+        if connection is not None:
+            await connection.close()
+
+
+async def _declare(
+    channel: aio_pika.abc.AbstractChannel, lane: LaneConfig
+) -> aio_pika.abc.AbstractExchange:
+    """The lane's exchange and queue, as :func:`lane_queues` declares them."""
+    exchange = await channel.declare_exchange(
+        lane.queue, aio_pika.ExchangeType.DIRECT, durable=True
+    )
+    queue = await channel.declare_queue(
+        lane.queue, durable=True, arguments=lane_queue_arguments(lane)
+    )
+    await queue.bind(exchange, routing_key=lane.queue)
+    return exchange
+
+
 def expiration_ms(message: dict[str, Any], now_ms: int) -> int:
     """Milliseconds until the message's deadline (at least 1: 0 would mean
     'deliver now or never', which a consumer busy for a moment would miss)."""
@@ -170,7 +257,7 @@ class AmqpPublisher:
         try:
             self._declare(queue, timeout_s)
             self._publish(queue, message, timeout_s)
-        except amqp.MessageNacked:
+        except amqp.exceptions.MessageNacked:
             withdraw(self._books, lane, message, Reason.QUEUE_FULL)
             raise AdmissionRefused(Reason.QUEUE_FULL, RETRY_QUEUE_FULL_MS) from None
         except BaseException:

@@ -11,11 +11,18 @@ import pytest
 import redis
 from sqlalchemy import Engine
 
-from dataservice import Client
+from dataservice import ReadOp, ResourceExhausted, WriteOp
 from dataservice.config import Config
+from dataservice.keys import admission_key, held_key
 from dataservice.settings import Settings
 from dataservice.supervisor import Supervisor
-from tests.rabbit import AMQP_REDIS_URL, fresh_vhost
+from tests.clients import AnyClient, ClientKind, make_client
+from tests.rabbit import AMQP_REDIS_URL, depth, fresh_vhost, on_rabbitmq
+from tests.support import bounded_admission
+
+# No worker consumes these: whatever is admitted stays queued.
+UNSERVED_REDIS_URL = "redis://127.0.0.1:6379/12"
+BOUND = 5
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +53,66 @@ def amqp_workers(
         supervisor.stop()
 
 
-def test_a_write_and_a_cached_read_travel_through_rabbitmq(
-    amqp_workers: Supervisor, amqp_settings: Settings, config: Config, scope: str
+def test_a_write_and_cached_reads_travel_through_rabbitmq(
+    amqp_workers: Supervisor,
+    amqp_settings: Settings,
+    config: Config,
+    scope: str,
+    client_kind: ClientKind,
 ) -> None:
-    with Client("tests", amqp_settings, config) as client:
+    with make_client(client_kind, "tests", amqp_settings, config) as client:
         client.write(scope, "a", b"hello", timeout=5)
-        assert client.read(scope, "a", timeout=5).payload == b"hello"
         for _ in range(20):
             assert client.read(scope, "a", timeout=5).payload == b"hello"
+        handles = client.submit_many([WriteOp(scope, f"b{n}", b"batch") for n in range(50)])
+        assert all(handle.result(10).revision == 1 for handle in handles)
+    assert depth(amqp_settings, config.lanes.interactive.queue) == 0
+
+
+def _until_refused(client: AnyClient, most: int) -> tuple[int, ResourceExhausted]:
+    """Submit reads until one is refused: how many went before it, and the refusal."""
+    for n in range(most):
+        try:
+            client.submit(ReadOp("s", f"again{n}"), timeout=60)
+        except ResourceExhausted as refusal:
+            return n, refusal
+    raise AssertionError(f"{most} submitted, none refused")
+
+
+@pytest.fixture
+def unserved(settings: Settings, tmp_path: Path) -> Iterator[tuple[Settings, Config, redis.Redis]]:
+    """RabbitMQ with nobody consuming, and a lane bound of ``BOUND`` messages."""
+    with bounded_admission(
+        settings,
+        UNSERVED_REDIS_URL,
+        tmp_path,
+        batch={"max_messages": BOUND, "max_bytes": 1 << 24},
+    ) as (on_redis, config, books):
+        yield on_rabbitmq(on_redis, config, "dataservice-unserved"), config, books
+
+
+def test_a_publish_rabbitmq_refuses_reaches_the_caller_retryably_and_leaves_the_books(
+    unserved: tuple[Settings, Config, redis.Redis], client_kind: ClientKind
+) -> None:
+    """Admission's books lost (as in a Redis restart) while the queue keeps
+    its backlog: RabbitMQ's own bound refuses, and the caller hears
+    ``RESOURCE_EXHAUSTED`` with a retry-after."""
+    settings, config, books = unserved
+    queue = config.lanes.batch.queue
+    with make_client(client_kind, "tests", settings, config) as client:
+        for n in range(BOUND):
+            client.submit(ReadOp("s", f"k{n}"), timeout=60)
+        with pytest.raises(ResourceExhausted) as caught:
+            client.submit(ReadOp("s", "one-more"), timeout=60)
+        assert caught.value.reason == "queue_full"
+        books.flushdb()
+        accepted, refusal = _until_refused(client, BOUND)
+        assert refusal.reason == "queue_full"
+        assert refusal.retry_after > 0
+    # RabbitMQ's bound counts what is ready and refuses the publish that finds
+    # the queue over it: at most one beyond the bound.
+    assert BOUND <= depth(settings, queue) <= BOUND + 1
+    assert accepted == depth(settings, queue) - BOUND
+    # The refused publish left the books: only what the queue took is held.
+    assert books.zcard(held_key(queue)) == accepted
+    assert int(books.hget(admission_key(queue), "refused:queue_full") or 0) == 1

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import redis
+from amqp.exceptions import MessageNacked
 from kombu.common import oid_from
 from kombu.utils.json import dumps
 from redis.asyncio import BlockingConnectionPool as AsyncBlockingPool
@@ -36,16 +37,31 @@ from dataservice.limits.admission import (
     caller_pacing,
     envelope_size,
     lane_admissions,
+    withdraw_async,
 )
 from dataservice.limits.scripts import run_pipelined_async
 from dataservice.packing import async_packed_connection_class
-from dataservice.settings import Settings
+from dataservice.rabbitmq import (
+    ASYNC_AMQP_ERRORS,
+    RETRY_QUEUE_FULL_MS,
+    AsyncAmqpPublisher,
+)
+from dataservice.refusals import Reason
+from dataservice.settings import AMQP_SCHEMES, Settings
 
 # The client's broker connections: its publishing task's, and one for the
 # broker's epoch.
 ASYNC_PUBLISH_CONNECTIONS = 2
 # Admission calls sent in one pipeline, at most.
 PIPELINE = 128
+# A publish that failed for want of a broker (or of the Redis admission runs on).
+_PUBLISH_ERRORS: tuple[type[BaseException], ...] = (
+    redis.RedisError,
+    OSError,
+    TimeoutError,
+    asyncio.CancelledError,
+    *ASYNC_AMQP_ERRORS,
+)
 
 
 class AdmitQueue:
@@ -138,11 +154,18 @@ class AsyncTransport:
     """
 
     def __init__(self, settings: Settings, config: Config, *, caller: str) -> None:
-        if not settings.broker_url.startswith(("redis://", "rediss://")):
-            raise InvalidArgument("AsyncClient needs a redis:// or rediss:// broker URL")
+        if not settings.broker_url.startswith(("redis://", "rediss://", *AMQP_SCHEMES)):
+            raise InvalidArgument("AsyncClient needs a redis://, rediss:// or amqp:// broker URL")
         self.config = config
         self.inbox = AsyncInbox(settings.result_backend_url, caller)
-        self._broker_url = settings.broker_url
+        # The Redis admission runs on: the broker's, or on RabbitMQ the result
+        # backend's, and then the message is published to RabbitMQ, confirmed.
+        self._broker_url = settings.admission_url
+        self._amqp = (
+            AsyncAmqpPublisher(settings.broker_url, config, CONNECT_TIMEOUT_S)
+            if settings.broker_is_amqp
+            else None
+        )
         self._broker: AsyncRedis | None = None
         self._admission = {
             queue: LaneAdmission(**lane) for queue, lane in lane_admissions(config).items()
@@ -195,16 +218,22 @@ class AsyncTransport:
                     headers = item_headers(caller, item_deadline_ms, operation, ops)
                     message = task_message(body, request_id, queue, headers, self._reply_to)
                     message["headers"][SIZE_HEADER] = envelope_size(message)
-                    keys, args = admit_call(queue, admission, dumps(message), message, self._pacing)
+                    elsewhere = self._amqp is not None
+                    encoded = "" if elsewhere else dumps(message)
+                    keys, args = admit_call(
+                        queue, admission, encoded, message, self._pacing, elsewhere=elsewhere
+                    )
                     lapses_in_s = (item_deadline_ms - time.time() * 1000) / 1000
                     self.inbox.expect(request_id, lapses_in_s + self._grace_s)
                     try:
                         epoch = admitted(await self._admit.call(keys, args))
+                        if self._amqp is not None:
+                            await self._published(queue, admission, message)
                     except AdmissionRefused as refused_here:
                         refusal = refused_here
                         break
                     sent += 1
-        except (redis.RedisError, OSError, TimeoutError, asyncio.CancelledError) as exc:
+        except _PUBLISH_ERRORS as exc:
             for item in items:
                 self.inbox.forget(item[1])
             if isinstance(exc, asyncio.CancelledError):
@@ -221,13 +250,30 @@ class AsyncTransport:
             raise refusal
         return epoch
 
+    async def _published(
+        self, queue: str, admission: LaneAdmission, message: dict[str, Any]
+    ) -> None:
+        """Publish an admitted message to RabbitMQ, confirmed; one it refuses,
+        or that does not go, leaves admission's books (``withdraw.lua``)."""
+        assert self._amqp is not None
+        try:
+            await self._amqp.publish(queue, message)
+        except MessageNacked:
+            await withdraw_async(self._client(), admission, message, Reason.QUEUE_FULL)
+            raise AdmissionRefused(Reason.QUEUE_FULL, RETRY_QUEUE_FULL_MS) from None
+        except ASYNC_AMQP_ERRORS:
+            # It may have reached the queue even so; the books then count it
+            # a little short until its answer.
+            await withdraw_async(self._client(), admission, message, None)
+            raise
+
     def ended_for(self, epoch: str) -> float | None:
         return self.epochs.ended_for(epoch)
 
     async def look_at_epoch(self, epoch: str, deadline_ms: int) -> None:
         """As :meth:`.transport.Transport.look_at_epoch`."""
         left_s = self.epochs.may_ask(epoch, deadline_ms)
-        if not left_s:
+        if not left_s or self._amqp is not None:
             return
         try:
             async with asyncio.timeout(left_s):
@@ -238,6 +284,8 @@ class AsyncTransport:
 
     async def aclose(self) -> None:
         await self._admit.aclose()
+        if self._amqp is not None:
+            await self._amqp.aclose()
         await self.inbox.aclose()
         if self._broker is not None:
             await self._broker.aclose()

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import redis
+from redis.asyncio import Redis as AsyncRedis
 
 from dataservice.codec.requests import OPERATIONS
 from dataservice.config import Config
@@ -276,13 +277,22 @@ def withdraw(
     """Take a message admitted ``elsewhere`` (:func:`admit_call`) back out of
     admission's books: the broker refused it (``reason``, counted as a
     refusal) or was not reached (None)."""
+    _WITHDRAW(client, *_withdraw_call(lane, message, reason))
+
+
+async def withdraw_async(
+    client: AsyncRedis, lane: LaneAdmission, message: dict[str, Any], reason: Reason | None
+) -> None:
+    """:func:`withdraw`, on an asyncio client."""
+    await _WITHDRAW.run_async(client, *_withdraw_call(lane, message, reason))
+
+
+def _withdraw_call(
+    lane: LaneAdmission, message: dict[str, Any], reason: Reason | None
+) -> tuple[list[str], list[Any]]:
     size, ops = _admitted_size(message), message_ops(message)
     member = held_member(str(message.get("headers", {}).get("id", "")), size, ops)
-    _WITHDRAW(
-        client,
-        [lane.stats_key, lane.held_key],
-        [member, size, ops, reason.value if reason is not None else ""],
-    )
+    return [lane.stats_key, lane.held_key], [member, size, ops, reason.value if reason else ""]
 
 
 def admitted(answer: Any) -> str:
