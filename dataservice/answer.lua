@@ -5,7 +5,9 @@
 -- KEYS[2]  the lane's admission hash: ds:admission:<lane queue>
 -- KEYS[3]  the caller's in-flight set: ds:inflight:<caller> (unused without ARGV[4])
 -- KEYS[4]  kombu's index of unacknowledged messages, a sorted set (unused without ARGV[5])
--- KEYS[5]  kombu's unacknowledged messages, a hash (unused without ARGV[5])
+-- KEYS[5]  kombu's unacknowledged messages, a hash (unused without ARGV[5]); both
+--          are kombu's layout, which dataservice/compat/kombu.py owns (their names
+--          come from there)
 -- ARGV[1]  the encoded ResponseEnvelope; '' when there is no answer to leave
 -- ARGV[2]  how long the answer is kept (ms, relative: the server's clock may differ);
 --          a list that already lives longer (a channel's) keeps its expiry

@@ -29,23 +29,18 @@ removed from the URL it sees, so they are read one way only.
 from __future__ import annotations
 
 import functools
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import redis
 from celery import Celery
 from kombu.entity import Exchange, Queue
 from kombu.serialization import register
-from kombu.transport import redis as kombu_redis
-from kombu.transport import virtual as kombu_virtual
-from kombu.utils.json import dumps
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from dataservice import rabbitmq
 from dataservice.bounded import QUIET, BoundedConnection, BoundedSSLConnection
+from dataservice.compat import kombu as kombu_compat
 from dataservice.config import Config
 from dataservice.keys import EPOCH_KEY
 from dataservice.limits.admission import (
@@ -89,80 +84,21 @@ def _decode(data: bytes | str) -> tuple[tuple[bytes], dict[str, Any], dict[str, 
 register(SERIALIZER, _encode, _decode, content_type=CONTENT_TYPE, content_encoding="binary")
 
 
-class _QoS(kombu_redis.QoS):
-    """kombu's bookkeeping of delivered messages (what a restart restores).
-
-    - Its two commands go without MULTI/EXEC: they travel in one write either
-      way, and the sweep that reads them back only looks at entries older
-      than the visibility timeout, so no reader sees one without the other.
-    - For a message of a lane queue the write waits for the task's strategy
-      (``workers/fastpath.py``), on the same thread: a message the worker
-      answers and acknowledges at once needs none (its answer and its
-      acknowledgement are one step), and one it passes on is written then
-      (:meth:`flush`). Until then the message exists only in this worker,
-      as between kombu's ``BRPOP`` and its own bookkeeping. A batch message
-      (``ds_ops``: never answered on the consumer thread) is written at once:
-      a worker killed in that window would lose every operation it carries.
-    """
-
-    _pending: tuple[Any, str] | None = None
-
-    def append(self, message: Any, delivery_tag: str) -> None:
-        self.flush()
-        delivery_info = message.delivery_info
-        batch = OPS_HEADER in (message.headers or {})
-        if delivery_info.get("routing_key") in self.channel.lane_queues and not batch:
-            self._pending = (message, delivery_tag)
-        else:
-            self._write(message, delivery_tag)
-        kombu_virtual.QoS.append(self, message, delivery_tag)
-
-    def flush(self) -> None:
-        """Write the pending message's bookkeeping, unless it was acknowledged."""
-        pending, self._pending = self._pending, None
-        if pending is not None and not pending[0].acknowledged:
-            self._write(*pending)
-
-    def recorded(self, message: Any) -> None:
-        """``message``'s bookkeeping was written elsewhere, in the script that
-        admitted it (``limits/delivered.lua``): it is not pending any more."""
-        if self._pending is not None and self._pending[0] is message:
-            self._pending = None
-
-    @staticmethod
-    def record_of(message: Any) -> str:
-        """The message as kombu keeps it among the unacknowledged."""
-        delivery = message.delivery_info
-        return str(dumps([message._raw, delivery["exchange"], delivery["routing_key"]]))
-
-    def _write(self, message: Any, delivery_tag: str) -> None:
-        raw = self.record_of(message)
-        with self.channel.conn_or_acquire() as client:
-            pipe = client.pipeline(transaction=False)
-            pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()})
-            pipe.hset(self.unacked_key, delivery_tag, raw)
-            pipe.execute()
-
-
-class _Channel(kombu_redis.Channel):
-    """kombu's Redis channel, with admission and one client for its lifetime.
+class _Channel(kombu_compat.RedisChannel):
+    """kombu's Redis channel, with admission.
 
     - A message for a lane queue is pushed by the admission script, which
       refuses it when the queue is full or too long for its deadline (see
       :mod:`dataservice.limits.admission`); other messages (control replies) go as usual.
-    - The stock channel builds a new client object on every publish and twice
-      per delivered message (the unacked bookkeeping and the ack): about a
-      quarter of a publish's CPU. The client sits on the channel's own
-      thread-safe connection pool, so sharing it changes nothing else.
+    - The record of a lane message's delivery waits for the task's strategy
+      (``workers/fastpath.py``): a message the worker answers and acknowledges
+      at once needs none (its answer and its acknowledgement are one step).
     """
 
-    QoS = _QoS
     # Commands packed by hiredis in one call (dataservice.packing).
-    connection_class: type[redis.Connection] = PackedConnection
-    connection_class_ssl: type[redis.SSLConnection] | None = PackedSSLConnection
-    _shared_client: Any = None
-    # kombu's batch publishing would push with a plain LPUSH, past admission.
-    supports_batch_publish = False
+    redis_connection_class: ClassVar[type[redis.Connection]] = PackedConnection
+    redis_ssl_connection_class: ClassVar[type[redis.SSLConnection] | None] = PackedSSLConnection
+    redis_options = QUIET
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -172,54 +108,40 @@ class _Channel(kombu_redis.Channel):
         self.lane_queues = frozenset(self._admission)
         self._pacing = options.get("dataservice_pacing") or {}
 
-    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
-        if queue not in self._admission or kwargs.get("_publish_batch") is not None:
-            super()._put(queue, message, **kwargs)
-            return
+    def push(self, queue: str, message: dict[str, Any]) -> bool:
+        if queue not in self._admission:
+            return False
         try:
             self.admit(queue, message)
         except AdmissionRefused as refusal:
             # Not pushed; the publisher learns it from take_refusal().
             refuse(refusal)
+        return True
 
-    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
-        params: dict[str, Any] = super()._connparams(asynchronous=asynchronous)
-        return {**params, **QUIET}
+    def defers_record(self, message: Any) -> bool:
+        # A batch message (``ds_ops``: never answered on the consumer thread)
+        # is recorded at once: a worker killed before its strategy ran would
+        # lose every operation it carries.
+        batch = OPS_HEADER in (message.headers or {})
+        return message.delivery_info.get("routing_key") in self.lane_queues and not batch
 
     def admit(self, queue: str, message: dict[str, Any]) -> str:
         """Push a request message onto a lane's queue through admission and
         return the broker's epoch, or raise :class:`AdmissionRefused` (or
         ``redis.RedisError``)."""
-        key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
+        key = self.queue_key(queue, message)
         message.setdefault("headers", {})[SIZE_HEADER] = envelope_size(message)
-        with self.conn_or_acquire() as client:
-            return admit(client, key, self._admission[queue], dumps(message), message, self._pacing)
+        entry = kombu_compat.queue_entry(message)
+        return admit(self.redis_client(), key, self._admission[queue], entry, message, self._pacing)
 
     def epoch(self) -> str:
         """The broker's epoch now ('' when it has none: no request admitted
         since it started); raises ``redis.RedisError``."""
-        with self.conn_or_acquire() as client:
-            value = client.get(EPOCH_KEY)
+        value = self.redis_client().get(EPOCH_KEY)
         return value.decode() if isinstance(value, bytes) else ""
 
-    @contextmanager
-    def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
-        if client:
-            yield client
-            return
-        if self._pool is None and self.connection.client is None:
-            # Closing after the broker went away (kombu restores what was
-            # delivered): there is nothing left to build a client from. As a
-            # connection error, the worker's consumer reconnects; anything
-            # else would end the worker.
-            raise redis.ConnectionError("the broker connection is closed")
-        # kombu replaces its pool on disconnect; a client on the old one is stale.
-        if self._shared_client is None or self._shared_client.connection_pool is not self.pool:
-            self._shared_client = self._create_client()
-        yield self._shared_client
 
-
-class RedisTransport(kombu_redis.Transport):
+class RedisTransport(kombu_compat.RedisTransport):
     Channel = _Channel
 
 
@@ -228,10 +150,10 @@ class _CallerChannel(_Channel):
     serve (:mod:`dataservice.bounded`), and redis-py retries none of them (its
     back-off would sleep past any deadline; the client retries within it)."""
 
-    connection_class = BoundedConnection
-    connection_class_ssl = BoundedSSLConnection
+    redis_connection_class = BoundedConnection
+    redis_ssl_connection_class = BoundedSSLConnection
 
-    def _get_client(self) -> Any:
+    def client_factory(self) -> Any:
         return functools.partial(redis.Redis, retry=Retry(NoBackoff(), 0))
 
 

@@ -68,12 +68,15 @@ caller's Redis user reaches the lane queues, their routing tables and
 admission hashes, and its *own* result and pacing keys; everything else, the
 cache and its locks included, only the workers' user.
 ``docs/operations.md`` names these keys too, and a test keeps the two in step.
+kombu's parts of these names (its binding prefixes, the separator of a
+priority) come from :mod:`dataservice.compat.kombu`, which owns kombu's layout.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from dataservice.compat.kombu import BINDING_PREFIX, PERMANENT_BINDING_PREFIX, PRIORITY_SEP
 from dataservice.enums import CacheFormat
 
 RESULT_PREFIX = "ds:result:"
@@ -85,10 +88,6 @@ RATE_PREFIX = "ds:rate:"
 INFLIGHT_PREFIX = "ds:inflight:"
 PACE_PREFIX = "ds:pace:"
 EPOCH_KEY = "ds:epoch"
-KOMBU_BINDING_PREFIX = "_kombu.binding."
-KOMBU_PERMANENT_BINDING_PREFIX = "_kombu.binding_permanent."
-# kombu.transport.redis.Channel.sep: between a queue's name and its priority.
-KOMBU_PRIORITY_SEP = "\x06\x16"
 RECORD_PREFIX = "record:"
 LOCK_PREFIX = "ds:lock:"
 LOCKWAIT_PREFIX = "ds:lockwait:"
@@ -169,16 +168,16 @@ def inflight_key(caller: str) -> str:
 
 def binding_key(queue: str) -> str:
     """kombu's routing table for a lane's (direct, same-named) exchange."""
-    return KOMBU_BINDING_PREFIX + queue
+    return BINDING_PREFIX + queue
 
 
 def permanent_binding_key(queue: str) -> str:
-    return KOMBU_PERMANENT_BINDING_PREFIX + queue
+    return PERMANENT_BINDING_PREFIX + queue
 
 
 def priority_queue_pattern(queue: str) -> str:
     """kombu's priority sub-queues of a lane, as a Redis glob."""
-    return f"{queue}{KOMBU_PRIORITY_SEP}*"
+    return f"{queue}{PRIORITY_SEP}*"
 
 
 def pace_key(caller: str) -> str:

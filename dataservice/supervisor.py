@@ -23,6 +23,7 @@ from rich.table import Table
 from dataservice.broker import TASK_NAME, celery_app, queue_depths
 from dataservice.changes.behind import describe_events, describe_lag
 from dataservice.changes.consumer import CHANGES_COMMAND
+from dataservice.compat.celery import broadcast_request
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.limits.permits import PERMITS_COMMAND
@@ -147,7 +148,7 @@ class Supervisor:
         nodes = [pool for pool in self.pools if pool.command != "flower"]
         inspect = self._control.control.inspect(timeout=0.5, limit=len(nodes))
         stats = inspect.stats() or {}
-        gauges = inspect._request(PERMITS_COMMAND) or {}
+        gauges = broadcast_request(inspect, PERMITS_COMMAND) or {}
         consumers = [
             node_name(pool.command, pool.worker.pid)
             for pool in self.pools
@@ -158,7 +159,9 @@ class Supervisor:
             ask = self._control.control.inspect(
                 timeout=0.5, destination=consumers, limit=len(consumers)
             )
-            snap.changes = [s for s in (ask._request(CHANGES_COMMAND) or {}).values() if s]
+            snap.changes = [
+                s for s in (broadcast_request(ask, CHANGES_COMMAND) or {}).values() if s
+            ]
         for lane in (pool.lane for pool in self.pools if pool.lane is not None):
             lane_stats = LaneStats(depth=self._depths.depth(self.config.lanes[lane].queue))
             for node, info in stats.items():

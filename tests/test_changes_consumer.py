@@ -26,6 +26,7 @@ from dataservice.changes.consumer import (
 from dataservice.changes.invalidator import Invalidator
 from dataservice.changes.lease import Lease
 from dataservice.changes.stream import RecordChange
+from dataservice.compat.celery import broadcast_request
 from dataservice.config import Config
 from dataservice.errors import StaleToken
 from dataservice.keys import CHANGES_FRESH_KEY, CHANGES_LEASE_KEY, tombstone_key
@@ -136,7 +137,7 @@ def test_one_consumer_applies_and_a_standby_takes_over_when_it_is_killed(
             # A worker node: it answers Celery's control channel with its state.
             control = celery_app("changes-probe", on_redis(Settings(), CHANGES_REDIS_URL), config)
             inspect = control.control.inspect(timeout=2.0)
-            states = inspect._request(CHANGES_COMMAND) or {}
+            states = broadcast_request(inspect, CHANGES_COMMAND) or {}
             queues = inspect.active_queues() or {}
             control.close()
             assert [s["role"] for s in states.values()] == ["active"]

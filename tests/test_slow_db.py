@@ -24,6 +24,7 @@ from dataservice import (
     Unavailable,
 )
 from dataservice.broker import celery_app
+from dataservice.compat.celery import broadcast_request
 from dataservice.config import Config, load_config
 from dataservice.enums import LaneName, OperationClass
 from dataservice.limits.permits import PERMITS_COMMAND, LanePermits
@@ -70,7 +71,8 @@ def slow_worker(
 
 
 def _gauge(control: Celery) -> tuple[int, set[int]]:
-    replies = control.control.inspect(timeout=1.0, limit=1)._request(PERMITS_COMMAND) or {}
+    ask = control.control.inspect(timeout=1.0, limit=1)
+    replies = broadcast_request(ask, PERMITS_COMMAND) or {}
     in_use = sum(r["in_use"] for r in replies.values())
     held = {c for r in replies.values() for c in r["connection_ids"]}
     assert replies, "the replica did not answer the permit gauge"

@@ -56,11 +56,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final, Protocol
 
-from celery.backends.base import DisabledBackend
-from celery.utils.imports import symbol_by_name
-from celery.worker import state as worker_state
-from kombu.transport.virtual.base import QoS as VirtualQoS
-
+from dataservice.compat import celery as celery_compat
+from dataservice.compat import kombu as kombu_compat
 from dataservice.limits.admission import DEADLINE_HEADER, OPS_HEADER, SIZE_HEADER
 
 __all__ = [
@@ -79,7 +76,6 @@ log = logging.getLogger(__name__)
 
 INLINE_STRATEGY: Final = "workers.fastpath:inline_strategy"
 HANDLER_ATTRIBUTE: Final = "inline_handler"
-_DEFAULT_STRATEGY: Final = "celery.worker.strategy:default"
 # kombu's Redis transport sets it, in the headers and the delivery info, on a
 # message it restored after the visibility timeout.
 _REDELIVERED: Final = "redelivered"
@@ -89,7 +85,7 @@ _EMBEDDED: Final = ("callbacks", "errbacks", "chain", "chord")
 # of its return value): an inline answer has no return value either.
 _NO_RESULT: Final = "None"
 
-MessageHandler = Callable[..., Any]
+MessageHandler = celery_compat.MessageHandler
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +153,7 @@ class InlineHandler(Protocol):
 def serve_inline(task: Any, handler: InlineHandler) -> None:
     """Have ``task``'s messages offered to ``handler`` first. Call it before
     the worker starts: Celery builds strategies when its consumer connects."""
-    task.Strategy = INLINE_STRATEGY
+    celery_compat.use_strategy(task, INLINE_STRATEGY)
     setattr(task, HANDLER_ATTRIBUTE, handler)
 
 
@@ -171,22 +167,11 @@ def redelivered(request: Any) -> bool:
 def inline_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> MessageHandler:
     """The ``Task.Strategy`` for a task with an inline handler: Celery's
     default strategy, with the handler offered each eligible message first."""
-    default: MessageHandler = symbol_by_name(_DEFAULT_STRATEGY)(task, app, consumer, **options)
+    default = celery_compat.default_strategy(task, app, consumer, **options)
     handler: InlineHandler | None = getattr(task, HANDLER_ATTRIBUTE, None)
     if handler is None:
         return default
     return _InlineStrategy(task, app, consumer, handler, default)
-
-
-def _ignore(result: object) -> None:
-    """The pool's callback for work whose outcome it settles itself."""
-
-
-def _acked_in_redis(message: Any) -> None:
-    """What ``message.ack()`` does besides its Redis commands: the channel's
-    books (so the prefetch window moves on) and the message's state."""
-    VirtualQoS.ack(message.channel.qos, message.delivery_tag)
-    message._state = "ACK"
 
 
 class _InlineStrategy:
@@ -201,11 +186,10 @@ class _InlineStrategy:
         default: MessageHandler,
     ) -> None:
         self._task = task
-        self._consumer = consumer
+        self._consumer = celery_compat.StrategyConsumer(consumer)
         self._handler = handler
         self._default = default
-        self._connection_errors = consumer.connection_errors
-        self._results_stored = not isinstance(app.backend, DisabledBackend)
+        self._results_stored = celery_compat.stores_results(app)
 
     def __call__(
         self, message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kwargs: Any
@@ -233,18 +217,12 @@ class _InlineStrategy:
         then: it holds its place in the prefetch window, and a worker that
         dies first leaves it to be delivered again. A warm shutdown waits for
         the pool, so for it too."""
-        # The channel's bookkeeping of the message, if it waited for this
-        # decision (dataservice/broker.py), unless the handler wrote it.
-        # Only kombu's Redis channel keeps books of its own (RabbitMQ keeps them).
-        qos = getattr(message.channel, "qos", None)
+        # The record of the message's delivery, if it waited for this
+        # decision (dataservice/compat/kombu.py), unless the handler wrote it.
         if work.recorded:
-            recorded = getattr(qos, "recorded", None)
-            if recorded is not None:
-                recorded(message)
+            kombu_compat.recorded_elsewhere(message)
         else:
-            flush = getattr(qos, "flush", None)
-            if flush is not None:
-                flush()
+            kombu_compat.write_deferred(message)
 
         def run() -> None:
             try:
@@ -256,16 +234,14 @@ class _InlineStrategy:
                 outcome = Outcome.ANSWERED
             # On the consumer's loop, which this wakes: a full prefetch window
             # asks the broker for the next message only once one is settled.
-            self._consumer.call_soon(self._settle, message, ack, started, outcome)
+            self._consumer.soon(self._settle, message, ack, started, outcome)
 
-        self._consumer.pool.apply_async(run, callback=_ignore)
+        self._consumer.in_pool(run)
 
     def _passed_on(self, message: Any, *args: Any, **kwargs: Any) -> Any:
-        """The default strategy's, after the channel's bookkeeping of the
-        message, which may wait for this decision (``dataservice/broker.py``)."""
-        flush = getattr(getattr(message.channel, "qos", None), "flush", None)
-        if flush is not None:
-            flush()
+        """The default strategy's, after the record of the message's delivery,
+        which may wait for this decision (``dataservice/compat/kombu.py``)."""
+        kombu_compat.write_deferred(message)
         return self._default(message, *args, **kwargs)
 
     def _settle(self, message: Any, ack: Any, started: float, outcome: Outcome) -> None:
@@ -273,12 +249,11 @@ class _InlineStrategy:
         Only now: the answer is written, so a crash before this point leaves
         the message unacknowledged and it is delivered again."""
         if outcome == Outcome.ANSWERED_AND_ACKED:
-            _acked_in_redis(message)
+            kombu_compat.settle_acknowledged(message)
         else:
-            ack(log, self._connection_errors)
+            self._consumer.acknowledge(ack, log)
         name = message.headers.get("shadow") or self._task.name
-        worker_state.total_count[name] += 1
-        worker_state.all_total_count[0] += 1
+        celery_compat.count_processed(name)
         self._send_events(message.headers, name, time.monotonic() - started)
 
     def _eligible(self, message: Any) -> InlineMessage | None:
@@ -294,8 +269,7 @@ class _InlineStrategy:
             # A batch is never answered here: it goes to the pool at once, and
             # its delivery is recorded before its (larger) envelope is opened.
             or headers.get(OPS_HEADER)
-            or task_id in worker_state.revoked
-            or (headers.get("stamped_headers") and worker_state.revoked_stamps)
+            or celery_compat.revoked(task_id, stamped=bool(headers.get("stamped_headers")))
             or self._rate_limited()
             or self._stores_result(headers)
         ):
@@ -315,27 +289,20 @@ class _InlineStrategy:
         ):
             return None
         delivery_info = message.delivery_info or {}
-        qos = getattr(message.channel, "qos", None)
-        record_of = getattr(qos, "record_of", None)
+        # Only kombu's Redis channel keeps books of its own (RabbitMQ keeps them).
+        index, unacked = kombu_compat.unacked_keys(message) or ("", "")
         return InlineMessage(
             task_id=task_id,
             args=tuple(args),
             kwargs=MappingProxyType(kwargs),
             headers=MappingProxyType(headers),
             redelivered=bool(delivery_info.get(_REDELIVERED) or headers.get(_REDELIVERED)),
-            acknowledgement=(
-                getattr(qos, "unacked_index_key", ""),
-                getattr(qos, "unacked_key", ""),
-                str(message.delivery_tag),
-            ),
-            record=None if record_of is None else lambda: str(record_of(message)),
+            acknowledgement=(index, unacked, str(message.delivery_tag)),
+            record=kombu_compat.delivery_record(message),
         )
 
     def _rate_limited(self) -> bool:
-        consumer = self._consumer
-        if consumer.disable_rate_limits:
-            return False
-        return consumer.task_buckets.get(self._task.name) is not None
+        return self._consumer.rate_limited(self._task.name)
 
     def _stores_result(self, headers: Mapping[str, Any]) -> bool:
         if not self._results_stored:
@@ -349,7 +316,7 @@ class _InlineStrategy:
         The dispatcher is looked up per message (the consumer replaces it on
         reconnect) and its groups too (``enable_events`` changes them at run time).
         """
-        eventer = self._consumer.event_dispatcher
+        eventer = self._consumer.events
         if eventer is None or not eventer.enabled or not self._task.send_events:
             return
         if eventer.groups and "task" not in eventer.groups:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from dataservice.compat.celery import PER_TASK_LOGGERS
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.processes import node_name
@@ -22,10 +23,6 @@ from workers.alive import add_alive_file
 from workers.app import create_app
 
 log = logging.getLogger(__name__)
-
-# Celery logs every task received and succeeded at INFO: a line per request
-# is noise at this rate, and operators watch counters instead.
-_CHATTY_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
 
 
 def run_worker(
@@ -43,7 +40,9 @@ def run_worker(
     app, runtime = create_app(settings, config, lane, threads)
     if alive_file is not None:
         add_alive_file(app, alive_file)
-    for name in _CHATTY_LOGGERS:
+    # Celery logs every task received and succeeded at INFO: a line per request
+    # is noise at this rate, and operators watch counters instead.
+    for name in PER_TASK_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
     node = node_name(lane.value)
     worker = app.Worker(

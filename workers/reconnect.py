@@ -10,29 +10,17 @@ worker and attempt, which a Redis that is coming back takes easily.
 
 from __future__ import annotations
 
-import functools
-from typing import Any
-
 from celery import Celery
-from celery.worker.consumer import Consumer
+
+from dataservice.compat.celery import PacedConsumer
 
 START_S = 0.1
 STEP_S = 0.2
 MAX_S = 1.0
 
 
-class PromptConsumer(Consumer):  # type: ignore[misc]
-    def ensure_connected(self, conn: Any) -> Any:
-        conn.ensure_connection = functools.partial(
-            conn.ensure_connection,
-            interval_start=START_S,
-            interval_step=STEP_S,
-            interval_max=MAX_S,
-        )
-        try:
-            return super().ensure_connected(conn)
-        finally:
-            del conn.ensure_connection
+class PromptConsumer(PacedConsumer):
+    reconnect_intervals = (START_S, STEP_S, MAX_S)
 
 
 def reconnect_promptly(app: Celery) -> None:

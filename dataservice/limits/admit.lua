@@ -1,4 +1,6 @@
 -- Admit one message to a lane's queue, or refuse it, in one atomic step.
+-- The queue's list and its entries are kombu's layout, which
+-- dataservice/compat/kombu.py owns: KEYS[1] and ARGV[1] come from there.
 --
 -- KEYS[1]  the lane's queue: the Redis list Celery's messages wait in
 -- KEYS[2]  the lane's admission hash:
@@ -28,7 +30,7 @@
 --                     back within three quarters of it (or empty)
 --            extra_ops the operations of held batch messages beyond one per
 --                     message: queue lengths and counts are in operations
--- ARGV[1]  the message, as kombu stores it in the list
+-- ARGV[1]  the message, as kombu stores it in the list (compat/kombu.py's queue_entry)
 -- ARGV[2]  the request envelope's size in bytes
 -- ARGV[3]  the most messages that may wait in the queue
 -- ARGV[4]  the most envelope bytes that may be queued or in flight

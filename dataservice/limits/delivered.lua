@@ -2,7 +2,8 @@
 -- to a worker (its Redis transport's QoS.append): shared by gate.lua and
 -- hit.lua, not a script of its own (dataservice/limits/scripts.py puts it
 -- where a script says `--#include limits/delivered.lua`). The layout is
--- kombu's, and dataservice/broker.py (_QoS.record_of) builds the record.
+-- kombu's, which dataservice/compat/kombu.py owns: the keys' names
+-- (unacked_keys) and the record (unacked_record) come from there.
 --
 -- record_delivery(index, unacked, tag, record, score)
 --   index    kombu's index of unacknowledged messages: a sorted set, tag -> score

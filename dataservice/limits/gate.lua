@@ -17,7 +17,9 @@
 --          hit costs one round trip, and the cache is read only after the limits
 -- (optional, all together) a delivery to record once the request is admitted
 -- (limits/delivered.lua), when the broker is this Redis: the message then
--- needs no round trip of its own to be delivered again should its worker die:
+-- needs no round trip of its own to be delivered again should its worker die
+-- (kombu's layout, which dataservice/compat/kombu.py owns: the keys and the
+-- record come from there):
 -- KEYS[#KEYS - 1]  kombu's index of unacknowledged messages
 -- KEYS[#KEYS]      kombu's unacknowledged messages
 -- ARGV[9]  the message's delivery tag

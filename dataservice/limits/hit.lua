@@ -10,7 +10,9 @@
 --          the request named, ds:reply:<caller>:<channel>
 -- KEYS[6]  the lane's admission hash: ds:admission:<lane queue>
 -- KEYS[7]  kombu's index of unacknowledged messages (unused without ARGV[12])
--- KEYS[8]  kombu's unacknowledged messages (unused without ARGV[12])
+-- KEYS[8]  kombu's unacknowledged messages (unused without ARGV[12]); both are
+--          kombu's layout, which dataservice/compat/kombu.py owns: their names
+--          and ARGV[14]'s record come from there
 -- ARGV[9]  the encoded ResponseEnvelope without its result: request_id and an OK status
 -- ARGV[10] how long the answer is kept (ms); a list that already lives longer keeps
 --          its expiry

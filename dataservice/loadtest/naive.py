@@ -41,6 +41,7 @@ from celery.exceptions import TimeoutError as CeleryTimeout
 from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.dialects.mysql import insert
 
+from dataservice.compat.celery import PER_TASK_LOGGERS
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.errors import DeadlineExceeded
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     _Process.sleep = injected_sleep(args.delay_ms, args.delay_table)
     logging.basicConfig(level="INFO", stream=sys.stderr)
     # Celery's per-task lines would drown the log at these rates.
-    for name in ("celery.worker.strategy", "celery.app.trace"):
+    for name in PER_TASK_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
     app = make_app(args.url)
     worker = app.Worker(
