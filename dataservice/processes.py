@@ -198,8 +198,21 @@ def stop_all(workers: Iterable[WorkerProcess], grace_s: float = 10.0) -> None:
 def answering(control: Celery, expected: int | None = None) -> set[int]:
     """Process ids of the workers that answer a control ping on ``control``'s
     broker; the wait ends as soon as ``expected`` of them have, if given."""
-    pids = set()
-    for reply in control.control.ping(timeout=PING_TIMEOUT_S, limit=expected) or []:
+    pids: set[int] = set()
+    # A connection of its own, not one of kombu's process-wide pool: a broker
+    # that restarted leaves the pooled ones dead, and the first use of each
+    # would fail.
+    connection = control.connection_for_write()
+    try:
+        replies = (
+            control.control.ping(timeout=PING_TIMEOUT_S, limit=expected, connection=connection)
+            or []
+        )
+    except (OSError, *connection.connection_errors):
+        return pids  # Nobody answered this time.
+    finally:
+        connection.release()
+    for reply in replies:
         node = str(next(iter(reply)))
         pid = node.partition("@")[0].rpartition("-")[2]
         if pid.isdigit():

@@ -24,12 +24,13 @@ def fresh_vhost(name: str) -> str:
     """An empty virtual host ``name`` (deleted first, with its queues), open
     to the guest user; its ``amqp://`` URL."""
     subprocess.run(["rabbitmqctl", "-q", "delete_vhost", name], check=False, capture_output=True)
+    _vhost.cache_clear()
     return _vhost(name)
 
 
 @functools.cache
 def _vhost(name: str) -> str:
-    """Virtual host ``name``, made once per test process."""
+    """Virtual host ``name``, made once per test process (unless deleted)."""
     subprocess.run(["rabbitmqctl", "-q", "add_vhost", name], check=False, capture_output=True)
     subprocess.run(
         ["rabbitmqctl", "-q", "set_permissions", "-p", name, "guest", ".*", ".*", ".*"],

@@ -43,6 +43,10 @@ def _size(admitted_size: Any, body: object) -> int:
 
 
 _OK = pb.Status(code=pb.STATUS_CODE_OK)
+# An answer's Redis unreachable: the first wait before trying again, and the
+# longest (doubling in between).
+_RETRY_FIRST_S = 0.05
+_RETRY_MOST_S = 1.0
 
 
 class Answers:
@@ -73,6 +77,7 @@ class Answers:
         admitted_ops: Any = None,
         *,
         each_within_s: float | None = None,
+        retry_for_s: float = 0.0,
     ) -> bool:
         """Store the answer (if any), give the request's bytes back to
         admission and its in-flight slot back to the gate, and with ``ack``
@@ -80,7 +85,9 @@ class Answers:
 
         ``each_within_s`` bounds each Redis call on its own: the slot's Redis
         (the limits') may be stalled while the answers' is not, and a slot
-        given back late must not cost the answer its time."""
+        given back late must not cost the answer its time. ``retry_for_s``:
+        how long an answer whose Redis cannot be reached (restarting, say) is
+        tried again, backing off; the message stays unacknowledged meanwhile."""
         size = _size(admitted_size, body)
         # The in-flight slot goes back in the answer's own transaction when
         # both live on one Redis: one round trip fewer per request.
@@ -96,7 +103,7 @@ class Answers:
                 # Never raises: a slot not given back lapses on its own.
                 self._handler.release(reply, released_in_redis=inflight is not None)
             with _bounded(each_within_s):
-                self._store(reply, task_id, done)
+                self._store_retrying(reply, task_id, done, retry_for_s)
         except redis.RedisError as exc:
             # The work is done; its caller sees DEADLINE_EXCEEDED and may retry.
             DEPENDENCY_FAILURES.labels(self._lane.value, Dependency.RESULTS.value).inc()
@@ -105,6 +112,23 @@ class Answers:
         finally:
             self._handler.finished(reply)
         return True
+
+    def _store_retrying(
+        self, reply: Reply | None, task_id: str, done: Completion, retry_for_s: float
+    ) -> None:
+        until = time.monotonic() + retry_for_s
+        pause = _RETRY_FIRST_S
+        while True:
+            try:
+                self._store(reply, task_id, done)
+                return
+            except (redis.ConnectionError, redis.TimeoutError):
+                left = until - time.monotonic()
+                if left <= 0:
+                    raise
+                DEPENDENCY_FAILURES.labels(self._lane.value, Dependency.RESULTS.value).inc()
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, _RETRY_MOST_S)
 
     def _store(self, reply: Reply | None, task_id: str, done: Completion) -> None:
         if reply is None or not reply.caller:

@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 _LIMITS_TIMEOUT_S = 0.25
 _BROKER_CHATTER_TIMEOUT_S = 0.25
 _MIN_DELIVERY_S = 0.5
+# How long a pool thread tries again to deliver an answer whose Redis cannot
+# be reached (a restart takes about a second), within the request's own time:
+# the thread, and the message's place in the prefetch window, are held meanwhile.
+RETRY_ANSWER_S = 10.0
 
 
 class LaneRuntime:
@@ -181,7 +185,15 @@ class LaneRuntime:
             until_ms = (int_header(deadline) or 0) + self._grace_ms
             bound_s = max((until_ms - time.time() * 1000) / 1000, _MIN_DELIVERY_S)
             with within(bound_s):
-                stored = self._deliver(task_id, reply, body, admitted_size, ack, admitted_ops)
+                stored = self._deliver(
+                    task_id,
+                    reply,
+                    body,
+                    admitted_size,
+                    ack,
+                    admitted_ops,
+                    retry_for_s=min(bound_s, RETRY_ANSWER_S),
+                )
         return stored
 
     def close(self) -> None:
