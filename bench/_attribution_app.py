@@ -49,6 +49,7 @@ from bench._attribution_wire import (
 )
 from dataservice.broker import celery_app
 from dataservice.cache.runtime import CacheRuntime
+from dataservice.compat.celery import PER_TASK_LOGGERS
 from dataservice.config import Config, load_config
 from dataservice.enums import LaneName, ReadMode
 from dataservice.keys import admission_key, held_key
@@ -69,12 +70,11 @@ log = logging.getLogger(__name__)
 
 PLAIN_QUEUE = "attribution"
 # Celery's per-task lines would drown the logs at these rates (as workers/pools.py).
-_CHATTY_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
 
 
 def _worker(app: Celery, kind: str, queue: str, concurrency: int) -> None:
     logging.basicConfig(level="WARNING", stream=sys.stderr)
-    for name in _CHATTY_LOGGERS:
+    for name in PER_TASK_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
     app.Worker(
         hostname=node_name(kind),

@@ -1,7 +1,9 @@
 """The baseline for ``bench/roundtrip.py``: a stock Celery app with a no-op task.
 
 Redis broker *and* Redis result backend, awaited with ``.delay().get()``, as
-stock Celery users do. The worker is started with exactly the options
+stock Celery users do; or RabbitMQ as the broker (``--broker-url``), with a
+quorum queue and publisher confirms, as Celery's documentation pairs them and
+as the service runs. The worker is started with exactly the options
 :func:`workers.pools.run_worker` gives the interactive lane (threads pool, the
 lane's concurrency, prefetch multiplier 1, acks_late, fair scheduling, no
 gossip, no mingle, the same chatty loggers silenced), so the only difference
@@ -19,6 +21,7 @@ import socket
 import sys
 
 from celery import Celery
+from kombu import Queue
 
 NOOP_TASK = "bench.noop"
 # Celery's default queue: what a stock user gets without routing.
@@ -29,11 +32,19 @@ def noop() -> None:
     """The task: nothing."""
 
 
-def make_app(url: str) -> Celery:
-    """A stock Celery app on ``url`` (broker and result backend) with the no-op task."""
+def make_app(url: str, broker_url: str | None = None) -> Celery:
+    """A stock Celery app on ``url`` (broker and result backend, unless
+    ``broker_url`` names another broker) with the no-op task."""
     app = Celery("bench-bare", set_as_current=False)
+    if broker_url and broker_url.startswith(("amqp://", "amqps://")):
+        # On RabbitMQ, as Celery's documentation pairs them and as the service
+        # runs: a quorum queue, every publish confirmed.
+        app.conf.update(
+            task_queues=[Queue(QUEUE, queue_arguments={"x-queue-type": "quorum"})],
+            broker_transport_options={"confirm_publish": True},
+        )
     app.conf.update(
-        broker_url=url,
+        broker_url=broker_url or url,
         result_backend=url,
         broker_connection_retry_on_startup=True,
         task_default_queue=QUEUE,
@@ -53,22 +64,23 @@ def make_app(url: str) -> Celery:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--url", required=True, help="Redis URL: broker and result backend")
+    parser.add_argument("--broker-url", help="another broker (RabbitMQ's amqp://...)")
     parser.add_argument("--concurrency", type=int, required=True)
     parser.add_argument("--loglevel", default="INFO")
     args = parser.parse_args(argv)
-    serve(make_app(args.url), args.concurrency, args.loglevel)
+    serve(make_app(args.url, args.broker_url), args.concurrency, args.loglevel)
 
 
 def serve(app: Celery, concurrency: int, loglevel: str = "INFO") -> None:
     """Run ``app``'s worker in the foreground with the lane's options."""
-    from workers.pools import _CHATTY_LOGGERS
+    from dataservice.compat.celery import PER_TASK_LOGGERS
 
     logging.basicConfig(
         level=loglevel.upper(),
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    for name in _CHATTY_LOGGERS:
+    for name in PER_TASK_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
     worker = app.Worker(
         hostname=f"bare-{os.getpid()}@{socket.gethostname()}",

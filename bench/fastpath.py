@@ -88,10 +88,10 @@ def _reply_key(body: object) -> tuple[str, bytes]:
 
 
 def run_inline_worker(url: str, concurrency: int) -> None:
-    from workers.pools import _CHATTY_LOGGERS
+    from dataservice.compat.celery import PER_TASK_LOGGERS
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    for name in _CHATTY_LOGGERS:
+    for name in PER_TASK_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
     app = make_inline_app(url)
     # Tight timeouts: the inline handler runs on the consumer thread.

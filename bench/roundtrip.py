@@ -58,6 +58,7 @@ from dataservice.client import Client
 from dataservice.config import Config
 from dataservice.enums import LaneName, ReadMode
 from dataservice.loadtest.environment import flush_redis, run_callers_file, seed_records
+from dataservice.localservices.rabbitmq import virtual_host
 from dataservice.processes import WorkerProcess, worker_argv, worker_environ
 from dataservice.settings import Settings
 
@@ -276,9 +277,11 @@ def service_factory(
     return make
 
 
-def bare_factory(url: str, shared: Any | None) -> Callable[[random.Random], Call]:
+def bare_factory(
+    url: str, broker_url: str | None, shared: Any | None
+) -> Callable[[random.Random], Call]:
     def make(rng: random.Random) -> Call:
-        app = shared or make_app(url)
+        app = shared or make_app(url, broker_url)
         noop = app.tasks[NOOP_TASK]
 
         def call() -> None:
@@ -342,6 +345,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--keep", action="store_true", help="leave the database and Redis dbs")
     p.add_argument(
+        "--broker",
+        choices=("redis", "amqp"),
+        default="redis",
+        help="amqp: both systems on the local RabbitMQ (virtual hosts of their own);"
+        " answers stay in Redis",
+    )
+    p.add_argument(
         "--request-lines",
         choices=("all", "failures", "none"),
         help="the workers' logging.requests (default: queues.yml's)",
@@ -364,6 +374,9 @@ class Bench:
     config: Config
     service_url: str
     bare_url: str
+    # RabbitMQ's, with --broker amqp (the Redis URLs then hold answers alone).
+    service_broker: str | None
+    bare_broker: str | None
     environ: dict[str, str]
     workers: dict[str, WorkerProcess]
     # Filled in by setup().
@@ -379,10 +392,14 @@ class Bench:
     def create(cls, args: argparse.Namespace) -> Bench:
         service_url = _env.redis_url(args.redis_host, args.redis_port, args.service_db)
         bare_url = _env.redis_url(args.redis_host, args.redis_port, args.bare_db)
+        service_broker = bare_broker = None
+        if args.broker == "amqp":
+            service_broker = virtual_host("dataservice-bench", fresh=True)
+            bare_broker = virtual_host("dataservice-bench-bare", fresh=True)
         logdir = Path(tempfile.mkdtemp(prefix="dataservice-bench-"))
         settings = Settings(
             config_path=_unguarded_config(logdir, args.request_lines),
-            broker_url=service_url,
+            broker_url=service_broker or service_url,
             result_backend_url=service_url,
             redis_url=service_url,
             database_url=args.database_url,
@@ -398,13 +415,26 @@ class Bench:
         concurrency = str(config.lanes.interactive.concurrency)
         service_argv = worker_argv(LaneName.INTERACTIVE)
         bare_argv = [sys.executable, "-m", "bench.bare_app", "--url", bare_url]
+        if bare_broker is not None:
+            bare_argv += ["--broker-url", bare_broker]
         workers = {
             SERVICE: WorkerProcess(service_argv, environ, logdir / "service-worker.log", SERVICE),
             BARE: WorkerProcess(
                 [*bare_argv, "--concurrency", concurrency], environ, logdir / "bare.log", BARE
             ),
         }
-        return cls(args, _console(), settings, config, service_url, bare_url, environ, workers)
+        return cls(
+            args,
+            _console(),
+            settings,
+            config,
+            service_url,
+            bare_url,
+            service_broker,
+            bare_broker,
+            environ,
+            workers,
+        )
 
     def cleanup(self) -> None:
         self.stop_callers()
@@ -431,7 +461,7 @@ class Bench:
             for worker in self.workers.values():
                 worker.start()
             probe_client = Client(_env.CALLER, settings, config)
-            noop = make_app(self.bare_url).tasks[NOOP_TASK]
+            noop = make_app(self.bare_url, self.bare_broker).tasks[NOOP_TASK]
             first = self.ids[0]
             try:
                 self.ready_s = {
@@ -454,10 +484,10 @@ class Bench:
             _env.find_pid("mariadbd", "mysqld"),
         )
         shared_client = Client(_env.CALLER, settings, config) if args.shared_client else None
-        shared_app = make_app(self.bare_url) if args.shared_client else None
+        shared_app = make_app(self.bare_url, self.bare_broker) if args.shared_client else None
         factories = {
             SERVICE: service_factory(settings, config, self.ids, shared_client, self.mode),
-            BARE: bare_factory(self.bare_url, shared_app),
+            BARE: bare_factory(self.bare_url, self.bare_broker, shared_app),
         }
         self.callers = [Caller(i, factories) for i in range(args.callers)]
         for caller in self.callers:
@@ -510,6 +540,7 @@ class Bench:
                 "warmup": args.warmup,
                 "records": args.records,
                 "payload_bytes": PAYLOAD_BYTES,
+                "broker": args.broker,
                 "client_per_caller": not args.shared_client,
                 "worker": {
                     "pool": "threads",

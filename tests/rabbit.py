@@ -5,39 +5,30 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import subprocess
 
 from kombu.connection import Connection
 
 from dataservice.broker import queue_depths
 from dataservice.config import Config
+from dataservice.localservices.rabbitmq import virtual_host
 from dataservice.settings import Settings
 
 # The broker-facing tests run once on each.
 BROKERS = ("redis", "amqp")
 # The Redis of the answers, the limits and admission's books when RabbitMQ is the broker.
 AMQP_REDIS_URL = "redis://127.0.0.1:6379/13"
-_AMQP = "amqp://guest:guest@127.0.0.1:5672/"
 
 
 def fresh_vhost(name: str) -> str:
-    """An empty virtual host ``name`` (deleted first, with its queues), open
-    to the guest user; its ``amqp://`` URL."""
-    subprocess.run(["rabbitmqctl", "-q", "delete_vhost", name], check=False, capture_output=True)
+    """An empty virtual host ``name`` (deleted first, with its queues); its URL."""
     _vhost.cache_clear()
-    return _vhost(name)
+    return virtual_host(name, fresh=True)
 
 
 @functools.cache
 def _vhost(name: str) -> str:
-    """Virtual host ``name``, made once per test process (unless deleted)."""
-    subprocess.run(["rabbitmqctl", "-q", "add_vhost", name], check=False, capture_output=True)
-    subprocess.run(
-        ["rabbitmqctl", "-q", "set_permissions", "-p", name, "guest", ".*", ".*", ".*"],
-        check=True,
-        capture_output=True,
-    )
-    return _AMQP + name
+    """Virtual host ``name``, made once per test process (unless made afresh)."""
+    return virtual_host(name)
 
 
 def on_rabbitmq(settings: Settings, config: Config, vhost: str) -> Settings:
