@@ -545,6 +545,14 @@ def test_the_paced_consumer_paces_celerys_connection_attempts(consumer: Any) -> 
     assert "ensure_connection" not in vars(conn)
 
 
+def test_the_consumer_leaves_out_celerys_native_delayed_delivery() -> None:
+    celerys = CeleryConsumer.Blueprint.default_steps
+    ours = celery_compat.PacedConsumer.Blueprint.default_steps
+    assert celery_compat.DELAYED_DELIVERY_STEP in celerys
+    assert ours == [step for step in celerys if step != celery_compat.DELAYED_DELIVERY_STEP]
+    assert symbol_by_name(celery_compat.DELAYED_DELIVERY_STEP).__name__ == "DelayedDelivery"
+
+
 def test_the_workers_state_counts_and_drops_as_compat_says() -> None:
     task_id, name = uuid.uuid4().hex, f"compat.{uuid.uuid4().hex[:8]}"
     total = worker_state.all_total_count[0]

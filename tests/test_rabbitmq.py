@@ -4,6 +4,7 @@ queues, callers publishing with confirms, answers and admission on Redis."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -77,6 +78,29 @@ def _until_refused(client: AnyClient, most: int) -> tuple[int, ResourceExhausted
         except ResourceExhausted as refusal:
             return n, refusal
     raise AssertionError(f"{most} submitted, none refused")
+
+
+def test_the_workers_declare_the_lanes_quorum_queues_and_no_delayed_delivery_ones(
+    amqp_workers: Supervisor, config: Config
+) -> None:
+    queues = _queues("dataservice-tests")
+    lanes = {config.lanes.interactive.queue, config.lanes.batch.queue}
+    assert {name: kind for name, kind in queues.items() if name in lanes} == dict.fromkeys(
+        lanes, "quorum"
+    )
+    assert not [name for name in queues if name.startswith("celery_delayed")]
+
+
+def _queues(vhost: str) -> dict[str, str]:
+    """The queues of ``vhost`` and their types, as RabbitMQ lists them."""
+    listed = subprocess.run(
+        ["rabbitmqctl", "-q", "list_queues", "-p", vhost, "--no-table-headers", "name", "type"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    return dict(line.split("\t")[:2] for line in listed.splitlines() if "\t" in line)
 
 
 @pytest.fixture

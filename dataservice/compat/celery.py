@@ -31,6 +31,12 @@ Internal names, and why:
 - ``celery.worker.consumer.Consumer.ensure_connected``: where the consumer
   connects, and reconnects, to the broker; :class:`PacedConsumer` paces its
   attempts (``workers/reconnect.py``).
+- ``celery.worker.consumer.Consumer.Blueprint.default_steps`` and the step
+  ``celery.worker.consumer.delayed_delivery:DelayedDelivery``: once Celery
+  sees a quorum queue it declares 28 more (``celery_delayed_0`` ...) for
+  native delayed delivery and binds every queue to them; the service never
+  delays a message, so :class:`PacedConsumer` leaves the step out
+  (:data:`DELAYED_DELIVERY_STEP`).
 - ``celery.app.control.Inspect._request``: a control command by name, for
   the service's own (``dataservice_permits``, ``dataservice_changes``), which
   ``Inspect`` has no method for (:func:`broadcast_request`).
@@ -52,6 +58,7 @@ from celery.worker.consumer import Consumer
 
 __all__ = [
     "DEFAULT_STRATEGY",
+    "DELAYED_DELIVERY_STEP",
     "PER_TASK_LOGGERS",
     "MessageHandler",
     "PacedConsumer",
@@ -64,6 +71,8 @@ __all__ = [
     "use_strategy",
 ]
 
+#: The consumer's step that sets up native delayed delivery on quorum queues.
+DELAYED_DELIVERY_STEP: Final = "celery.worker.consumer.delayed_delivery:DelayedDelivery"
 #: Where ``Task.Strategy`` points by default.
 DEFAULT_STRATEGY: Final = "celery.worker.strategy:default"
 #: Celery's loggers that write a line per task received and per task done.
@@ -145,9 +154,17 @@ class PacedConsumer(Consumer):  # type: ignore[misc]  # celery is untyped
     """Celery's worker consumer, its connection attempts paced by
     :attr:`reconnect_intervals`: (first, step, most) seconds apart, as
     ``kombu.Connection.ensure_connection``'s ``interval_start``,
-    ``interval_step`` and ``interval_max``; None keeps kombu's."""
+    ``interval_step`` and ``interval_max``; None keeps kombu's. It sets up
+    no native delayed delivery (:data:`DELAYED_DELIVERY_STEP`)."""
 
     reconnect_intervals: ClassVar[tuple[float, float, float] | None] = None
+
+    class Blueprint(Consumer.Blueprint):  # type: ignore[misc]  # celery is untyped
+        """Celery's consumer steps, less native delayed delivery."""
+
+        default_steps: ClassVar[list[str]] = [
+            step for step in Consumer.Blueprint.default_steps if step != DELAYED_DELIVERY_STEP
+        ]
 
     def ensure_connected(self, conn: Any) -> Any:
         if self.reconnect_intervals is None:
