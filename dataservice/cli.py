@@ -219,6 +219,8 @@ def loadtest(
         base_config=settings.config_path,
         root_url=server or server_url(settings.database_url),
         fault=fault,
+        # The service's own broker when it is RabbitMQ; a run's Redis db otherwise.
+        broker_url=settings.broker_url if settings.broker_is_amqp else None,
     )
     raise typer.Exit(code)
 

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -30,6 +31,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
+from dataservice import rabbitmq
 from dataservice.bounded import QUIET
 from dataservice.cache.guard import stream_status
 from dataservice.changes.behind import describe_events, describe_lag
@@ -59,7 +61,9 @@ def liveness(
     settings: Settings, alive_files: Iterable[Path], max_age_s: float, timeout_s: float
 ) -> list[Check]:
     """The broker answers, and every alive file was touched within ``max_age_s``."""
-    checks = [_redis("broker", settings.broker_url, timeout_s)]
+    broker = settings.broker_url
+    check = _amqp if settings.broker_is_amqp else _redis
+    checks = [check("broker", broker, timeout_s)]
     checks.extend(_alive(path, max_age_s) for path in alive_files)
     return checks
 
@@ -104,6 +108,16 @@ def _redis(name: str, url: str, timeout_s: float) -> Check:
     finally:
         client.close()
     return Check(name, True, f"Redis at {_where(url)} answers")
+
+
+def _amqp(name: str, url: str, timeout_s: float) -> Check:
+    parsed = urlsplit(url)
+    where = f"RabbitMQ at {parsed.hostname or 'localhost'}:{parsed.port or 5672}"
+    where += parsed.path or "/"
+    failure = rabbitmq.unreachable(url, timeout_s)
+    if failure:
+        return Check(name, False, f"{where}: {failure}")
+    return Check(name, True, f"{where} answers")
 
 
 def _alive(path: Path, max_age_s: float) -> Check:

@@ -217,6 +217,28 @@ async def _declare(
     return exchange
 
 
+def unreachable(url: str, timeout_s: float) -> str:
+    """Why RabbitMQ at ``url`` does not accept a connection (its AMQP
+    handshake, not only TCP), as the error's name; '' when it does."""
+    connection = Connection(url, connect_timeout=timeout_s)
+    try:
+        connection.connect()
+    except (OSError, *connection.connection_errors) as exc:
+        return type(exc).__name__
+    finally:
+        connection.release()
+    return ""
+
+
+def delete_lane_queues(url: str, config: Config) -> None:
+    """Delete the lanes' queues, and whatever waits in them (a load run's
+    fresh start); the next worker or caller declares them again."""
+    with Connection(url, connect_timeout=5) as connection:
+        channel = connection.default_channel
+        for lane in (config.lanes.interactive, config.lanes.batch):
+            channel.queue_delete(lane.queue)
+
+
 def expiration_ms(message: dict[str, Any], now_ms: int) -> int:
     """Milliseconds until the message's deadline (at least 1: 0 would mean
     'deliver now or never', which a consumer busy for a moment would miss)."""

@@ -6,11 +6,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from kombu.connection import Connection
-
 from dataservice.broker import queue_depths
 from dataservice.config import Config
 from dataservice.localservices.rabbitmq import virtual_host
+from dataservice.rabbitmq import delete_lane_queues
 from dataservice.settings import Settings
 
 # The broker-facing tests run once on each.
@@ -35,10 +34,7 @@ def on_rabbitmq(settings: Settings, config: Config, vhost: str) -> Settings:
     """``settings`` with RabbitMQ as the broker, in ``vhost``, whose lane queues
     are gone (the first publish or worker declares them afresh)."""
     url = _vhost(vhost)
-    with Connection(url, connect_timeout=5) as connection:
-        channel = connection.default_channel
-        for lane in (config.lanes.interactive, config.lanes.batch):
-            channel.queue_delete(lane.queue)
+    delete_lane_queues(url, config)
     return dataclasses.replace(settings, broker_url=url)
 
 

@@ -14,7 +14,9 @@ from sqlalchemy import Engine
 
 from dataservice import ReadOp, ResourceExhausted, WriteOp
 from dataservice.config import Config
+from dataservice.health import liveness
 from dataservice.keys import admission_key, held_key
+from dataservice.localservices import free_port
 from dataservice.settings import Settings
 from dataservice.supervisor import Supervisor
 from tests.clients import AnyClient, ClientKind, make_client
@@ -140,3 +142,15 @@ def test_a_publish_rabbitmq_refuses_reaches_the_caller_retryably_and_leaves_the_
     # The refused publish left the books: only what the queue took is held.
     assert books.zcard(held_key(queue)) == accepted
     assert int(books.hget(admission_key(queue), "refused:queue_full") or 0) == 1
+
+
+def test_liveness_asks_rabbitmq_itself(amqp_settings: Settings) -> None:
+    (live,) = liveness(amqp_settings, [], max_age_s=60, timeout_s=2)
+    assert live.ok, live.detail
+    assert "guest" not in live.detail
+    gone = dataclasses.replace(
+        amqp_settings, broker_url=f"amqp://guest:guest@127.0.0.1:{free_port()}/"
+    )
+    (dead,) = liveness(gone, [], max_age_s=60, timeout_s=2)
+    assert not dead.ok
+    assert "ConnectionRefusedError" in dead.detail

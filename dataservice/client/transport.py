@@ -55,6 +55,10 @@ _EPOCHS_KEPT = 8
 # rest of a call costs its thread. (Each holds two Redis connections: kombu
 # checks a new channel on a pool of its own.)
 PUBLISH_CONNECTIONS = 1
+# On RabbitMQ a publish holds its connection until the broker confirms it, a
+# quorum of the queue having written it: about a millisecond, as long as the
+# rest of a call. A few let a client's threads publish side by side.
+AMQP_PUBLISH_CONNECTIONS = 4
 # The broker's epoch is asked at most this often (s), however many calls wait.
 _EPOCH_EVERY_S = 0.5
 
@@ -124,7 +128,9 @@ class Transport:
         # A pool of its own: the app's (broker_pool_limit) resizes every kombu
         # pool in the process, a worker's included.
         self._connection = self._app.connection_for_write()
-        self._pool = self._connection.Pool(limit=PUBLISH_CONNECTIONS)
+        self._pool = self._connection.Pool(
+            limit=AMQP_PUBLISH_CONNECTIONS if settings.broker_is_amqp else PUBLISH_CONNECTIONS
+        )
         # Made lazily, as every pool here: a client that never reads a key
         # this way holds no connection for it.
         self.results = ResultStore.from_url(

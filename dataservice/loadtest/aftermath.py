@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from dataservice.broker import QueueDepths, queue_depths
 from dataservice.cache.controls import RolloutControls
 from dataservice.config import Config
 from dataservice.enums import LaneName
@@ -92,11 +93,12 @@ class Aftermath:
         }
 
     def _at_rest(self) -> dict[str, Any]:
-        client = redis.Redis.from_url(self._settings.broker_url, socket_timeout=2.0)
+        client = redis.Redis.from_url(self._settings.admission_url, socket_timeout=2.0)
+        depths = queue_depths(self._settings)
         started = time.monotonic()
         try:
             while True:
-                lanes = {lane.value: _counts(client, self._config.lanes[lane].queue)
+                lanes = {lane.value: _counts(client, depths, self._config.lanes[lane].queue)
                          for lane in LaneName}  # fmt: skip
                 rest = all(
                     c["depth"] == 0 and c["bytes"] == 0 and c["held"] == 0 for c in lanes.values()
@@ -106,6 +108,7 @@ class Aftermath:
                 time.sleep(_POLL_S)
         finally:
             client.close()
+            depths.close()
         return {
             "lanes": lanes,
             "waited_s": round(time.monotonic() - started, 1),
@@ -113,7 +116,7 @@ class Aftermath:
         }
 
 
-def _counts(client: redis.Redis, queue: str) -> dict[str, int]:
+def _counts(client: redis.Redis, depths: QueueDepths, queue: str) -> dict[str, int]:
     raw = client.hmget(admission_key(queue), ["bytes", "admitted", "done"])
     bytes_, admitted, done = (int(v) if v is not None else 0 for v in raw)
     # A held request lapses when the next publish looks: look as it would.
@@ -124,7 +127,7 @@ def _counts(client: redis.Redis, queue: str) -> dict[str, int]:
     ]
     lapsed_bytes = sum(held_size(m) for m in lapsed)
     return {
-        "depth": int(client.llen(queue)),
+        "depth": depths.depth(queue),
         "held": int(client.zcount(held_key(queue), f"({now_ms}", "+inf")),
         "bytes": max(bytes_ - lapsed_bytes, 0),
         "lapsed": len(lapsed),

@@ -35,6 +35,7 @@ def run_loadtest(
     base_config: Path,
     root_url: str,
     fault: str | None = None,
+    broker_url: str | None = None,
 ) -> int:
     if scenario not in SCENARIOS:
         console.print(f"error: unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
@@ -44,6 +45,9 @@ def run_loadtest(
         return 2
     if fault is not None and fault not in FAULTS:
         console.print(f"error: unknown fault {fault!r}; one of {', '.join(FAULTS)}")
+        return 2
+    if fault is not None and broker_url is not None:
+        console.print("error: --fault runs on a Redis broker of the run's own, not on RabbitMQ")
         return 2
     chosen = SCENARIOS[scenario]
     if chosen.rotate_at is not None and system != "service":
@@ -67,6 +71,7 @@ def run_loadtest(
             live=live,
             root_url=root_url,
             fault=Fault(fault) if fault is not None else None,
+            broker_url=broker_url,
             # Both systems get the same offered load: the service's capacity
             # (and face the same slower database, measured once).
             capacity=capacity,

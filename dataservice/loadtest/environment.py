@@ -188,11 +188,17 @@ def run_callers_file(out_dir: Path, *callers: str) -> Path:
 
 
 def service_settings(
-    target: Target, config_path: Path, root_url: str, callers_file: Path
+    target: Target,
+    config_path: Path,
+    root_url: str,
+    callers_file: Path,
+    broker_url: str | None = None,
 ) -> Settings:
+    """The run's settings: everything on the target's Redis db but the broker
+    when ``broker_url`` names RabbitMQ."""
     return Settings(
         config_path=config_path,
-        broker_url=target.redis_url,
+        broker_url=broker_url or target.redis_url,
         result_backend_url=target.redis_url,
         redis_url=target.redis_url,
         database_url=target.database_url(root_url),

@@ -40,6 +40,7 @@ from dataservice.loadtest.scenarios import (
 )
 from dataservice.loadtest.service import CALLER, ServiceAdapter
 from dataservice.processes import WorkerProcess
+from dataservice.rabbitmq import delete_lane_queues
 
 
 @dataclass
@@ -66,6 +67,8 @@ class RunOptions:
     fault: Fault | None = None
     # False: each cache miss reads the database itself (cache.coalesce).
     coalesce: bool = True
+    # RabbitMQ (amqp://) as the service's broker; None: the run's Redis db.
+    broker_url: str | None = None
 
 
 def capacities_from_rate(rate: float, config: Config) -> dict[LaneName, float]:
@@ -131,6 +134,7 @@ class Run:
             self.config_path,
             options.root_url,
             env.run_callers_file(options.out, CALLER),
+            options.broker_url if options.system == "service" else None,
         )
         servers = self.servers  # the replicas' own way to them is the one a partition cuts
         self.worker_settings = servers.worker_settings(self.settings) if servers else self.settings
@@ -203,6 +207,9 @@ class Run:
     def _execute(self) -> dict[str, Any]:
         o = self.o
         env.flush_redis(self.target.redis_url)
+        if self.settings.broker_is_amqp:
+            # What an earlier run left queued would be this run's backlog.
+            delete_lane_queues(self.settings.broker_url, self.config)
         with self.console.status(f"{o.system}: preparing {self.target.database}"):
             hosts = self.servers.database_hosts() if self.servers else env.LOCAL_HOSTS
             ids = env.prepare_database(self.target, self.config, o.records, o.root_url, hosts)
