@@ -33,7 +33,11 @@ COMPOSE_FILE = COMPOSE_DIR / "docker-compose.yml"
 
 # The variables the file requires, with a value to read it by: credentials,
 # which must not have a default in a committed file.
-REQUIRED_VARIABLES = {"FLOWER_AUTH": "ops:compose-test", "GRAFANA_ADMIN_PASSWORD": "compose-test"}
+REQUIRED_VARIABLES = {
+    "FLOWER_AUTH": "ops:compose-test",
+    "GRAFANA_ADMIN_PASSWORD": "compose-test",
+    "RABBITMQ_PASSWORD": "compose-test",
+}
 
 INFRASTRUCTURE = ("redis", "mariadb")
 ONE_SHOT = ("migrate", "changes-user")
@@ -74,6 +78,12 @@ def _interpolate(node: Any) -> Any:
     if isinstance(node, dict):
         return {key: _interpolate(value) for key, value in node.items()}
     return node
+
+
+def interpolated(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` with every variable substituted as compose would here."""
+    result: dict[str, Any] = _interpolate(document)
+    return result
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
