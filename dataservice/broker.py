@@ -216,6 +216,11 @@ def celery_settings(settings: Settings, config: Config) -> dict[str, Any]:
         "task_default_queue": config.lanes.batch.queue,
         "task_acks_late": True,
         "worker_prefetch_multiplier": 1,
+        # A request running when the broker connection drops runs to its end
+        # and answers; its message, never acknowledged, comes again, as after
+        # a worker's death. (Celery warns until this is set; a thread cannot
+        # be cancelled anyway.)
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         "worker_hijack_root_logger": False,
         "worker_redirect_stdouts": False,
         "enable_utc": True,
