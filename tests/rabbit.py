@@ -11,6 +11,8 @@ from dataservice.config import Config
 from dataservice.localservices.rabbitmq import virtual_host
 from dataservice.rabbitmq import delete_lane_queues
 from dataservice.settings import Settings
+from tests.conftest import PROCESS_REDIS_URL
+from tests.support import on_redis as settings_on
 
 # The broker-facing tests run once on each.
 BROKERS = ("redis", "amqp")
@@ -45,3 +47,12 @@ def depth(settings: Settings, queue: str) -> int:
         return depths.depth(queue)
     finally:
         depths.close()
+
+
+def processes_on(broker: str, settings: Settings, config: Config) -> Settings:
+    """The worker processes' settings (``worker_processes``) on ``broker``
+    (one of :data:`BROKERS`): for a module whose tests run on each."""
+    on_redis = settings_on(settings, PROCESS_REDIS_URL)
+    if broker == "amqp":
+        return on_rabbitmq(on_redis, config, "dataservice-processes")
+    return on_redis

@@ -1,5 +1,6 @@
 """Acceptance: round trips through a real broker, real worker processes and
-MariaDB, with each client (the sync one, then the asyncio one)."""
+MariaDB, with each client (the sync one, then the asyncio one), on each
+broker (Redis, then RabbitMQ)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,18 @@ from dataservice.keys import reply_key, result_key
 from dataservice.settings import Settings
 from dataservice.supervisor import Supervisor
 from tests.clients import AnyClient
+from tests.rabbit import BROKERS, processes_on
 from tests.support import row_count
 
 pytestmark = pytest.mark.usefixtures("worker_processes")
+
+
+@pytest.fixture(scope="module", params=BROKERS)
+def process_settings(
+    request: pytest.FixtureRequest, settings: Settings, config: Config
+) -> Settings:
+    """The worker processes' settings (``worker_processes``), on each broker."""
+    return processes_on(request.param, settings, config)
 
 
 def test_interactive_write_read_list_delete_round_trip(
