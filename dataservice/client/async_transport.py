@@ -151,6 +151,10 @@ class AsyncTransport:
     One task publishes (:class:`AdmitQueue`), on one connection, however many
     coroutines do; the broker's epoch is read on a second, and the reply
     channel's reader holds a third.
+
+    On RabbitMQ the script runs on the result backend's Redis and pushes
+    nothing; the admitted message is then published with aio-pika and its
+    confirm awaited (:class:`~dataservice.rabbitmq.AsyncAmqpPublisher`).
     """
 
     def __init__(self, settings: Settings, config: Config, *, caller: str) -> None:
