@@ -21,7 +21,6 @@ import dataservice.metrics
 from dataservice.flower_cli import check_auth
 from tests.compose_file import (
     COMPOSE_DIR,
-    COMPOSE_FILE,
     RAW_SERVICES,
     REQUIRED_VARIABLES,
     SERVICES,
@@ -191,8 +190,9 @@ def test_flower_credentials_come_from_a_compose_variable_never_the_command_line(
     assert auth not in " ".join(command(SERVICES["flower"]))
 
 
-def test_credentials_have_no_default_anywhere_in_the_file() -> None:
-    text = COMPOSE_FILE.read_text(encoding="utf-8")
+def test_credentials_have_no_default_anywhere_in_the_files() -> None:
+    # The stack and the overlays laid over it (compose/rabbitmq.yml).
+    text = "".join(path.read_text(encoding="utf-8") for path in COMPOSE_DIR.glob("*.yml"))
     for name in REQUIRED_VARIABLES:
         uses = re.findall(r"\$\{" + name + r"(:?[-?+])?", text)
         assert uses, f"{name} is not used"
