@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import stat
@@ -19,11 +20,36 @@ LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 START_TIMEOUT_S = 30.0
 
 
+# Ports handed out below the kernel's ephemeral range: one from inside it could
+# be taken, between this check and its server's bind, by any outgoing
+# connection of the machine (a client's to Redis or RabbitMQ, say).
+_FIRST_PORT = 20000
+_TRIES = 200
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A TCP port on the loopback address that nothing listens on now, chosen
+    below the ephemeral range where the machine allows."""
+    last = _ephemeral_start() - 1
+    for _ in range(_TRIES if last > _FIRST_PORT else 0):
+        port = random.randint(_FIRST_PORT, last)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        chosen: int = sock.getsockname()[1]
+        return chosen
 
 
 def redis_reachable(url: str) -> bool:
