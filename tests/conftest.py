@@ -20,6 +20,7 @@ import shutil
 import signal
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -261,9 +262,16 @@ def worker_processes(
 ) -> Iterator[Supervisor]:
     """Both lanes served by real worker processes (``dataservice worker``)."""
     require(redis_reachable(PROCESS_REDIS_URL), "Redis at 127.0.0.1:6379")
-    redis.Redis.from_url(PROCESS_REDIS_URL).flushdb()
-    log_dir: Path = tmp_path_factory.mktemp("worker-logs")
-    supervisor = Supervisor(process_settings, config, log_dir)
+    with supervised(process_settings, config, tmp_path_factory.mktemp("worker-logs")) as started:
+        yield started
+
+
+@contextmanager
+def supervised(settings: Settings, config: Config, log_dir: Path) -> Iterator[Supervisor]:
+    """Both lanes' worker processes on ``settings``, answering, with the
+    result backend's Redis flushed first; stopped afterwards."""
+    redis.Redis.from_url(settings.result_backend_url).flushdb()
+    supervisor = Supervisor(settings, config, log_dir)
     supervisor.start()
     try:
         supervisor.wait_ready()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
@@ -35,37 +36,36 @@ from tests.support import bounded_admission, publish_concurrently
 
 # No worker consumes this database: whatever is admitted stays queued.
 UNSERVED_REDIS_URL = "redis://127.0.0.1:6379/11"
+# The settings, configuration and Redis of a lane nobody serves.
+Bounded = tuple[Settings, Config, redis.Redis]
 HELD_GRACE_S = HELD_GRACE_MS / 1000
 MAX_MESSAGES = 100
 
 
-@pytest.fixture
-def bounded(settings: Settings, tmp_path: Path) -> Iterator[tuple[Settings, Config, redis.Redis]]:
+def _unserved(settings: Settings, tmp_path: Path) -> AbstractContextManager[Bounded]:
     require(redis_reachable(UNSERVED_REDIS_URL), "Redis at 127.0.0.1:6379")
-    with bounded_admission(
+    return bounded_admission(
         settings,
         UNSERVED_REDIS_URL,
         tmp_path,
         interactive={"max_messages": MAX_MESSAGES, "max_bytes": 1 << 24},
         batch={"max_messages": 10_000, "max_bytes": 3 * 70_000},
-    ) as bounded:
+    )
+
+
+@pytest.fixture
+def bounded(settings: Settings, tmp_path: Path) -> Iterator[Bounded]:
+    with _unserved(settings, tmp_path) as bounded:
         yield bounded
 
 
 @pytest.fixture(params=BROKERS)
 def on_either(
     request: pytest.FixtureRequest, settings: Settings, tmp_path: Path
-) -> Iterator[tuple[Settings, Config, redis.Redis]]:
+) -> Iterator[Bounded]:
     """As ``bounded``, on each broker in turn: on RabbitMQ the queues are its
     own and the Redis holds admission's books alone."""
-    require(redis_reachable(UNSERVED_REDIS_URL), "Redis at 127.0.0.1:6379")
-    with bounded_admission(
-        settings,
-        UNSERVED_REDIS_URL,
-        tmp_path,
-        interactive={"max_messages": MAX_MESSAGES, "max_bytes": 1 << 24},
-        batch={"max_messages": 10_000, "max_bytes": 3 * 70_000},
-    ) as (redis_settings, config, books):
+    with _unserved(settings, tmp_path) as (redis_settings, config, books):
         if request.param == "amqp":
             yield on_rabbitmq(redis_settings, config, "dataservice-admission"), config, books
         else:

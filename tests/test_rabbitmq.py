@@ -20,6 +20,7 @@ from dataservice.localservices import free_port
 from dataservice.settings import Settings
 from dataservice.supervisor import Supervisor
 from tests.clients import AnyClient, ClientKind, make_client
+from tests.conftest import supervised
 from tests.rabbit import AMQP_REDIS_URL, depth, fresh_vhost, on_rabbitmq
 from tests.support import bounded_admission
 
@@ -45,15 +46,8 @@ def amqp_workers(
     database: Engine,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Supervisor]:
-    redis.Redis.from_url(AMQP_REDIS_URL).flushdb()
-    log_dir: Path = tmp_path_factory.mktemp("amqp-worker-logs")
-    supervisor = Supervisor(amqp_settings, config, log_dir)
-    supervisor.start()
-    try:
-        supervisor.wait_ready()
-        yield supervisor
-    finally:
-        supervisor.stop()
+    with supervised(amqp_settings, config, tmp_path_factory.mktemp("amqp-worker-logs")) as started:
+        yield started
 
 
 def test_a_write_and_cached_reads_travel_through_rabbitmq(

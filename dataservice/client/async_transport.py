@@ -22,10 +22,10 @@ from dataservice.bounded import QUIET, SLACK_S
 from dataservice.broker import CONNECT_TIMEOUT_S
 from dataservice.client.inbox import AsyncInbox, stop_task
 from dataservice.client.message import task_message
-from dataservice.client.transport import RETRY_BROKER_DOWN_S, Epochs, item_headers
+from dataservice.client.transport import Epochs, broker_failure, item_headers
 from dataservice.config import Config
 from dataservice.enums import LaneName
-from dataservice.errors import DeadlineExceeded, InvalidArgument, Unavailable
+from dataservice.errors import InvalidArgument
 from dataservice.keys import EPOCH_KEY
 from dataservice.limits.admission import (
     ADMIT,
@@ -36,7 +36,7 @@ from dataservice.limits.admission import (
     admitted,
     caller_pacing,
     envelope_size,
-    lane_admissions,
+    lane_admission_bounds,
     withdraw_async,
 )
 from dataservice.limits.scripts import run_pipelined_async
@@ -171,9 +171,7 @@ class AsyncTransport:
             else None
         )
         self._broker: AsyncRedis | None = None
-        self._admission = {
-            queue: LaneAdmission(**lane) for queue, lane in lane_admissions(config).items()
-        }
+        self._admission = lane_admission_bounds(config)
         self._pacing = caller_pacing(config)
         self._grace_s = config.results.grace_ms / 1000
         self._reply_to = oid_from(self, threads=False)
@@ -242,11 +240,7 @@ class AsyncTransport:
                 self.inbox.forget(item[1])
             if isinstance(exc, asyncio.CancelledError):
                 raise
-            if time.time() * 1000 >= deadline_ms:
-                raise DeadlineExceeded("the deadline passed before the broker answered") from None
-            raise Unavailable(
-                "the broker is unreachable", retry_after=RETRY_BROKER_DOWN_S
-            ) from None
+            raise broker_failure(deadline_ms) from None
         if refusal is not None:
             for item in items[sent:]:
                 self.inbox.forget(item[1])

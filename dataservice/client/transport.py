@@ -103,6 +103,14 @@ class Epochs:
                 del self._ended[next(iter(self._ended))]
 
 
+def broker_failure(deadline_ms: int) -> DeadlineExceeded | Unavailable:
+    """What a caller hears of a publish the broker did not take: its deadline
+    passed meanwhile, or the broker is unreachable (retryably)."""
+    if time.time() * 1000 >= deadline_ms:
+        return DeadlineExceeded("the deadline passed before the broker answered")
+    return Unavailable("the broker is unreachable", retry_after=RETRY_BROKER_DOWN_S)
+
+
 def item_headers(caller: str, deadline_ms: int, operation: str, ops: int) -> dict[str, Any]:
     """The service's own headers of one message (admission reads them)."""
     headers: dict[str, Any] = {DEADLINE_HEADER: deadline_ms}
@@ -144,6 +152,12 @@ class Transport:
         # message is published and confirmed (dataservice/rabbitmq.py).
         self._amqp = settings.broker_is_amqp
         self._publishers: WeakKeyDictionary[Any, AmqpPublisher] = WeakKeyDictionary()
+        # What every channel's publisher admits and declares by (made once).
+        self._amqp_lanes = (
+            lane_admission_bounds(config),
+            caller_pacing(config),
+            lane_queues(config),
+        )
 
     def publish(
         self,
@@ -218,11 +232,7 @@ class Transport:
             if inbox is not None:
                 for item in items:
                     inbox.forget(item[1])
-            if time.time() * 1000 >= deadline_ms:
-                raise DeadlineExceeded("the deadline passed before the broker answered") from None
-            raise Unavailable(
-                "the broker is unreachable", retry_after=RETRY_BROKER_DOWN_S
-            ) from None
+            raise broker_failure(deadline_ms) from None
         if refusal is not None:
             if inbox is not None:
                 for item in items[sent:]:
@@ -238,13 +248,7 @@ class Transport:
             return channel.admit  # type: ignore[no-any-return]
         publisher = self._publishers.get(channel)
         if publisher is None:
-            publisher = AmqpPublisher(
-                channel,
-                self.results.client,
-                lane_admission_bounds(self.config),
-                caller_pacing(self.config),
-                lane_queues(self.config),
-            )
+            publisher = AmqpPublisher(channel, self.results.client, *self._amqp_lanes)
             self._publishers[channel] = publisher
 
         def admit(queue: str, message: dict[str, Any]) -> str:
