@@ -83,6 +83,9 @@ def queue(
         _may_show_payload()
     settings, config = _load()
     queue_name = config.lanes[lane].queue
+    if settings.broker_is_amqp:
+        _count_on_rabbitmq(settings.broker_url, queue_name, as_json)
+        return
     with _redis(settings.broker_url, "the broker") as client:
         total = int(client.llen(queue_name))
         found = waiting(client, queue_name, limit, payload=show_payload)
@@ -103,6 +106,30 @@ def queue(
             more = "..." if len(item.payload) > PAYLOAD_SHOWN else ""
             line += f"\n      object_id={item.object_id} payload={shown!r}{more}"
         typer.echo(line)
+
+
+def _count_on_rabbitmq(url: str, queue_name: str, as_json: bool) -> None:
+    """RabbitMQ shows a message only by delivering it: even handed back, it
+    would come to a worker marked redelivered, its delivery count raised, and
+    no worker could take it meanwhile. So on RabbitMQ the queue is counted,
+    not read."""
+    from dataservice.rabbitmq import AMQP_ERRORS, AmqpDepths
+
+    depths = AmqpDepths(url)
+    try:
+        total = depths.depth(queue_name)
+    except AMQP_ERRORS as exc:
+        typer.echo(f"error: the broker: {type(exc).__name__}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        depths.close()
+    if as_json:
+        typer.echo(json.dumps({"queue": queue_name, "waiting": total, "shown": []}, indent=2))
+        return
+    typer.echo(
+        f"{queue_name}: {total} waiting (RabbitMQ: counted, not shown; "
+        "a message is seen only by taking it from the queue)"
+    )
 
 
 def _as_json(item: Any) -> dict[str, Any]:

@@ -37,6 +37,7 @@ import aio_pika.abc
 import aiormq
 import amqp
 import amqp.exceptions
+import kombu.exceptions
 import redis
 from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
@@ -56,9 +57,14 @@ from dataservice.limits.admission import (
 from dataservice.refusals import Reason
 from dataservice.settings import Settings
 
-# What a publish on AMQP may raise besides a refusal: the broker gone, the
-# channel closed, a socket timeout (an OSError).
-AMQP_ERRORS: tuple[type[BaseException], ...] = (amqp.exceptions.AMQPError, OSError)
+# What a call on AMQP may raise besides a refusal: the broker gone, the
+# channel closed, a socket timeout (an OSError), a connection kombu could
+# not make (its OperationalError).
+AMQP_ERRORS: tuple[type[BaseException], ...] = (
+    amqp.exceptions.AMQPError,
+    OSError,
+    kombu.exceptions.OperationalError,
+)
 # The same, for the asyncio publisher.
 ASYNC_AMQP_ERRORS: tuple[type[BaseException], ...] = (
     aiormq.exceptions.AMQPError,
@@ -120,7 +126,11 @@ class AmqpDepths:
     lag by seconds. Thread-safe; connects on first use."""
 
     def __init__(self, url: str, timeout_s: float = 2.0) -> None:
-        self._connection = Connection(url, connect_timeout=timeout_s)
+        # One attempt to connect: a caller that waits on a broker that does
+        # not answer (a scrape, a command) hears so within the timeout.
+        self._connection = Connection(
+            url, connect_timeout=timeout_s, transport_options={"max_retries": 0}
+        )
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
 

@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from dataservice import Client, ReadOp, ResourceExhausted, WriteOp
+from dataservice.broker import queue_depths
 from dataservice.client.publisher import refusal_error
 from dataservice.client.transport import Transport
 from dataservice.config import Config
@@ -296,13 +297,15 @@ def test_a_caller_over_its_rate_is_refused_before_the_queue(
 
 
 def test_refusals_at_publish_are_counted_by_reason_and_scraped_from_the_broker(
-    bounded: tuple[Settings, Config, redis.Redis],
+    on_either: tuple[Settings, Config, redis.Redis],
 ) -> None:
-    settings, config, broker = bounded
+    settings, config, books = on_either
     outcomes = publish_concurrently(settings, config, 4, 40)
     refused = outcomes.count("queue_full")
     assert refused == 4 * 40 - MAX_MESSAGES
-    watch = QueueWatch(broker, {lane.value: config.lanes[lane].queue for lane in LaneName})
+    depths = queue_depths(settings) if settings.broker_is_amqp else None
+    queues = {lane.value: config.lanes[lane].queue for lane in LaneName}
+    watch = QueueWatch(books, queues, depths)
     QUEUES.watch(watch)
     try:
         sample = REGISTRY.get_sample_value
@@ -320,6 +323,8 @@ def test_refusals_at_publish_are_counted_by_reason_and_scraped_from_the_broker(
         )
     finally:
         QUEUES.unwatch(watch)
+        if depths is not None:
+            depths.close()
     # Unwatched, the queues are left out rather than reported as empty.
     assert REGISTRY.get_sample_value("dataservice_queue_messages", {"lane": "interactive"}) is None
 

@@ -27,6 +27,7 @@ from dataservice.proto import pb
 from dataservice.settings import Settings
 from dataservice.types import ReadOp, WriteOp
 from tests.conftest import require
+from tests.rabbit import depth, on_rabbitmq
 from tests.support import on_redis
 
 UNSERVED_REDIS_URL = "redis://127.0.0.1:6379/11"
@@ -107,6 +108,25 @@ def test_waiting_messages_are_decoded_without_a_payload_byte(
     assert "PAYLOAD-MARKER" not in refused.stdout + refused.stderr
 
 
+def test_on_rabbitmq_the_waiting_messages_are_counted_and_none_taken(
+    unserved: Settings, config: Config
+) -> None:
+    amqp = on_rabbitmq(unserved, config, "dataservice-inspect")
+    client = Client("demo", amqp, config)
+    try:
+        client.submit(WriteOp("demo", SECRET_ID, MARKER), timeout=600)
+        client.submit(ReadOp("demo", "plain"), timeout=600)
+    finally:
+        client.close()
+    shown = _inspect(amqp, "queue", "batch", "--show-payload")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("batch: 2 waiting (RabbitMQ: counted, not shown;")
+    assert "PAYLOAD-MARKER" not in shown.stdout + shown.stderr
+    document = json.loads(_inspect(amqp, "queue", "batch", "--json").stdout)
+    assert document == {"queue": "batch", "waiting": 2, "shown": []}
+    assert depth(amqp, "batch") == 2
+
+
 def test_a_records_cache_entries_are_shown_without_their_bodies(unserved: Settings) -> None:
     client = redis.Redis.from_url(UNSERVED_REDIS_URL)
     record = pb.Record(object_id="r1", revision=7, payload=MARKER)
@@ -136,13 +156,15 @@ def test_a_records_cache_entries_are_shown_without_their_bodies(unserved: Settin
     client.close()
 
 
-def test_an_unreachable_redis_is_one_clear_line_and_exit_1(settings: Settings) -> None:
+def test_an_unreachable_redis_or_rabbitmq_is_one_clear_line_and_exit_1(settings: Settings) -> None:
     nowhere = "redis://127.0.0.1:1/0"
     gone = dataclasses.replace(
         settings, broker_url=nowhere, result_backend_url=nowhere, redis_url=nowhere
     )
-    for args in (("queue", "batch"), ("cache", "demo", "r1")):
-        shown = _inspect(gone, *args)
+    no_rabbit = dataclasses.replace(gone, broker_url="amqp://guest:guest@127.0.0.1:1//")
+    for where, args in ((gone, ("queue", "batch")), (gone, ("cache", "demo", "r1")),
+                        (no_rabbit, ("queue", "batch"))):  # fmt: skip
+        shown = _inspect(where, *args)
         assert shown.returncode == 1, shown
         assert shown.stderr.startswith("error: "), shown.stderr
         assert "Traceback" not in shown.stderr

@@ -26,6 +26,7 @@ from dataservice.limits.gate import Gate
 from dataservice.limits.permits import PERMITS_COMMAND, LanePermits
 from dataservice.metrics import DEPENDENCY_FAILURES, Dependency
 from dataservice.packing import packed_connection_class
+from dataservice.rabbitmq import AmqpDepths
 from dataservice.results import ResultStore
 from dataservice.settings import Settings
 from dataservice.store import RecordStore, create_store_engine
@@ -134,8 +135,14 @@ class LaneRuntime:
         self._service_times = ServiceTimesPublisher(
             self._broker, admission_key(lane_config.queue), self.handler.service_times
         )
+        # On RabbitMQ the queues are counted by RabbitMQ itself, as briefly.
+        self._depths = (
+            AmqpDepths(settings.broker_url, timeout_s=_BROKER_CHATTER_TIMEOUT_S)
+            if settings.broker_is_amqp
+            else None
+        )
         self._gauges = LaneGauges(
-            lane, config, self.permits, self.engine, self.cache.controls, self._broker
+            lane, config, self.permits, self.engine, self.cache.controls, self._broker, self._depths
         )
         self.inline = InlineRequests(
             self.handler,
@@ -200,6 +207,8 @@ class LaneRuntime:
         self._service_times.stop()
         self._gauges.close()
         self._broker.close()
+        if self._depths is not None:
+            self._depths.close()
         if self._purger is not None:
             self._purger.stop()
         self.engine.dispose()

@@ -10,6 +10,7 @@ import redis
 from sqlalchemy import Engine, event
 from sqlalchemy.pool import QueuePool
 
+from dataservice.broker import QueueDepths
 from dataservice.cache.controls import RolloutControls
 from dataservice.config import Config
 from dataservice.enums import LaneName
@@ -38,10 +39,13 @@ class LaneGauges:
         permits: LanePermits,
         engine: Engine,
         controls: RolloutControls,
-        broker: redis.Redis,
+        books: redis.Redis,
+        depths: QueueDepths | None = None,
     ) -> None:
-        """``broker``: a client with short timeouts (a scrape must not wait on a
-        broker that stalls: the queues are left out instead), its owner's."""
+        """``books``: admission's Redis (the broker's, or on RabbitMQ the result
+        backend's), a client with short timeouts (a scrape must not wait on a
+        Redis that stalls: the queues are left out instead), its owner's;
+        ``depths`` counts the queues when they are not its lists."""
         name = lane.value
         PERMITS_IN_USE.labels(name).set_function(lambda: permits.snapshot().in_use)
         permits.on_released = PERMITS_HELD.labels(name).inc
@@ -60,7 +64,7 @@ class LaneGauges:
         CACHE_GENERATION.labels(name).set_function(lambda: controls.current().generation)
         CACHE_BYPASS.labels(name).set_function(lambda: int(controls.current().bypass))
         self._watch = QueueWatch(
-            broker, {lane.value: config.lanes[lane].queue for lane in LaneName}
+            books, {lane.value: config.lanes[lane].queue for lane in LaneName}, depths
         )
         QUEUES.watch(self._watch)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import redis
 from prometheus_client import Counter, Gauge
@@ -20,7 +21,14 @@ from prometheus_client.registry import Collector
 
 from dataservice.keys import admission_key
 from dataservice.metrics.registry import REGISTRY
+from dataservice.rabbitmq import AMQP_ERRORS
 from dataservice.refusals import ADMISSION_REASONS
+
+if TYPE_CHECKING:
+    from dataservice.broker import QueueDepths
+
+# A broker that does not answer leaves the queues out of the scrape.
+_BROKER_ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, *AMQP_ERRORS)
 
 PERMITS_IN_USE = Gauge(
     "dataservice_permits_in_use",
@@ -76,10 +84,14 @@ CACHE_BYPASS = Gauge(
 
 @dataclass(frozen=True, slots=True)
 class QueueWatch:
-    """Where the lanes' queues and admission hashes are: lane -> queue name."""
+    """Where the lanes' queues and admission hashes are: lane -> queue name.
 
-    broker: redis.Redis
+    ``books`` is the Redis of admission's hashes; the queues are its lists,
+    unless ``depths`` counts them elsewhere (RabbitMQ)."""
+
+    books: redis.Redis
     queues: Mapping[str, str]
+    depths: QueueDepths | None = None
 
 
 class QueueCollector(Collector):
@@ -137,16 +149,23 @@ class QueueCollector(Collector):
             return []
         fields = ["bytes", "rate", *(refused_field(r.value) for r in ADMISSION_REASONS)]
         try:
-            with watch.broker.pipeline(transaction=False) as pipe:
+            with watch.books.pipeline(transaction=False) as pipe:
                 for queue in watch.queues.values():
-                    pipe.llen(queue)
+                    if watch.depths is None:
+                        pipe.llen(queue)
                     pipe.hmget(admission_key(queue), fields)
                 replies = pipe.execute()
-        except redis.RedisError:
+            if watch.depths is None:
+                depths = [int(n) for n in replies[0::2]]
+                books = replies[1::2]
+            else:
+                depths = [watch.depths.depth(queue) for queue in watch.queues.values()]
+                books = replies
+        except _BROKER_ERRORS:
             return []
         return [
-            (lane, int(replies[2 * n]), list(replies[2 * n + 1]))
-            for n, lane in enumerate(watch.queues)
+            (lane, depth, list(hash_fields))
+            for lane, depth, hash_fields in zip(watch.queues, depths, books, strict=True)
         ]
 
 
