@@ -2,9 +2,10 @@
 database work and leaves no answer behind; a client retries a retryable
 answer a bounded number of times, with jitter, and never past its deadline.
 
-Both use real worker processes started here, on a Redis database of their own, after
-the requests were queued (the first) or pointing at a database that refuses
-connections (the second).
+Both use real worker processes started here, on a Redis database of their own
+(and, on RabbitMQ, a virtual host of their own), after the requests were
+queued (the first) or pointing at a database that refuses connections (the
+second). Each runs on both brokers.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from dataservice import Client, DeadlineExceeded, ReadMode, RetryableError, Unav
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.keys import REPLAY_PREFIX, result_key
+from dataservice.limits.admission import ADMIT
 from dataservice.localservices import redis_reachable
 from dataservice.settings import Settings
 from dataservice.types import ReadOp
 from tests.clients import ClientKind, make_client
 from tests.conftest import SERVICE_USER, require
+from tests.rabbit import BROKERS, depth, on_rabbitmq
 from tests.support import (
     RedisWatch,
     on_redis,
@@ -42,12 +45,19 @@ OWN_REDIS_URL = "redis://127.0.0.1:6379/10"
 REFUSING_DATABASE_URL = "mysql+mysqldb://ds_test:ds-test-pw@127.0.0.1:1/dataservice_test"
 
 
-@pytest.fixture
-def own_redis(settings: Settings) -> Iterator[tuple[Settings, redis.Redis]]:
+@pytest.fixture(params=BROKERS)
+def own_redis(
+    request: pytest.FixtureRequest, settings: Settings, config: Config
+) -> Iterator[tuple[Settings, redis.Redis]]:
+    """Settings on a Redis database of their own, the broker each in turn;
+    and that Redis (the answers, the limits and admission's books)."""
     require(redis_reachable(OWN_REDIS_URL), "Redis at 127.0.0.1:6379")
     client = redis.Redis.from_url(OWN_REDIS_URL)
     client.flushdb()
-    yield on_redis(settings, OWN_REDIS_URL), client
+    own = on_redis(settings, OWN_REDIS_URL)
+    if request.param == "amqp":
+        own = on_rabbitmq(own, config, "dataservice-deadlines")
+    yield own, client
     client.flushdb()
     client.close()
 
@@ -65,17 +75,24 @@ def test_a_request_late_by_the_time_it_is_dequeued_does_no_database_work(
     with Client("tests", settings, config) as client:
         handle = client.submit(ReadOp(scope, "a", ReadMode.PRIMARY), timeout=0.5)
     queue = config.lanes.batch.queue
-    assert broker.llen(queue) == 1
+    assert depth(settings, queue) == 1
     # No worker yet: the request waits out its deadline, and the grace, in the queue.
     time.sleep((handle.deadline_ms / 1000 - time.time()) + grace_s + 0.2)
 
     statements = statements_by(database, SERVICE_USER)
     with worker_process(settings, config, LaneName.BATCH, tmp_path / "batch.log") as (_, port):
         until = time.monotonic() + 10
-        while scraped(port, "dataservice_timeouts", lane="batch", stage="queue") == 0:
+        if settings.broker_is_amqp:
+            # The message expired at its deadline: RabbitMQ drops it unseen.
+            while depth(settings, queue):
+                assert time.monotonic() < until, "RabbitMQ never dropped the message"
+                time.sleep(0.05)
+        while not settings.broker_is_amqp and (
+            scraped(port, "dataservice_timeouts", lane="batch", stage="queue") == 0
+        ):
             assert time.monotonic() < until, "the worker never took the message"
             time.sleep(0.05)
-    assert broker.llen(queue) == 0
+    assert depth(settings, queue) == 0
     assert statements_by(database, SERVICE_USER) == statements
     assert not broker.exists(result_key("tests", handle.request_id))
     # Nor was its id even remembered: it was dropped before the limits.
@@ -111,11 +128,13 @@ def test_retries_are_bounded_jittered_and_stop_at_the_deadline(
         assert len(markers) == 4, "one message per attempt, and no more than configured"
         # When each attempt was published (the admission script pushing it).
         queue = config.lanes.interactive.queue.encode()
+        # The admission script's runs (by digest, or by text where the
+        # server did not hold it yet) that name the lane's queue.
+        admit = (f"EVALSHA {ADMIT.sha} ".encode(), f"EVAL {ADMIT.text[:40]}".encode())
         published = [
             at
             for at, command in zip(watch.times, watch.commands, strict=True)
-            if command.startswith((b"EVAL", b"EVALSHA"))
-            and f" {queue.decode()} ".encode() in command
+            if command.startswith(admit) and f" {queue.decode()} ".encode() in command
         ]
         assert len(published) == 4, published
         gaps = [b - a for a, b in itertools.pairwise(published)]
