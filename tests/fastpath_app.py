@@ -1,13 +1,16 @@
 """A Celery app whose task opts in to the inline fast path, for
 ``tests/test_fastpath.py``. Its worker runs as a process of its own:
 
-    python -m tests.fastpath_app --url redis://... [--visibility-timeout S]
+    python -m tests.fastpath_app --url redis://...|amqp://... [--answers-url redis://...]
+        [--visibility-timeout S]
 
 It is the service's worker set-up (the service's transport and protobuf
-serializer, threads pool, prefetch 1, late acknowledgement, fair scheduling)
-with a task of its own. A body is ``MODE:TOKEN``; every answer is RPUSHed to
-:func:`reply_key` as ``PATH:REDELIVERED`` (PATH: who answered, ``inline`` or
-``pool``; REDELIVERED: ``1`` or ``0``). Modes:
+serializer, threads pool, prefetch 1, late acknowledgement, fair scheduling,
+its consumer; on RabbitMQ quorum queues and confirmed publishes) with a task
+of its own. A body is ``MODE:TOKEN``; every answer is RPUSHed to
+:func:`reply_key`, on the answers' Redis (the broker's, or ``--answers-url``),
+as ``PATH:REDELIVERED`` (PATH: who answered, ``inline`` or ``pool``;
+REDELIVERED: ``1`` or ``0``). Modes:
 
 - ``inline``: the inline handler answers it;
 - ``pool``: the handler declines, the task body answers;
@@ -32,6 +35,8 @@ import redis
 from celery import Celery, Task
 
 from dataservice.broker import CONTENT_TYPE, SERIALIZER
+from dataservice.compat.celery import PacedConsumer
+from dataservice.settings import AMQP_SCHEMES
 from workers.fastpath import InlineMessage, redelivered, serve_inline
 
 TASK = "tests.fastpath.echo"
@@ -65,18 +70,12 @@ def send(app: Celery, body: bytes, task_id: str, queue: str = QUEUE, **options: 
 
 
 def make_app(url: str, visibility_timeout_s: float = 3600) -> Celery:
+    """The app on broker ``url`` (Redis, or RabbitMQ: every queue it names
+    is made a quorum queue, as the service's lanes are)."""
     app = Celery("fastpath-tests", set_as_current=False)
     app.conf.update(
         broker_url=url,
-        broker_transport="dataservice.broker:RedisTransport",
         broker_connection_retry_on_startup=True,
-        broker_transport_options={
-            "visibility_timeout": visibility_timeout_s,
-            # Sweep for expired unacknowledged messages every second, not
-            # every 100 s: the kill test waits for a redelivery.
-            "unacked_restore_interval": 1,
-            "unacked_restore_throttle": 1,
-        },
         result_backend=None,
         task_ignore_result=True,
         # Per message, as the service's client does: control messages stay JSON.
@@ -87,6 +86,24 @@ def make_app(url: str, visibility_timeout_s: float = 3600) -> Celery:
         worker_prefetch_multiplier=1,
         worker_hijack_root_logger=False,
         worker_redirect_stdouts=False,
+        worker_consumer=f"{PacedConsumer.__module__}:{PacedConsumer.__name__}",
+    )
+    if url.startswith(AMQP_SCHEMES):
+        app.conf.update(
+            broker_transport_options={"confirm_publish": True},
+            task_default_queue_type="quorum",
+            task_create_missing_queue_type="quorum",
+        )
+        return app
+    app.conf.update(
+        broker_transport="dataservice.broker:RedisTransport",
+        broker_transport_options={
+            "visibility_timeout": visibility_timeout_s,
+            # Sweep for expired unacknowledged messages every second, not
+            # every 100 s: the kill test waits for a redelivery.
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+        },
     )
     return app
 
@@ -135,7 +152,8 @@ def register(app: Celery, client: redis.Redis) -> Task:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--url", required=True)
+    parser.add_argument("--url", required=True, help="The broker.")
+    parser.add_argument("--answers-url", help="The answers' Redis (default: the broker).")
     parser.add_argument("--queue", default=QUEUE)
     parser.add_argument("--concurrency", type=int, default=3)
     parser.add_argument("--visibility-timeout", type=float, default=3600)
@@ -143,7 +161,9 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     app = make_app(args.url, args.visibility_timeout)
     client = redis.Redis.from_url(
-        args.url, socket_timeout=_SOCKET_TIMEOUT_S, socket_connect_timeout=_SOCKET_TIMEOUT_S
+        args.answers_url or args.url,
+        socket_timeout=_SOCKET_TIMEOUT_S,
+        socket_connect_timeout=_SOCKET_TIMEOUT_S,
     )
     register(app, client)
     worker = app.Worker(

@@ -1,9 +1,17 @@
 """The inline fast path (:mod:`workers.fastpath`) against real worker processes.
 
-Each worker runs :mod:`tests.fastpath_app` on Redis db 12: a task whose inline
-handler answers ``inline`` bodies on the consumer thread and declines others,
-which the task body answers from the pool. Every answer says who gave it and
-whether the message was a redelivery.
+Each worker runs :mod:`tests.fastpath_app`, on each broker in turn (Redis db
+12, then a RabbitMQ virtual host of its own, with the answers on Redis db 12):
+a task whose inline handler answers ``inline`` bodies on the consumer thread
+and declines others, which the task body answers from the pool. Every answer
+says who gave it and whether the message was a redelivery.
+
+Unacknowledged messages are counted on Redis (kombu's ``unacked`` hash). On
+RabbitMQ nothing counts them exactly (its statistics lag by seconds), so
+acknowledgement shows otherwise: a message left unacknowledged would hold one
+of the worker's three prefetch slots for good, and whatever is
+unacknowledged when a worker stops comes back to the queue, which the module
+checks is empty once its worker has stopped.
 """
 
 from __future__ import annotations
@@ -21,9 +29,12 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from kombu import Connection
 
 from dataservice.localservices import redis_reachable
 from dataservice.processes import WorkerProcess, stop_all, wait_answering, worker_environ
+from dataservice.rabbitmq import AmqpDepths
+from dataservice.settings import AMQP_SCHEMES
 from tests.conftest import require
 from tests.fastpath_app import (
     HELD,
@@ -35,6 +46,7 @@ from tests.fastpath_app import (
     reply_key,
     send,
 )
+from tests.rabbit import BROKERS, fresh_vhost
 from tests.support import TaskEvents
 
 OWN_REDIS_URL = "redis://127.0.0.1:6379/12"
@@ -46,10 +58,15 @@ SETTLE_S = 5.0
 
 
 def _start(
-    log_dir: Path, name: str, queue: str, concurrency: int = 3, visibility_timeout_s: float = 3600
+    log_dir: Path,
+    name: str,
+    url: str,
+    queue: str,
+    concurrency: int = 3,
+    visibility_timeout_s: float = 3600,
 ) -> WorkerProcess:
-    argv = [sys.executable, "-m", "tests.fastpath_app", "--url", OWN_REDIS_URL]
-    argv += ["--queue", queue, "--concurrency", str(concurrency)]
+    argv = [sys.executable, "-m", "tests.fastpath_app", "--url", url]
+    argv += ["--answers-url", OWN_REDIS_URL, "--queue", queue, "--concurrency", str(concurrency)]
     argv += ["--visibility-timeout", str(visibility_timeout_s)]
     environ = worker_environ()
     environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environ.get("PYTHONPATH")]))
@@ -81,12 +98,43 @@ def answer(
     return path, again == "1"
 
 
-def unacked(broker: redis.Redis) -> int:
-    return int(broker.hlen("unacked"))
+class Queues:
+    """The messages a test's broker holds: waiting in a queue, and (on Redis)
+    delivered and not yet acknowledged."""
+
+    def __init__(self, url: str, answers: redis.Redis) -> None:
+        self.url = url
+        self.on_rabbitmq = url.startswith(AMQP_SCHEMES)
+        self._answers = answers
+
+    def waiting(self, queue: str) -> int:
+        if not self.on_rabbitmq:
+            return int(self._answers.llen(queue))
+        depths = AmqpDepths(self.url)
+        try:
+            return depths.depth(queue)
+        finally:
+            depths.close()
+
+    def unacked(self) -> int | None:
+        """None on RabbitMQ, which does not count them exactly."""
+        return None if self.on_rabbitmq else int(self._answers.hlen("unacked"))
+
+    def settled(self) -> bool:
+        """Nothing unacknowledged, within a moment (where it is counted)."""
+        return _wait_until(lambda: self.unacked() in (0, None))
+
+    def delete(self, queue: str) -> None:
+        if not self.on_rabbitmq:
+            self._answers.delete(queue)
+            return
+        with Connection(self.url) as connection:
+            connection.default_channel.queue_delete(queue)
 
 
 @pytest.fixture(scope="module")
 def broker() -> Iterator[redis.Redis]:
+    """The answers' Redis (on Redis, also the broker)."""
     require(redis_reachable(OWN_REDIS_URL), "Redis at 127.0.0.1:6379")
     client = redis.Redis.from_url(OWN_REDIS_URL)
     client.flushdb()
@@ -95,47 +143,55 @@ def broker() -> Iterator[redis.Redis]:
     client.close()
 
 
+@pytest.fixture(scope="module", params=BROKERS)
+def queues(request: pytest.FixtureRequest, broker: redis.Redis) -> Queues:
+    url = OWN_REDIS_URL if request.param == "redis" else fresh_vhost("dataservice-fastpath")
+    return Queues(url, broker)
+
+
 @pytest.fixture(scope="module")
-def app(broker: redis.Redis) -> Iterator[Celery]:
-    app = make_app(OWN_REDIS_URL)
+def app(queues: Queues) -> Iterator[Celery]:
+    app = make_app(queues.url)
     yield app
     app.close()
 
 
 @pytest.fixture(scope="module")
-def node(app: Celery, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def node(app: Celery, queues: Queues, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One worker for the module; the node name its control replies come from."""
-    worker = _start(tmp_path_factory.mktemp("fastpath"), "fastpath", QUEUE)
+    worker = _start(tmp_path_factory.mktemp("fastpath"), "fastpath", queues.url, QUEUE)
     try:
         wait_answering(app, [worker])
         yield node_name(worker.pid)
     finally:
         stop_all([worker])
+    # Whatever it left unacknowledged came back when it stopped.
+    assert queues.waiting(QUEUE) == 0
 
 
 def test_inline_messages_are_answered_on_the_consumer_thread_and_acknowledged(
-    app: Celery, broker: redis.Redis, node: str
+    app: Celery, broker: redis.Redis, queues: Queues, node: str
 ) -> None:
     tokens = [publish(app, "inline") for _ in range(20)]
     assert [answer(broker, t) for t in tokens] == [("inline", False)] * 20
-    assert _wait_until(lambda: unacked(broker) == 0)
-    assert broker.llen(QUEUE) == 0
+    assert queues.settled()
+    assert queues.waiting(QUEUE) == 0
 
 
 def test_declined_messages_are_answered_by_the_pool(
-    app: Celery, broker: redis.Redis, node: str
+    app: Celery, broker: redis.Redis, queues: Queues, node: str
 ) -> None:
     tokens = [publish(app, "pool") for _ in range(10)]
     assert [answer(broker, t) for t in tokens] == [("pool", False)] * 10
-    assert _wait_until(lambda: unacked(broker) == 0)
+    assert queues.settled()
 
 
 def test_a_handler_that_raises_hands_the_message_to_the_pool(
-    app: Celery, broker: redis.Redis, node: str
+    app: Celery, broker: redis.Redis, queues: Queues, node: str
 ) -> None:
     token = publish(app, "raise")
     assert answer(broker, token) == ("pool", False)
-    assert _wait_until(lambda: unacked(broker) == 0)
+    assert queues.settled()
 
 
 def test_messages_with_eta_or_expiry_go_through_celerys_own_strategy(
@@ -159,7 +215,7 @@ def test_a_rate_limit_set_at_run_time_takes_the_task_off_the_fast_path(
 
 
 def test_a_revoked_message_is_acknowledged_and_never_answered(
-    app: Celery, broker: redis.Redis, node: str
+    app: Celery, broker: redis.Redis, queues: Queues, node: str
 ) -> None:
     revoked = uuid.uuid4().hex
     assert app.control.revoke(revoked, destination=[node], reply=True)
@@ -168,7 +224,7 @@ def test_a_revoked_message_is_acknowledged_and_never_answered(
     # answered, the revoked one has been dealt with.
     assert answer(broker, publish(app, "inline")) == ("inline", False)
     assert broker.llen(reply_key(revoked)) == 0
-    assert _wait_until(lambda: unacked(broker) == 0)
+    assert queues.settled()
 
 
 def _total(app: Celery, node: str) -> int:
@@ -248,11 +304,12 @@ def test_task_events_are_sent_for_inline_tasks_only_while_events_are_enabled(
 
 
 @pytest.fixture
-def own_queue(broker: redis.Redis) -> Iterator[str]:
+def own_queue(broker: redis.Redis, queues: Queues) -> Iterator[str]:
     """A queue no other worker consumes, and the module's worker keys cleaned after."""
     queue = f"fastpath-{uuid.uuid4().hex[:8]}"
     yield queue
-    broker.delete(queue, HELD)
+    queues.delete(queue)
+    broker.delete(HELD)
 
 
 def _held(broker: redis.Redis, *tokens: str) -> Callable[[], bool]:
@@ -261,9 +318,9 @@ def _held(broker: redis.Redis, *tokens: str) -> Callable[[], bool]:
 
 @pytest.mark.timeout(60)
 def test_reservations_stay_within_the_pools_threads(
-    app: Celery, broker: redis.Redis, own_queue: str, tmp_path: Path
+    app: Celery, broker: redis.Redis, queues: Queues, own_queue: str, tmp_path: Path
 ) -> None:
-    worker = _start(tmp_path, "bounded", own_queue, concurrency=2)
+    worker = _start(tmp_path, "bounded", queues.url, own_queue, concurrency=2)
     try:
         wait_answering(app, [worker])
         holds = [publish(app, "hold-pool", own_queue) for _ in range(2)]
@@ -272,22 +329,24 @@ def test_reservations_stay_within_the_pools_threads(
         # Both threads busy fill the prefetch window: the consumer takes no
         # more, so even a message the handler could answer waits in the queue.
         time.sleep(1)
-        assert (broker.llen(own_queue), unacked(broker)) == (3, 2)
+        assert queues.waiting(own_queue) == 3
+        assert queues.unacked() in (2, None)
         for token in holds:
             broker.set(release_key(token), 1)
         assert [answer(broker, t) for t in holds] == [("pool", False)] * 2
         assert [answer(broker, t) for t in waiting] == [("inline", False)] * 3
-        assert _wait_until(lambda: unacked(broker) == 0)
+        assert queues.settled()
     finally:
         stop_all([worker], 5)
+    assert queues.waiting(own_queue) == 0
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_a_worker_killed_holding_unacknowledged_messages_loses_none(
-    app: Celery, broker: redis.Redis, own_queue: str, tmp_path: Path
+    app: Celery, broker: redis.Redis, queues: Queues, own_queue: str, tmp_path: Path
 ) -> None:
-    first = _start(tmp_path, "first", own_queue, concurrency=2)
+    first = _start(tmp_path, "first", queues.url, own_queue, concurrency=2)
     second: WorkerProcess | None = None
     try:
         wait_answering(app, [first])
@@ -299,19 +358,26 @@ def test_a_worker_killed_holding_unacknowledged_messages_loses_none(
         held_inline = publish(app, "hold-inline", own_queue)
         assert _wait_until(_held(broker, held_in_pool, held_inline))
         queued = [publish(app, "inline", own_queue) for _ in range(2)]
-        assert _wait_until(lambda: unacked(broker) == 2)
+        assert _wait_until(lambda: queues.unacked() in (2, None))
 
         first.send_signal(signal.SIGKILL)
         assert first.wait(5) == -signal.SIGKILL
-        assert (unacked(broker), broker.llen(own_queue)) == (2, 2)
+        if queues.on_rabbitmq:
+            # The connection gone, RabbitMQ returns what it had delivered at once.
+            assert _wait_until(lambda: queues.waiting(own_queue) == 4)
+        else:
+            assert (queues.unacked(), queues.waiting(own_queue)) == (2, 2)
 
-        # Only a worker with a short visibility timeout restores them.
-        second = _start(tmp_path, "second", own_queue, concurrency=2, visibility_timeout_s=2)
-        assert [answer(broker, t, 30) for t in queued] == [("inline", False)] * 2
-        assert answer(broker, held_in_pool, 30) == ("pool", True)
-        assert answer(broker, held_inline, 30) == ("inline", True)
-        assert _wait_until(lambda: unacked(broker) == 0)
-        assert broker.llen(own_queue) == 0
+        # On Redis, only a worker with a short visibility timeout restores them.
+        second = _start(
+            tmp_path, "second", queues.url, own_queue, concurrency=2, visibility_timeout_s=2
+        )
+        answered = {t: answer(broker, t, 30) for t in (*queued, held_in_pool, held_inline)}
+        assert [answered[t] for t in queued] == [("inline", False)] * 2
+        assert answered[held_in_pool] == ("pool", True)
+        assert answered[held_inline] == ("inline", True)
+        assert queues.settled()
+        assert queues.waiting(own_queue) == 0
         # At least once, and here exactly once: nothing answered twice.
         for token in (*served, *queued, held_in_pool, held_inline):
             assert broker.llen(reply_key(token)) == 0
