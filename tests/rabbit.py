@@ -6,6 +6,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import redis
+from kombu import Connection
+
 from dataservice.broker import queue_depths
 from dataservice.config import Config
 from dataservice.localservices.rabbitmq import virtual_host
@@ -47,6 +50,15 @@ def depth(settings: Settings, queue: str) -> int:
         return depths.depth(queue)
     finally:
         depths.close()
+
+
+def purge(settings: Settings, queue: str) -> None:
+    """Drop whatever waits in ``queue`` on the settings' broker."""
+    if not settings.broker_is_amqp:
+        redis.Redis.from_url(settings.broker_url).delete(queue)
+        return
+    with Connection(settings.broker_url) as connection:
+        connection.default_channel.queue_purge(queue)
 
 
 def processes_on(broker: str, settings: Settings, config: Config) -> Settings:
