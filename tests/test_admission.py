@@ -21,6 +21,7 @@ from dataservice.enums import LaneName
 from dataservice.keys import admission_key, held_key
 from dataservice.limits import admission
 from dataservice.limits.admission import (
+    HELD_GRACE_ELSEWHERE_MS,
     HELD_GRACE_MS,
     SERVICE_STALE_MS,
     AdmissionRefused,
@@ -591,6 +592,24 @@ def test_a_request_lost_on_the_way_stops_counting_after_its_deadline(
     assert int(broker.hget(key, "bytes") or 0) == int(size)
 
 
+def test_a_request_expired_on_rabbitmq_stops_counting_at_once(
+    on_either: tuple[Settings, Config, redis.Redis],
+) -> None:
+    """On RabbitMQ a message expires at its deadline, unseen by any worker:
+    its place in admission's books goes with it, not 5 s later."""
+    settings, config, books = on_either
+    queue = config.lanes.batch.queue
+    with Client("tests", settings, config) as client:
+        client.submit(WriteOp("s", "expires", b"x" * 1000), timeout=0.5)
+        assert books.zcard(held_key(queue)) == 1
+        time.sleep(0.5 + HELD_GRACE_ELSEWHERE_MS / 1000 + 0.2)
+        client.submit(WriteOp("s", "next", b"x" * 1000), timeout=60)
+    expected = 1 if settings.broker_is_amqp else 2
+    assert books.zcard(held_key(queue)) == expected
+    assert depth(settings, queue) == expected
+
+
 def test_the_held_grace_is_the_admission_scripts() -> None:
     script = (Path(admission.__file__).parent / "admit.lua").read_text()
     assert f"local HELD_GRACE_MS = {HELD_GRACE_MS}\n" in script
+    assert f"local HELD_GRACE_ELSEWHERE_MS = {HELD_GRACE_ELSEWHERE_MS}\n" in script

@@ -12,13 +12,18 @@ and no in-flight slot left held nor rollout control unreadable
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from dataservice.loadtest.cli import run_loadtest
 from dataservice.loadtest.faults import Fault
 from dataservice.loadtest.invariants import CALLER_MARGIN_S
+from tests.conftest import SHIPPED_CONFIG
 from tests.loadtest_support import run_scenario
+from tests.rabbit import fresh_vhost
 from tests.test_loadtest import DELAY_MS, TEST_TARGET, assert_within_share
 
 RATE = 7 * 1000 / DELAY_MS
@@ -26,16 +31,29 @@ RATE = 7 * 1000 / DELAY_MS
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 
-@pytest.mark.parametrize("fault", list(Fault), ids=[f.value for f in Fault])
+# Every fault on Redis as the broker. On RabbitMQ, whose queues live outside
+# the faulted Redis: its restart (answers and admission's books lost, the
+# queued requests kept) and a database stall (requests expire in the queue
+# while it lasts). A partition cannot run there: its replicas run in a network
+# namespace that reaches the run's own Redis and MariaDB only.
+ON_RABBITMQ = (Fault.REDIS_RESTART, Fault.DB_STALL)
+CASES = [
+    *[pytest.param(f, "redis", id=f.value) for f in Fault],
+    *[pytest.param(f, "amqp", id=f"{f.value}-amqp") for f in ON_RABBITMQ],
+]
+
+
+@pytest.mark.parametrize(("fault", "broker"), CASES)
 def test_a_fault_stretches_no_deadline_and_the_service_serves_again(
-    fault: Fault, tmp_path: Path
+    fault: Fault, broker: str, tmp_path: Path
 ) -> None:
     # Recovery from a database partition is measured from the driver's read
     # timeout after it began (Fault.settles_after_s): the run is longer.
     duration = 20.0 if fault is Fault.PARTITION_DB else 14.0
+    broker_url = fresh_vhost("dataservice-faults") if broker == "amqp" else None
     report, samples = run_scenario(
         "steady", tmp_path, TEST_TARGET, replicas=1, duration_s=duration, rate=RATE,
-        db_delay_ms=DELAY_MS, records=200, fault=fault,
+        db_delay_ms=DELAY_MS, records=200, fault=fault, broker_url=broker_url,
     )  # fmt: skip
     found = report["fault"]
     # The harness's own margin, and the worst wake-up of a thread of the
@@ -54,3 +72,16 @@ def test_a_fault_stretches_no_deadline_and_the_service_serves_again(
     assert found["verdicts"]["admission_counts_at_rest"], found["admission"]
     assert found["verdicts"]["limits_and_controls_sane"], found["limits"]
     assert_within_share(report, samples)
+
+
+def test_a_partition_is_refused_on_rabbitmq_before_anything_starts(tmp_path: Path) -> None:
+    console = Console(file=io.StringIO(), width=200)
+    code = run_loadtest(
+        console, scenario="steady", system="service", duration=1.0, rate=None, replicas=1,
+        db_delay_ms=0, out=tmp_path, live=False, base_config=SHIPPED_CONFIG,
+        root_url="mysql+mysqldb://root@127.0.0.1:3306/", fault="partition-redis",
+        broker_url="amqp://guest:guest@127.0.0.1:5672/",
+    )  # fmt: skip
+    assert code == 2
+    assert "a partition fault runs on a Redis broker" in console.file.getvalue()
+    assert not any(tmp_path.iterdir())

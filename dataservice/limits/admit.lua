@@ -50,7 +50,7 @@
 -- KEYS[3]  the lane's held requests: '<request id>:<bytes>' for each request
 --          admitted and not yet done (queued, prefetched by a worker or
 --          running), scored by its deadline plus HELD_GRACE_MS (server time,
---          ms). A worker removes its request when done (and gives its bytes
+--          ms; on another broker HELD_GRACE_ELSEWHERE_MS). A worker removes its request when done (and gives its bytes
 --          back only then); this script drops those past their score, so a
 --          request lost on the way (taken off the list by a connection that
 --          never delivered it) stops counting by itself, and a completion a
@@ -104,8 +104,12 @@ local extra = math.max(tonumber(h[13]) or 0, 0)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- Past its deadline and the grace, a held request was lost on the way (a
--- worker past its deadline has long given it back): it stops counting.
+-- worker past its deadline has long given it back): it stops counting. On
+-- another broker (RabbitMQ) a message expires at its deadline, unseen by any
+-- worker, and nothing gives it back: a short grace, for a worker finishing one
+-- it took just before.
 local HELD_GRACE_MS = 5000
+local HELD_GRACE_ELSEWHERE_MS = 250
 local lapsed = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 100)
 if #lapsed > 0 then
   for _, member in ipairs(lapsed) do
@@ -274,7 +278,9 @@ if ops > 1 then
   member = ARGV[13] .. ':' .. ops .. ':' .. size
   redis.call('HSET', KEYS[2], 'extra_ops', extra + ops - 1)
 end
-redis.call('ZADD', KEYS[3], now + remaining + HELD_GRACE_MS, member)
+local grace = HELD_GRACE_MS
+if elsewhere then grace = HELD_GRACE_ELSEWHERE_MS end
+redis.call('ZADD', KEYS[3], now + remaining + grace, member)
 redis.call('HSET', KEYS[2], 'bytes', bytes + size)
 redis.call('HINCRBY', KEYS[2], 'admitted', ops)
 return {'', epoch}
