@@ -21,7 +21,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -111,9 +110,7 @@ def _redis(name: str, url: str, timeout_s: float) -> Check:
 
 
 def _amqp(name: str, url: str, timeout_s: float) -> Check:
-    parsed = urlsplit(url)
-    where = f"RabbitMQ at {parsed.hostname or 'localhost'}:{parsed.port or 5672}"
-    where += parsed.path or "/"
+    where = rabbitmq.where(url)
     failure = rabbitmq.unreachable(url, timeout_s)
     if failure:
         return Check(name, False, f"{where}: {failure}")

@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 import aio_pika
 import aio_pika.abc
@@ -229,15 +230,23 @@ async def _declare(
 
 def unreachable(url: str, timeout_s: float) -> str:
     """Why RabbitMQ at ``url`` does not accept a connection (its AMQP
-    handshake, not only TCP), as the error's name; '' when it does."""
+    handshake, not only TCP): the error's name, and RabbitMQ's own words
+    when it refused (``NOT_ALLOWED - vhost ... not found``); '' when it does."""
     connection = Connection(url, connect_timeout=timeout_s)
     try:
         connection.connect()
-    except (OSError, *connection.connection_errors) as exc:
-        return type(exc).__name__
+    except (*AMQP_ERRORS, *connection.connection_errors) as exc:
+        said = getattr(exc, "reply_text", "")
+        return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
     finally:
         connection.release()
     return ""
+
+
+def where(url: str) -> str:
+    """``RabbitMQ at host:port/vhost``: the URL without its credentials."""
+    parsed = urlsplit(url)
+    return f"RabbitMQ at {parsed.hostname or 'localhost'}:{parsed.port or 5672}{parsed.path or '/'}"
 
 
 def delete_lane_queues(url: str, config: Config) -> None:

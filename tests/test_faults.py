@@ -85,3 +85,25 @@ def test_a_partition_is_refused_on_rabbitmq_before_anything_starts(tmp_path: Pat
     assert code == 2
     assert "a partition fault runs on a Redis broker" in console.file.getvalue()
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("url", "refusal"),
+    [
+        ("amqp://guest:guest@127.0.0.1:5672/no-such-vhost", "NOT_ALLOWED"),
+        ("amqp://guest:secret-pw@127.0.0.1:5672/", "ACCESS_REFUSED"),
+    ],
+    ids=["vhost", "password"],
+)
+def test_a_broker_that_refuses_is_one_clear_line(url: str, refusal: str, tmp_path: Path) -> None:
+    console = Console(file=io.StringIO(), width=200)
+    code = run_loadtest(
+        console, scenario="steady", system="service", duration=1.0, rate=None, replicas=1,
+        db_delay_ms=0, out=tmp_path, live=False, base_config=SHIPPED_CONFIG,
+        root_url="mysql+mysqldb://root@127.0.0.1:3306/", broker_url=url,
+    )  # fmt: skip
+    said = console.file.getvalue()
+    assert code == 1
+    assert said.startswith("error: RabbitMQ at 127.0.0.1:5672/"), said
+    assert refusal in said
+    assert "secret-pw" not in said

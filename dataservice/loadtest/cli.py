@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from sqlalchemy.engine import make_url
 
+from dataservice import rabbitmq
 from dataservice.errors import DataServiceError
 from dataservice.loadtest import report as rep
 from dataservice.loadtest.chart import write_chart
@@ -19,6 +20,8 @@ from dataservice.loadtest.runner import Run, RunOptions
 from dataservice.loadtest.scenarios import SCENARIOS, Scenario
 
 SYSTEMS = ("service", "naive", "both")
+# How long the broker named by the URL has to accept a connection.
+CONNECT_TIMEOUT_S = 5.0
 
 
 def run_loadtest(
@@ -51,6 +54,11 @@ def run_loadtest(
         # Redis and MariaDB only.
         console.print("error: a partition fault runs on a Redis broker of the run's own")
         return 2
+    if broker_url is not None:
+        failure = rabbitmq.unreachable(broker_url, CONNECT_TIMEOUT_S)
+        if failure:
+            console.print(f"error: {rabbitmq.where(broker_url)}: {failure}")
+            return 1
     chosen = SCENARIOS[scenario]
     if chosen.rotate_at is not None and system != "service":
         console.print(f"error: {scenario} reads through the service's cache: --system service")
