@@ -50,8 +50,8 @@
 -- KEYS[3]  the lane's held requests: '<request id>:<bytes>' for each request
 --          admitted and not yet done (queued, prefetched by a worker or
 --          running), scored by its deadline plus HELD_GRACE_MS (server time,
---          ms; on another broker HELD_GRACE_ELSEWHERE_MS). A worker removes its request when done (and gives its bytes
---          back only then); this script drops those past their score, so a
+--          ms; on another broker HELD_GRACE_ELSEWHERE_MS). A worker removes
+--          its request when done (and gives its bytes back only then); this script drops those past their score, so a
 --          request lost on the way (taken off the list by a connection that
 --          never delivered it) stops counting by itself, and a completion a
 --          restarted Redis never admitted removes nothing and gives nothing back
@@ -69,8 +69,8 @@
 --          operations, so the lane's bounds mean the same however they are packed
 -- ARGV[17] '1' when the queue is not a list here but on another broker
 --          (RabbitMQ): KEYS[1] and KEYS[4] are not touched, nothing is pushed
---          (the caller publishes once admitted), and what waits is taken to
---          be every held request; '' otherwise
+--          (the caller publishes once admitted); the bounds count every held
+--          request, and what waits is those held less those running; '' otherwise
 --
 -- Returns {'', epoch} when the message was pushed (ARGV[17]: {'', ''}, admitted) (the epoch it was pushed
 -- in, which its caller keeps to tell a lost request from a slow one), or
@@ -128,8 +128,7 @@ end
 local held = redis.call('ZCARD', KEYS[3]) + extra
 depth = depth + extra
 -- On another broker, all that is known of the queue is what was admitted and
--- not yet answered: it is taken as waiting, the few running included (a
--- wait overestimated by at most one service time).
+-- not yet answered: the count and byte bounds take it all as queued.
 if elsewhere then depth = held end
 -- Relied on only while the workers keep saying it: no workers, no estimate.
 local service = 0
@@ -152,6 +151,14 @@ if rate > 0 and service > 0 then running = rate * service / 1000 end
 local ahead = math.max(depth, held)
 ahead = math.min(ahead, depth + 2 * running + 1)
 local waiting = math.max(depth, ahead - running)
+-- Whether something waits beyond what runs: the list is not empty; on
+-- another broker, more is held than runs. (A rate measured short reads
+-- as fewer running, so more waiting: the window then measures the drain.)
+local queued = depth > 0
+if elsewhere then
+  waiting = math.max(held - running, 0)
+  queued = waiting >= 1
+end
 -- The rate says what the lane can drain only once a window measured it busy
 -- (the target below wants that lately); a burst into a lane idle since may
 -- queue up to its deadline at the rate it was measured busy, if ever.
@@ -184,7 +191,7 @@ if rate_at ~= nil and now - rate_at >= 1000 then
   -- ceiling, so it only raises the estimate (after a stall had brought it
   -- down, nothing else would: the list stays empty while the workers keep up).
   local measured = (done - done_at) * 1000 / (now - rate_at)
-  if depth > 0 then
+  if queued then
     if rate > 0 then rate = (rate + measured) / 2 else rate = measured end
     if rate < 0.01 then rate = 0 end
     busy_at = now
