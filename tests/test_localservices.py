@@ -1,19 +1,25 @@
-"""The private, binlog-enabled MariaDB that change-stream tests and demos start."""
+"""The private, binlog-enabled MariaDB that change-stream tests and demos start,
+and the private instances that ``up`` starts and ``down`` stops."""
 
 from __future__ import annotations
 
 import shutil
+import socket
 from pathlib import Path
 
 import MySQLdb
 import pytest
+from kombu import Connection
 
+from dataservice.errors import ServiceSetupError
 from dataservice.localservices import (
     TemporaryBinlogMariaDB,
+    amqp_reachable,
     down,
     free_port,
     mariadb_dir,
     mysql_reachable,
+    rabbitmq_dir,
     redis_reachable,
     up,
 )
@@ -63,3 +69,46 @@ def test_up_starts_private_instances_only_where_nothing_answers(tmp_path: Path) 
         stopped = down(state)
         shutil.rmtree(mariadb_dir(state).parent, ignore_errors=True)
     assert stopped == ["redis", "mariadb"]
+
+
+@pytest.mark.timeout(120)
+def test_up_starts_a_private_rabbitmq_where_the_broker_does_not_answer(tmp_path: Path) -> None:
+    # A port of its own: the system RabbitMQ on 5672 is left alone.
+    port = free_port()
+    settings = Settings(broker_url=f"amqp://guest:guest@127.0.0.1:{port}/")
+    state = tmp_path / "state"
+    state.mkdir()
+    try:
+        assert up(settings, state) == [f"rabbitmq on port {port}"]
+        assert (rabbitmq_dir(state) / "mnesia").is_dir()
+        with Connection(settings.broker_url, connect_timeout=5) as connection:
+            queue = connection.SimpleQueue("localservices-test")
+            queue.put({"hello": "rabbit"})
+            message = queue.get(timeout=5)
+            message.ack()
+            queue.close()
+        assert message.payload == {"hello": "rabbit"}
+        assert up(settings, state) == []
+    finally:
+        stopped = down(state)
+        shutil.rmtree(rabbitmq_dir(state).parent, ignore_errors=True)
+    assert stopped == ["rabbitmq"]
+    assert not amqp_reachable(settings.broker_url)
+
+
+@pytest.mark.timeout(30)
+def test_up_starts_no_rabbitmq_where_one_refuses_or_the_broker_is_elsewhere(
+    tmp_path: Path,
+) -> None:
+    with socket.socket() as taken:
+        # Listens but never speaks AMQP, as a RabbitMQ that refuses would not either.
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        settings = Settings(broker_url=f"amqp://guest:guest@127.0.0.1:{port}/")
+        with pytest.raises(ServiceSetupError, match=f"127.0.0.1:{port}/ refuses the connection"):
+            up(settings, tmp_path)
+    elsewhere = Settings(broker_url="amqp://guest:guest@192.0.2.1:5672/")  # TEST-NET-1
+    with pytest.raises(ServiceSetupError, match="192.0.2.1:5672/ is unreachable"):
+        up(elsewhere, tmp_path)
+    assert not rabbitmq_dir(tmp_path).exists()

@@ -1,7 +1,9 @@
-"""Local Redis and MariaDB for development, tests and the demo.
+"""Local Redis, MariaDB and RabbitMQ for development, tests and the demo.
 
 ``python -m dataservice.localservices up`` makes sure the Redis and MariaDB
-named by the ``DATASERVICE_*`` URLs answer; when one does not and its URL
+named by the ``DATASERVICE_*`` URLs answer, and RabbitMQ (the broker's URL
+when it is ``amqp://``, else :data:`.rabbitmq.LOCAL_AMQP`, which the tests,
+benchmarks and ``dataservice loadtest`` use); when one does not and its URL
 points at this machine, a private instance is started from the installed
 binaries with its data in a state directory (``.state/`` in the working
 directory, or ``--state-dir``), and keeps running until
@@ -12,7 +14,8 @@ binary log on a free port, for tests and demos that read the change stream.
 
 Modules: :mod:`.probes` (is it answering, where is the binary),
 :mod:`.mariadb` (a server of our own), :mod:`.redisserver` (a Redis of our
-own), :mod:`.lifecycle` (``up`` and ``down``),
+own), :mod:`.rabbitmqserver` (a RabbitMQ node of our own), :mod:`.rabbitmq`
+(virtual hosts on the local RabbitMQ), :mod:`.lifecycle` (``up`` and ``down``),
 :mod:`.binlog` (a server with a binlog where the configured one has none) and
 ``__main__`` (the command).
 """
@@ -20,6 +23,7 @@ own), :mod:`.lifecycle` (``up`` and ``down``),
 from dataservice.localservices.lifecycle import DEFAULT_STATE_DIR, down, start_redis, up
 from dataservice.localservices.mariadb import PrivateMariaDB, TemporaryBinlogMariaDB, mariadb_dir
 from dataservice.localservices.probes import free_port, mysql_reachable, redis_reachable
+from dataservice.localservices.rabbitmqserver import amqp_reachable, rabbitmq_dir
 from dataservice.localservices.redisserver import PrivateRedis
 
 __all__ = [
@@ -27,10 +31,12 @@ __all__ = [
     "PrivateMariaDB",
     "PrivateRedis",
     "TemporaryBinlogMariaDB",
+    "amqp_reachable",
     "down",
     "free_port",
     "mariadb_dir",
     "mysql_reachable",
+    "rabbitmq_dir",
     "redis_reachable",
     "start_redis",
     "up",

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "up":
             settings = Settings.from_env()
             done = up(settings, args.state_dir)
-            print("started: " + ", ".join(done) if done else "redis and mariadb are reachable")
+            print("started: " + ", ".join(done) if done else "redis, mariadb and rabbitmq answer")
             config = settings.load()
             binlog = ensure_binlog(settings, config.database, args.state_dir, args.binlog_port)
             if binlog is not None:

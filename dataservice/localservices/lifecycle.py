@@ -1,4 +1,5 @@
-"""``up`` and ``down``: private Redis and MariaDB where the configured ones do not answer."""
+"""``up`` and ``down``: private Redis, MariaDB and RabbitMQ where the ones the
+project uses do not answer."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from dataservice.localservices.probes import (
     redis_reachable,
     wait_until,
 )
+from dataservice.localservices.rabbitmq import LOCAL_AMQP
+from dataservice.localservices.rabbitmqserver import ensure_rabbitmq, rabbitmq_dir
 from dataservice.settings import Settings
 
 # Relative: the working directory's, as ``dataservice run`` keeps its logs in .state/logs.
@@ -48,13 +51,14 @@ def start_redis(state_dir: Path, port: int, also_bind: Sequence[str] = ()) -> No
 
 
 def up(settings: Settings, state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
-    """Make the configured Redis and MariaDB reachable; returns what was started."""
+    """Make the configured Redis and MariaDB reachable, and RabbitMQ: the
+    configured broker if it is one, else the local one that the tests,
+    benchmarks and ``dataservice loadtest`` use. Returns what was started."""
     # Absolute: redis-server changes into its --dir before it opens its pid and log files.
     state_dir = state_dir.resolve()
     started = []
-    for url in dict.fromkeys(
-        (settings.broker_url, settings.result_backend_url, settings.redis_url)
-    ):
+    redis_broker = () if settings.broker_is_amqp else (settings.broker_url,)
+    for url in dict.fromkeys((*redis_broker, settings.result_backend_url, settings.redis_url)):
         if redis_reachable(url):
             continue
         parsed = make_url(url.replace("redis://", "mysql://", 1))  # same URL grammar
@@ -71,6 +75,10 @@ def up(settings: Settings, state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
         # With a binlog: the change stream reads it, so no second server is needed.
         PrivateMariaDB(mariadb_dir(state_dir), db.port or 3306, binlog=True).start(detach=True)
         started.append(f"mariadb on port {db.port or 3306}")
+    amqp_url = settings.broker_url if settings.broker_is_amqp else LOCAL_AMQP
+    port = ensure_rabbitmq(amqp_url, state_dir)
+    if port is not None:
+        started.append(f"rabbitmq on port {port}")
     return started
 
 
@@ -81,6 +89,7 @@ def down(state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
         "redis": state_dir / "redis" / "redis.pid",
         "mariadb": mariadb_dir(state_dir) / "mariadb.pid",
         "binlog mariadb": binlog_mariadb_dir(state_dir) / "mariadb.pid",
+        "rabbitmq": rabbitmq_dir(state_dir) / "rabbitmq.pid",
     }
     for name, pidfile in pidfiles.items():
         try:

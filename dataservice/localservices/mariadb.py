@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -15,6 +14,7 @@ from dataservice.localservices.probes import (
     binary,
     free_port,
     mysql_reachable,
+    server_dir,
     traversable_by_others,
     wait_until,
 )
@@ -158,14 +158,8 @@ class TemporaryBinlogMariaDB(PrivateMariaDB):
 
 
 def mariadb_dir(state_dir: Path) -> Path:
-    """Where ``up`` keeps its MariaDB: in the state directory if the server's
-    user can reach it (as root, mariadbd runs as ``mysql``), else in /var/tmp."""
-    if os.geteuid() != 0 or traversable_by_others(state_dir):
-        return state_dir / "mariadb"
-    tag = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
-    fallback = Path("/var/tmp") / f"dataservice-{tag}"
-    fallback.mkdir(mode=0o755, exist_ok=True)
-    return fallback / "mariadb"
+    """Where ``up`` keeps its MariaDB (as root, mariadbd runs as ``mysql``)."""
+    return server_dir(state_dir, "mariadb")
 
 
 def binlog_mariadb_dir(state_dir: Path) -> Path:

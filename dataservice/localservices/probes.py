@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import shutil
@@ -88,6 +89,18 @@ def traversable_by_others(path: Path) -> bool:
         if not directory.stat().st_mode & stat.S_IXOTH:
             return False
     return True
+
+
+def server_dir(state_dir: Path, name: str) -> Path:
+    """Where ``up`` keeps the data of server ``name``, which runs as a user of
+    its own when started by root: in the state directory if that user can
+    reach it, else in /var/tmp."""
+    if os.geteuid() != 0 or traversable_by_others(state_dir):
+        return state_dir / name
+    tag = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
+    fallback = Path("/var/tmp") / f"dataservice-{tag}"
+    fallback.mkdir(mode=0o755, exist_ok=True)
+    return fallback / name
 
 
 def wait_until(check: Callable[[], bool], what: str, log: Path | None = None) -> None:
