@@ -146,6 +146,20 @@ def find_pid(*names: str) -> int | None:
     return None
 
 
+def rabbitmq_pid() -> int | None:
+    """The pid of the local RabbitMQ node's Erlang VM (``rabbitmqctl``'s
+    default node: the one the benchmarks' virtual hosts are on)."""
+    done = subprocess.run(
+        ["rabbitmqctl", "-q", "eval", "os:getpid()."],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    said = done.stdout.strip().strip('"')
+    return int(said) if done.returncode == 0 and said.isdigit() else None
+
+
 # Machine -----------------------------------------------------------------------
 
 

@@ -22,7 +22,8 @@ machine hits both alike. Latency is the caller's wall time per call
 (``client.read(...)`` against ``noop.delay().get()``); throughput in the
 concurrent phase counts completions while every caller is still busy. The CPU
 each process used per request (client = this process, worker, redis-server,
-mariadbd) is read from ``/proc``. Subprocesses are stopped on any exit.
+mariadbd, and with ``--broker amqp`` RabbitMQ's Erlang VM) is read from
+``/proc``. Subprocesses are stopped on any exit.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ TARGETS = {
     "cached": {"sequential": ("p50", 0.7), "concurrent": ("throughput", 1.5)},
     "primary": {"sequential": ("p50", 1.0), "concurrent": ("throughput", 1.0)},
 }
-CPU_COMPONENTS = ("client", "worker", "redis", "mariadb")
+CPU_COMPONENTS = ("client", "worker", "redis", "mariadb", "rabbitmq")
 # A caller gives up on a round after this many failed calls (a dead worker
 # would otherwise cost a full deadline per remaining request).
 MAX_ERRORS_PER_ROUND = 10
@@ -214,19 +215,24 @@ class Caller(threading.Thread):
 
 
 class Components:
-    """CPU-time snapshots of this process, the worker under test, Redis and MariaDB."""
+    """CPU-time snapshots of this process, the worker under test, Redis, MariaDB
+    and (with ``--broker amqp``) RabbitMQ's Erlang VM."""
 
-    def __init__(self, workers: dict[str, int], redis_pid: int | None, db_pid: int | None):
+    def __init__(
+        self,
+        workers: dict[str, int],
+        redis_pid: int | None,
+        db_pid: int | None,
+        rabbitmq_pid: int | None,
+    ):
         self._workers = workers
-        self._redis_pid = redis_pid
-        self._db_pid = db_pid
+        self._pids = {"redis": redis_pid, "mariadb": db_pid, "rabbitmq": rabbitmq_pid}
 
     def snapshot(self, system: str) -> dict[str, float | None]:
         return {
             "client": time.process_time(),
             "worker": _env.process_cpu_s(self._workers[system]),
-            "redis": _env.process_cpu_s(self._redis_pid) if self._redis_pid else None,
-            "mariadb": _env.process_cpu_s(self._db_pid) if self._db_pid else None,
+            **{part: _env.process_cpu_s(pid) if pid else None for part, pid in self._pids.items()},
         }
 
 
@@ -482,6 +488,7 @@ class Bench:
             {name: worker.pid for name, worker in self.workers.items()},
             _env.find_pid("redis-server"),
             _env.find_pid("mariadbd", "mysqld"),
+            _env.rabbitmq_pid() if args.broker == "amqp" else None,
         )
         shared_client = Client(_env.CALLER, settings, config) if args.shared_client else None
         shared_app = make_app(self.bare_url, self.bare_broker) if args.shared_client else None
