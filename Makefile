@@ -20,10 +20,11 @@ $(STAMP): pyproject.toml scripts/bootstrap.sh
 	scripts/bootstrap.sh
 	touch $@
 
-# Redis and MariaDB answer on the configured URLs (private instances under .state/ if
-# not), and a MariaDB with a binlog is there for the change stream. The project's
-# own modules are compiled first (only what changed): where PYTHONDONTWRITEBYTECODE
-# is set, each worker process would otherwise compile them again when it starts.
+# Redis, MariaDB and RabbitMQ answer on the URLs the project uses (private
+# instances under .state/ if not), and a MariaDB with a binlog is there for the
+# change stream. The project's own modules are compiled first (only what
+# changed): where PYTHONDONTWRITEBYTECODE is set, each worker process would
+# otherwise compile them again when it starts.
 services: $(STAMP)
 	$(BIN)/python -m compileall -q -j0 dataservice workers bench tests
 	$(BIN)/python -m dataservice.localservices up

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what dataservice needs on a fresh Debian machine: the system packages
-# that are missing (Redis, MariaDB, the MariaDB client headers, Chromium for
-# the Flower browser test, driven by Playwright from the dev group, and
-# iproute2 for the partition faults), a virtualenv
+# that are missing (Redis, MariaDB, RabbitMQ, the MariaDB client headers,
+# Chromium for the Flower browser test, driven by Playwright from the dev group,
+# and iproute2 for the partition faults), a virtualenv
 # in .venv, and the project with its loadtest extra and its dev and bench
 # dependency groups.
 set -euo pipefail
@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
+command -v rabbitmq-server >/dev/null 2>&1 || [ -x /usr/sbin/rabbitmq-server ] || missing+=(rabbitmq-server)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 pkg-config --exists mariadb 2>/dev/null || pkg-config --exists mysqlclient 2>/dev/null || missing+=(libmariadb-dev)
 command -v gcc >/dev/null 2>&1 || missing+=(gcc)
