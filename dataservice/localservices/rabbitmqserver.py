@@ -21,6 +21,8 @@ from dataservice.rabbitmq import unreachable, where
 SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
 USER = "rabbitmq"
 DEFAULT_PORT = 5672
+# Flower reads RabbitMQ's queues from its management API, on the broker's host at this port.
+MANAGEMENT_PORT = 15672
 PROBE_TIMEOUT_S = 1.0
 _NOT_INSTALLED = "rabbitmq-server is not installed (Debian: apt-get install rabbitmq-server)"
 
@@ -67,12 +69,13 @@ def ensure_rabbitmq(url: str, state_dir: Path) -> int | None:
 
 
 def start_rabbitmq(state_dir: Path, port: int) -> None:
-    """Start a detached RabbitMQ node on 127.0.0.1:``port``, without plugins,
-    its data, log and pid file in :func:`rabbitmq_dir`.
+    """Start a detached RabbitMQ node on 127.0.0.1:``port``, with the
+    management plugin, its data, log and pid file in :func:`rabbitmq_dir`.
 
-    On the default port it takes the node name that the system's
-    ``rabbitmqctl`` talks to (``virtual_host()`` adds the tests' virtual hosts
-    with it); on any other port one of its own, which never clashes with the
+    On the default port it stands in for the system's node: it takes the node
+    name that the system's ``rabbitmqctl`` talks to (``virtual_host()`` adds
+    the tests' virtual hosts with it) and serves the management API on its
+    usual port. On any other port both are its own, and never clash with the
     system node's."""
     try:
         user = pwd.getpwnam(USER)
@@ -94,9 +97,13 @@ def start_rabbitmq(state_dir: Path, port: int) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     # Our own files, not /etc/rabbitmq's: the system node's listener is on 5672.
     config = directory / "rabbitmq.conf"
-    config.write_text(f"listeners.tcp.local = 127.0.0.1:{port}\n")
+    management = MANAGEMENT_PORT if port == DEFAULT_PORT else free_port()
+    config.write_text(
+        f"listeners.tcp.local = 127.0.0.1:{port}\n"
+        f"management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = {management}\n"
+    )
     plugins = directory / "enabled_plugins"
-    plugins.write_text("[].\n")
+    plugins.write_text("[rabbitmq_management].\n")
     if os.geteuid() == 0:
         for path in (directory, config, plugins):
             shutil.chown(path, USER, USER)
