@@ -16,6 +16,7 @@ from dataservice.localservices import (
     TemporaryBinlogMariaDB,
     amqp_reachable,
     down,
+    ensure_management,
     free_port,
     mariadb_dir,
     mysql_reachable,
@@ -117,3 +118,8 @@ def test_up_starts_no_rabbitmq_where_one_refuses_or_the_broker_is_elsewhere(
     made = directory.exists()
     shutil.rmtree(directory.parent, ignore_errors=True)  # under /var/tmp when run as root
     assert not made
+
+
+def test_the_management_api_of_a_rabbitmq_elsewhere_is_never_turned_on() -> None:
+    with pytest.raises(ServiceSetupError, match="management API does not answer"):
+        ensure_management("amqp://guest:guest@192.0.2.1:5672/")  # TEST-NET-1

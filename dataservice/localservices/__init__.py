@@ -1,9 +1,10 @@
 """Local Redis, MariaDB and RabbitMQ for development, tests and the demo.
 
 ``python -m dataservice.localservices up`` makes sure the Redis and MariaDB
-named by the ``DATASERVICE_*`` URLs answer, and RabbitMQ (the broker's URL
-when it is ``amqp://``, else :data:`.rabbitmq.LOCAL_AMQP`, which the tests,
-benchmarks and ``dataservice loadtest`` use); when one does not and its URL
+named by the ``DATASERVICE_*`` URLs answer, and RabbitMQ with its management
+API (the broker's URL when it is ``amqp://``, else :data:`.rabbitmq.LOCAL_AMQP`,
+which the tests, benchmarks and ``dataservice loadtest`` use: there, one that
+cannot be had is a warning); when one does not and its URL
 points at this machine, a private instance is started from the installed
 binaries with its data in a state directory (``.state/`` in the working
 directory, or ``--state-dir``), and keeps running until
@@ -23,7 +24,11 @@ own), :mod:`.rabbitmqserver` (a RabbitMQ node of our own), :mod:`.rabbitmq`
 from dataservice.localservices.lifecycle import DEFAULT_STATE_DIR, down, start_redis, up
 from dataservice.localservices.mariadb import PrivateMariaDB, TemporaryBinlogMariaDB, mariadb_dir
 from dataservice.localservices.probes import free_port, mysql_reachable, redis_reachable
-from dataservice.localservices.rabbitmqserver import amqp_reachable, rabbitmq_dir
+from dataservice.localservices.rabbitmqserver import (
+    amqp_reachable,
+    ensure_management,
+    rabbitmq_dir,
+)
 from dataservice.localservices.redisserver import PrivateRedis
 
 __all__ = [
@@ -33,6 +38,7 @@ __all__ = [
     "TemporaryBinlogMariaDB",
     "amqp_reachable",
     "down",
+    "ensure_management",
     "free_port",
     "mariadb_dir",
     "mysql_reachable",

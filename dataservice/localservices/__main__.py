@@ -10,7 +10,8 @@ from dataservice.callers import ensure_callers_file
 from dataservice.errors import DataServiceError
 from dataservice.localservices.binlog import ensure_binlog
 from dataservice.localservices.flower_env import USER, ensure_flower_env
-from dataservice.localservices.lifecycle import DEFAULT_STATE_DIR, down, up
+from dataservice.localservices.lifecycle import DEFAULT_STATE_DIR, down, ensure_amqp, up
+from dataservice.localservices.rabbitmq import LOCAL_AMQP
 from dataservice.settings import Settings
 
 
@@ -26,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "up":
             settings = Settings.from_env()
             done = up(settings, args.state_dir)
+            if not settings.broker_is_amqp:
+                done += _local_rabbitmq(args.state_dir)
             print("started: " + ", ".join(done) if done else "redis, mariadb and rabbitmq answer")
             config = settings.load()
             binlog = ensure_binlog(settings, config.database, args.state_dir, args.binlog_port)
@@ -54,6 +57,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _local_rabbitmq(state_dir: Path) -> list[str]:
+    """The local RabbitMQ the tests, benchmarks and ``dataservice loadtest``
+    use. The service on a Redis broker runs without it: where it cannot be
+    had, a warning, not an error."""
+    try:
+        return ensure_amqp(LOCAL_AMQP, state_dir)
+    except DataServiceError as exc:
+        print(f"warning: {exc} (only the tests and runs on RabbitMQ need it)", file=sys.stderr)
+        return []
 
 
 if __name__ == "__main__":

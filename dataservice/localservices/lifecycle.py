@@ -21,8 +21,11 @@ from dataservice.localservices.probes import (
     redis_reachable,
     wait_until,
 )
-from dataservice.localservices.rabbitmq import LOCAL_AMQP
-from dataservice.localservices.rabbitmqserver import ensure_rabbitmq, rabbitmq_dir
+from dataservice.localservices.rabbitmqserver import (
+    ensure_management,
+    ensure_rabbitmq,
+    rabbitmq_dir,
+)
 from dataservice.settings import Settings
 
 # Relative: the working directory's, as ``dataservice run`` keeps its logs in .state/logs.
@@ -51,9 +54,9 @@ def start_redis(state_dir: Path, port: int, also_bind: Sequence[str] = ()) -> No
 
 
 def up(settings: Settings, state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
-    """Make the configured Redis and MariaDB reachable, and RabbitMQ: the
-    configured broker if it is one, else the local one that the tests,
-    benchmarks and ``dataservice loadtest`` use. Returns what was started."""
+    """Make the configured Redis and MariaDB reachable, and RabbitMQ when it
+    is the broker (with its management API, for Flower). Returns what was
+    started."""
     # Absolute: redis-server changes into its --dir before it opens its pid and log files.
     state_dir = state_dir.resolve()
     started = []
@@ -75,11 +78,21 @@ def up(settings: Settings, state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
         # With a binlog: the change stream reads it, so no second server is needed.
         PrivateMariaDB(mariadb_dir(state_dir), db.port or 3306, binlog=True).start(detach=True)
         started.append(f"mariadb on port {db.port or 3306}")
-    amqp_url = settings.broker_url if settings.broker_is_amqp else LOCAL_AMQP
-    port = ensure_rabbitmq(amqp_url, state_dir)
-    if port is not None:
-        started.append(f"rabbitmq on port {port}")
+    if settings.broker_is_amqp:
+        started += ensure_amqp(settings.broker_url, state_dir)
     return started
+
+
+def ensure_amqp(url: str, state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
+    """Make the RabbitMQ at ``url`` answer, with its management API; what was
+    started or turned on. (Where the broker is Redis, ``up``'s caller asks
+    this of the local RabbitMQ that the tests, benchmarks and ``dataservice
+    loadtest`` use.)"""
+    port = ensure_rabbitmq(url, state_dir.resolve())
+    if port is not None:
+        # Ours: started with the management plugin.
+        return [f"rabbitmq on port {port}"]
+    return ["rabbitmq's management plugin"] if ensure_management(url) else []
 
 
 def down(state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:

@@ -68,6 +68,33 @@ def ensure_rabbitmq(url: str, state_dir: Path) -> int | None:
     return port
 
 
+def ensure_management(url: str) -> bool:
+    """Make RabbitMQ's management API answer on the broker's host (Flower reads
+    the queues' lengths there), turning the plugin on in the node at ``url``
+    when it is on this machine; True if it was turned on now."""
+    host = urlsplit(url).hostname or "127.0.0.1"
+    if _listening(host, MANAGEMENT_PORT):
+        return False
+    if not is_local(host):
+        raise ServiceSetupError(
+            f"{where(url)}: its management API does not answer on port {MANAGEMENT_PORT}, "
+            "so Flower shows no queue lengths (rabbitmq-plugins enable rabbitmq_management)"
+        )
+    # The node's own list of plugins, changed for good: this node is not ours.
+    done = subprocess.run(
+        [binary("rabbitmq-plugins"), "-q", "enable", "rabbitmq_management"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip()
+        raise ServiceSetupError(f"rabbitmq-plugins enable rabbitmq_management failed: {said}")
+    wait_until(lambda: _listening(host, MANAGEMENT_PORT), "RabbitMQ's management API")
+    return True
+
+
 def start_rabbitmq(state_dir: Path, port: int) -> None:
     """Start a detached RabbitMQ node on 127.0.0.1:``port``, with the
     management plugin, its data, log and pid file in :func:`rabbitmq_dir`.
