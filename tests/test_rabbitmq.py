@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,17 +13,20 @@ import pytest
 import redis
 from sqlalchemy import Engine
 
-from dataservice import ReadOp, ResourceExhausted, WriteOp
+from dataservice import ReadOp, Record, ResourceExhausted, WriteOp
+from dataservice.codec import decode_response
 from dataservice.config import Config
 from dataservice.health import liveness
 from dataservice.keys import admission_key, held_key
 from dataservice.localservices import free_port
+from dataservice.proto import pb
+from dataservice.results import ResultStore
 from dataservice.settings import Settings
 from dataservice.supervisor import Supervisor
 from tests.clients import AnyClient, ClientKind, make_client
 from tests.conftest import supervised
 from tests.rabbit import AMQP_REDIS_URL, depth, fresh_vhost, on_rabbitmq
-from tests.support import bounded_admission
+from tests.support import RawPublisher, bounded_admission, caller_key, now_ms, signed
 
 # No worker consumes these: whatever is admitted stays queued.
 UNSERVED_REDIS_URL = "redis://127.0.0.1:6379/12"
@@ -64,6 +68,36 @@ def test_a_write_and_cached_reads_travel_through_rabbitmq(
         handles = client.submit_many([WriteOp(scope, f"b{n}", b"batch") for n in range(50)])
         assert all(handle.result(10).revision == 1 for handle in handles)
     assert depth(amqp_settings, config.lanes.interactive.queue) == 0
+
+
+def test_a_caller_without_this_package_is_served_on_rabbitmq(
+    amqp_workers: Supervisor, amqp_settings: Settings, config: Config, scope: str
+) -> None:
+    """A caller that follows docs/protocol.md with kombu alone: a signed
+    envelope published to the lane's exchange, no admission, no expiration;
+    its answer waits under its result key."""
+    with make_client("sync", "tests", amqp_settings, config) as client:
+        client.write(scope, "from-afar", b"payload", timeout=5)
+    message = pb.RequestEnvelope(
+        caller="tests",
+        request_id=uuid.uuid4().hex,
+        deadline_unix_ms=now_ms() + 5000,
+        issued_at_unix_ms=now_ms(),
+        read=pb.ReadRecordRequest(scope=scope, object_id="from-afar", mode=pb.READ_MODE_PRIMARY),
+    )
+    raw = RawPublisher(amqp_settings, config)
+    results = ResultStore.from_url(amqp_settings.result_backend_url)
+    try:
+        body = signed(message, caller_key(amqp_settings, "tests"))
+        raw.publish(body, message.request_id, message.deadline_unix_ms)
+        answer = results.wait("tests", message.request_id, 5.0)
+    finally:
+        results.close()
+        raw.close()
+    assert answer is not None, "no answer"
+    record = decode_response(answer, message.request_id)
+    assert isinstance(record, Record)
+    assert (record.object_id, record.payload) == ("from-afar", b"payload")
 
 
 def _until_refused(client: AnyClient, most: int) -> tuple[int, ResourceExhausted]:
