@@ -32,11 +32,13 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 
 # Every fault on Redis as the broker. On RabbitMQ, whose queues live outside
-# the faulted Redis: its restart (answers and admission's books lost, the
-# queued requests kept) and a database stall (requests expire in the queue
-# while it lasts). A partition cannot run there: its replicas run in a network
-# namespace that reaches the run's own Redis and MariaDB only.
-ON_RABBITMQ = (Fault.REDIS_RESTART, Fault.DB_STALL)
+# the faulted Redis, a database stall: requests expire in the queue while it
+# lasts, and admission must let them go at once. (Redis's restart there is
+# tests/test_rabbitmq_durability.py's; every fault but a partition runs with
+# `dataservice loadtest --fault` on RabbitMQ, but the suite's time is bounded.
+# A partition cannot run there: its replicas run in a network namespace that
+# reaches the run's own Redis and MariaDB only.)
+ON_RABBITMQ = (Fault.DB_STALL,)
 CASES = [
     *[pytest.param(f, "redis", id=f.value) for f in Fault],
     *[pytest.param(f, "amqp", id=f"{f.value}-amqp") for f in ON_RABBITMQ],

@@ -90,7 +90,7 @@ def ensure_amqp(url: str, state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
     loadtest`` use.)"""
     port = ensure_rabbitmq(url, state_dir.resolve())
     if port is not None:
-        # Ours: started with the management plugin.
+        # Ours: with the management plugin on the default port, where Flower looks.
         return [f"rabbitmq on port {port}"]
     return ["rabbitmq's management plugin"] if ensure_management(url) else []
 

@@ -96,14 +96,14 @@ def ensure_management(url: str) -> bool:
 
 
 def start_rabbitmq(state_dir: Path, port: int) -> None:
-    """Start a detached RabbitMQ node on 127.0.0.1:``port``, with the
-    management plugin, its data, log and pid file in :func:`rabbitmq_dir`.
+    """Start a detached RabbitMQ node on 127.0.0.1:``port``, its data, log
+    and pid file in :func:`rabbitmq_dir`.
 
     On the default port it stands in for the system's node: it takes the node
     name that the system's ``rabbitmqctl`` talks to (``virtual_host()`` adds
     the tests' virtual hosts with it) and serves the management API on its
-    usual port. On any other port both are its own, and never clash with the
-    system node's."""
+    usual port. On any other port its name is its own, it runs no plugin, and
+    it never clashes with the system node."""
     try:
         user = pwd.getpwnam(USER)
     except KeyError:
@@ -124,13 +124,15 @@ def start_rabbitmq(state_dir: Path, port: int) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     # Our own files, not /etc/rabbitmq's: the system node's listener is on 5672.
     config = directory / "rabbitmq.conf"
-    management = MANAGEMENT_PORT if port == DEFAULT_PORT else free_port()
-    config.write_text(
-        f"listeners.tcp.local = 127.0.0.1:{port}\n"
-        f"management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = {management}\n"
-    )
+    # The management API where Flower looks for it, on the default port only:
+    # elsewhere nothing would find it, and it triples the time a node takes
+    # to stop.
+    listeners = f"listeners.tcp.local = 127.0.0.1:{port}\n"
+    if port == DEFAULT_PORT:
+        listeners += f"management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = {MANAGEMENT_PORT}\n"
+    config.write_text(listeners)
     plugins = directory / "enabled_plugins"
-    plugins.write_text("[rabbitmq_management].\n")
+    plugins.write_text("[rabbitmq_management].\n" if port == DEFAULT_PORT else "[].\n")
     if os.geteuid() == 0:
         for path in (directory, config, plugins):
             shutil.chown(path, USER, USER)
