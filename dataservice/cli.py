@@ -197,12 +197,6 @@ def loadtest(
     """Offer a scenario's open-loop load to isolated replicas; write a JSON report and a chart."""
     from rich.console import Console
 
-    from dataservice.loadtest.chart import missing_dependency
-
-    problem = missing_dependency()
-    if problem is not None:
-        typer.echo(f"error: {problem}", err=True)
-        raise typer.Exit(2)
     from dataservice.loadtest.cli import run_loadtest, server_url
 
     settings, _ = _load()

@@ -13,6 +13,8 @@ declares, checked here.
 from __future__ import annotations
 
 import importlib.util
+import io
+import json
 import os
 import shutil
 import subprocess
@@ -24,7 +26,9 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from rich.console import Console
 
+from dataservice.loadtest.cli import write_outputs
 from tests.conftest import SHIPPED_CONFIG, require
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,26 +133,36 @@ def test_wheel_installs_and_runs_outside_the_checkout_and_declares_the_loadtest_
     assert not ties, ties
 
 
-def test_loadtest_without_matplotlib_names_the_extra_and_the_rest_still_works(
+def test_without_matplotlib_every_command_still_works(
     tmp_path: Path,
 ) -> None:
     """As if installed without the extra: matplotlib cannot be imported."""
 
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    def cli(*args: str, **environ: str) -> subprocess.CompletedProcess[str]:
         hide = "import sys; sys.modules['matplotlib'] = None; from dataservice.cli import main; "
+        env = {**_clean_environ(), "DATASERVICE_CONFIG": str(SHIPPED_CONFIG), **environ}
         return subprocess.run(
             [sys.executable, "-c", hide + f"sys.argv = ['dataservice', *{list(args)!r}]; main()"],
-            cwd=tmp_path, env={**_clean_environ(), "DATASERVICE_CONFIG": str(SHIPPED_CONFIG)},
-            capture_output=True, text=True, timeout=60, check=False,
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
 
-    refused = cli("loadtest", "--scenario", "steady")
-    assert refused.returncode == 2
-    assert refused.stderr.strip().splitlines() == [
-        "error: dataservice loadtest draws its chart with matplotlib: "
-        "pip install 'dataservice[loadtest]'"
-    ]
     assert cli("loadtest", "--help").returncode == 0
+    # A run starts without it (here it stops at the broker, which is nowhere).
+    nowhere = cli(
+        "loadtest", "--scenario", "steady", DATASERVICE_BROKER_URL="amqp://guest:guest@127.0.0.1:1/"
+    )
+    assert nowhere.returncode == 1, nowhere.stderr
+    assert "error: RabbitMQ at 127.0.0.1:1/" in nowhere.stdout
+    assert "matplotlib" not in nowhere.stdout + nowhere.stderr
     checked = cli("check-config")
     assert checked.returncode == 0, checked.stderr
     assert "within budget" in checked.stdout
+
+
+def test_a_run_without_matplotlib_writes_its_report_and_no_chart(tmp_path: Path) -> None:
+    console = Console(file=io.StringIO(), width=200)
+    why = "matplotlib is missing: pip install 'dataservice[loadtest]'"
+    write_outputs(console, tmp_path, "service", {"scenario": "steady"}, "service: steady", why)
+    assert json.loads((tmp_path / "report.json").read_text()) == {"scenario": "steady"}
+    assert not (tmp_path / "chart.png").exists()
+    assert console.file.getvalue().strip() == f"service: report {tmp_path / 'report.json'}"

@@ -12,7 +12,7 @@ from sqlalchemy.engine import make_url
 from dataservice import rabbitmq
 from dataservice.errors import DataServiceError
 from dataservice.loadtest import report as rep
-from dataservice.loadtest.chart import write_chart
+from dataservice.loadtest.chart import missing_dependency, write_chart
 from dataservice.loadtest.display import summary_tables
 from dataservice.loadtest.faults import FAULTS, Fault
 from dataservice.loadtest.refill import write_refill_chart
@@ -22,6 +22,26 @@ from dataservice.loadtest.scenarios import SCENARIOS, Scenario
 SYSTEMS = ("service", "naive", "both")
 # How long the broker named by the URL has to accept a connection.
 CONNECT_TIMEOUT_S = 5.0
+
+
+def write_outputs(
+    console: Console,
+    out: Path,
+    name: str,
+    report: dict[str, Any],
+    title: str,
+    no_chart: str | None,
+) -> None:
+    """A run's ``report.json``, and its ``chart.png`` unless ``no_chart`` says
+    why it cannot be drawn (matplotlib missing)."""
+    json_path = out / "report.json"
+    rep.write_json(json_path, report)
+    if no_chart is not None:
+        console.print(f"{name}: report {json_path}")
+        return
+    png_path = out / "chart.png"
+    write_chart(png_path, report, title)
+    console.print(f"{name}: report {json_path}, chart {png_path}")
 
 
 def run_loadtest(
@@ -64,6 +84,7 @@ def run_loadtest(
         console.print(f"error: {scenario} reads through the service's cache: --system service")
         return 2
     out = out or Path(".state/loadtest") / time.strftime("%Y%m%dT%H%M%S")
+    no_chart = missing_dependency()
     runs = _runs(chosen, system)
     reports: list[dict[str, Any]] = []
     capacity = capacity_after = None
@@ -96,13 +117,13 @@ def run_loadtest(
         capacity, capacity_after = run.capacity, run.capacity_after
         if name != system_name:
             report["variant"] = name
-        json_path = options.out / "report.json"
-        png_path = options.out / "chart.png"
-        rep.write_json(json_path, report)
-        write_chart(png_path, report, f"{name}: {scenario}, {replicas} replicas per lane")
         reports.append(report)
-        console.print(f"{name}: report {json_path}, chart {png_path}")
-    if chosen.rotate_at is not None:
+        title = f"{name}: {scenario}, {replicas} replicas per lane"
+        write_outputs(console, options.out, name, report, title, no_chart)
+    if no_chart is not None:
+        # The figures are all in the report; only the picture needs matplotlib.
+        console.print(f"no chart: {no_chart}")
+    elif chosen.rotate_at is not None:
         write_refill_chart(out / "refill.png", reports, f"{scenario}, {replicas} replicas per lane")
         console.print(f"refill chart {out / 'refill.png'}")
     for table in summary_tables(reports):
