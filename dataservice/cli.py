@@ -195,13 +195,12 @@ def loadtest(
     ),
 ) -> None:
     """Offer a scenario's open-loop load to isolated replicas; write a JSON report and a chart."""
-    from rich.console import Console
-
+    from dataservice.console import console
     from dataservice.loadtest.cli import run_loadtest, server_url
 
     settings, _ = _load()
     code = run_loadtest(
-        Console(),
+        console(),
         scenario=scenario,
         system=system,
         duration=duration,

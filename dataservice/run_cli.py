@@ -31,15 +31,15 @@ def run(
 ) -> None:
     """Run both worker pools and the change consumer in the foreground with a
     live summary (Ctrl-C stops)."""
-    from rich.console import Console
     from rich.live import Live
 
     from dataservice.cli import _fail, _load
+    from dataservice.console import console as make_console
     from dataservice.demo import run_demo
     from dataservice.supervisor import Supervisor
 
     settings, config = _load()
-    console = Console()
+    console = make_console()
     if flower_port and settings.flower_auth is None:
         console.print("Flower: off (DATASERVICE_FLOWER_AUTH is not set; `make services` sets it)")
         flower_port = 0

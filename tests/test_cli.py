@@ -6,8 +6,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 from sqlalchemy import Engine
 
+from dataservice.console import WIDTH_OFF_TERMINAL, console
 from dataservice.settings import Settings
 
 
@@ -34,3 +36,12 @@ def test_bad_environment_is_reported_not_raised(settings: Settings) -> None:
     assert result.returncode == 2
     assert "DATASERVICE_BOGUS" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_off_a_terminal_tables_keep_their_cells_unless_columns_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert console().width == WIDTH_OFF_TERMINAL
+    monkeypatch.setenv("COLUMNS", "90")
+    assert console().width == 90
