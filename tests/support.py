@@ -33,7 +33,7 @@ from dataservice.limits.gate import Gate
 from dataservice.limits.permits import LanePermits
 from dataservice.localservices import free_port
 from dataservice.metrics import REGISTRY
-from dataservice.processes import WorkerProcess, wait_answering
+from dataservice.processes import WorkerProcess, stop_all, wait_answering
 from dataservice.proto import pb
 from dataservice.settings import Settings
 from dataservice.store import RecordStore
@@ -257,6 +257,25 @@ def worker_process(
     finally:
         control.close()
         worker.stop(15)
+
+
+@contextmanager
+def lane_workers(
+    settings: Settings, config: Config, lane: LaneName, log_dir: Path, count: int = 2
+) -> Iterator[list[WorkerProcess]]:
+    """``count`` worker processes for ``lane``, answering; stopped afterwards,
+    with any the test adds to the list meanwhile."""
+    workers = [
+        WorkerProcess.for_lane(settings, lane, log_dir / f"{lane.value}-{n}.log").start()
+        for n in range(count)
+    ]
+    control = celery_app("test-control", settings, config)
+    try:
+        wait_answering(control, workers)
+        yield workers
+    finally:
+        control.close()
+        stop_all(workers, 15)
 
 
 def scraped(port: int, name: str, **labels: str) -> float:

@@ -21,15 +21,14 @@ import redis
 from sqlalchemy import Engine, text
 
 from dataservice import Client, DataServiceError
-from dataservice.broker import celery_app
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.localservices import redis_reachable
-from dataservice.processes import WorkerProcess, stop_all, wait_answering
+from dataservice.processes import WorkerProcess
 from dataservice.settings import Settings
 from dataservice.types import WriteResult
 from tests.conftest import require
-from tests.support import on_redis
+from tests.support import lane_workers, on_redis
 
 OWN_REDIS_URL = "redis://127.0.0.1:6379/9"
 WRITES = 200
@@ -44,17 +43,10 @@ def two_workers(
     require(redis_reachable(OWN_REDIS_URL), "Redis at 127.0.0.1:6379")
     own = on_redis(settings, OWN_REDIS_URL)
     redis.Redis.from_url(OWN_REDIS_URL).flushdb()
-    workers = [
-        WorkerProcess.for_lane(own, LaneName.INTERACTIVE, tmp_path / f"worker-{n}.log").start()
-        for n in range(2)
-    ]
-    control = celery_app("kill-test", own, config)
     try:
-        wait_answering(control, workers)
-        yield own, workers
+        with lane_workers(own, config, LaneName.INTERACTIVE, tmp_path) as workers:
+            yield own, workers
     finally:
-        control.close()
-        stop_all(workers, 15)
         redis.Redis.from_url(OWN_REDIS_URL).flushdb()
 
 

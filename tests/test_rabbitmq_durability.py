@@ -23,8 +23,7 @@ import dataclasses
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
@@ -32,15 +31,14 @@ import redis
 from sqlalchemy import Engine, text
 
 from dataservice import Client, DataServiceError, DeadlineExceeded, Unavailable, WriteOp
-from dataservice.broker import celery_app
 from dataservice.client import Handle
 from dataservice.config import Config
 from dataservice.enums import LaneName
 from dataservice.localservices import PrivateRedis
-from dataservice.processes import WorkerProcess, stop_all, wait_answering
+from dataservice.processes import WorkerProcess
 from dataservice.settings import Settings
 from tests.rabbit import AMQP_REDIS_URL, fresh_vhost
-from tests.support import with_changes, with_retry
+from tests.support import lane_workers, with_changes, with_retry
 
 WRITES = 5_000
 PER_MESSAGE = 100
@@ -56,22 +54,11 @@ LOST_ANSWERS_WITHIN_S = 25
 LOST_AT_MOST = 3 * PER_MESSAGE
 
 
-@contextmanager
 def batch_workers(
     settings: Settings, config: Config, log_dir: Path
-) -> Iterator[list[WorkerProcess]]:
+) -> AbstractContextManager[list[WorkerProcess]]:
     """Two batch worker processes, answering; stopped afterwards (and any started meanwhile)."""
-    workers = [
-        WorkerProcess.for_lane(settings, LaneName.BATCH, log_dir / f"batch-{n}.log").start()
-        for n in range(2)
-    ]
-    control = celery_app("durability-control", settings, config)
-    try:
-        wait_answering(control, workers)
-        yield workers
-    finally:
-        stop_all(workers)
-        control.close()
+    return lane_workers(settings, config, LaneName.BATCH, log_dir)
 
 
 def _slowed(settings: Settings, tmp_path: Path, **urls: str) -> Settings:

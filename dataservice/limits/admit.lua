@@ -146,18 +146,20 @@ local OVERLOAD = 1.1
 -- yet done, less those running (the drain rate times the service time, by
 -- Little's law). A count that drifted (a message purged, never done) is held
 -- to what the workers can hold besides the list: as many again as run.
+-- On another broker no list is seen: what waits is what is held less what
+-- runs. `queued`: something waits beyond what runs (the list is not empty;
+-- on another broker, more is held than runs: a rate measured short reads as
+-- fewer running, so more waiting, and the window then measures the drain).
 local running = 0
 if rate > 0 and service > 0 then running = rate * service / 1000 end
-local ahead = math.max(depth, held)
-ahead = math.min(ahead, depth + 2 * running + 1)
-local waiting = math.max(depth, ahead - running)
--- Whether something waits beyond what runs: the list is not empty; on
--- another broker, more is held than runs. (A rate measured short reads
--- as fewer running, so more waiting: the window then measures the drain.)
-local queued = depth > 0
+local waiting, queued
 if elsewhere then
   waiting = math.max(held - running, 0)
   queued = waiting >= 1
+else
+  local ahead = math.min(math.max(depth, held), depth + 2 * running + 1)
+  waiting = math.max(depth, ahead - running)
+  queued = depth > 0
 end
 -- The rate says what the lane can drain only once a window measured it busy
 -- (the target below wants that lately); a burst into a lane idle since may
