@@ -16,7 +16,7 @@ WITH_SERVICES_ENV := set -a; for f in $(SERVICES_ENV) $(FLOWER_ENV); do if [ -f 
 
 .PHONY: run demo test lint services stop-services proto clean
 
-$(STAMP): pyproject.toml scripts/bootstrap.sh
+$(STAMP): pyproject.toml tools/pyproject.toml scripts/bootstrap.sh
 	scripts/bootstrap.sh
 	touch $@
 
@@ -26,8 +26,8 @@ $(STAMP): pyproject.toml scripts/bootstrap.sh
 # changed): where PYTHONDONTWRITEBYTECODE is set, each worker process would
 # otherwise compile them again when it starts.
 services: $(STAMP)
-	$(BIN)/python -m compileall -q -j0 dataservice workers bench tests
-	$(BIN)/python -m dataservice.localservices up
+	$(BIN)/python -m compileall -q -j0 dataservice tools bench tests
+	$(BIN)/python -m dataservice_tools.localservices up
 
 run: services
 	$(WITH_SERVICES_ENV) $(BIN)/dataservice db upgrade
@@ -49,7 +49,7 @@ proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py
 
 stop-services:
-	$(BIN)/python -m dataservice.localservices down
+	$(BIN)/python -m dataservice_tools.localservices down
 
 clean:
 	rm -rf $(VENV) .state .mypy_cache .ruff_cache .pytest_cache .hypothesis

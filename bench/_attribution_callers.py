@@ -21,11 +21,12 @@ from bench._attribution_wire import (
     json_response_payload,
     plain_payload,
 )
-from dataservice.bounded import SLACK_S, left, within
-from dataservice.broker import celery_app
+from dataservice.broker.glue import celery_app
+from dataservice.broker.results import ResultStore
 from dataservice.client import Client
 from dataservice.client.publisher import refusal_error
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName, ReadMode
 from dataservice.errors import DeadlineExceeded
 from dataservice.limits.admission import (
@@ -34,8 +35,7 @@ from dataservice.limits.admission import (
     OPERATION_HEADER,
     AdmissionRefused,
 )
-from dataservice.results import ResultStore
-from dataservice.settings import Settings
+from dataservice.redis.bounded import SLACK_S, left, within
 
 # The caller every system is asked as (the shipped queues.yml gives it generous limits).
 CALLER = "loadtest"
@@ -111,7 +111,7 @@ class ServiceReader:
 
 
 class CellAdapter:
-    """One cell's reads for :class:`~dataservice.loadtest.openloop.OpenLoop`:
+    """One cell's reads for :class:`~dataservice_tools.loadtest.openloop.OpenLoop`:
     ``scope`` holds records of ``size`` bytes."""
 
     def __init__(self, reader: Reader, scope: str, size: int, cached: bool) -> None:

@@ -56,7 +56,7 @@ from bench.formats import sample_ns
 from dataservice.cache.formats import CODECS, frame
 from dataservice.cache.store import decode_entry
 from dataservice.codec import decode_request, decode_response, record_from_pb, request_envelope
-from dataservice.config import Limits
+from dataservice.config.model import Limits
 from dataservice.enums import CacheFormat, ReadMode
 from dataservice.proto import pb
 from dataservice.types import ReadOp

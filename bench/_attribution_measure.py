@@ -1,6 +1,6 @@
 """What one cell of the attribution bench measures, and how.
 
-- **Load**: an open loop (:class:`~dataservice.loadtest.openloop.OpenLoop`):
+- **Load**: an open loop (:class:`~dataservice_tools.loadtest.openloop.OpenLoop`):
   arrivals at evenly spaced instants of a fixed rate, whatever the answers do,
   so every system is offered the same load; latency is the caller's wall time
   from sending to the decoded answer.
@@ -36,12 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from dataservice_tools.loadtest.openloop import OpenLoop, Outcome, RequestRecord
+from dataservice_tools.loadtest.report import percentile
 
 from bench import _env
 from bench._attribution_callers import CellAdapter
 from dataservice.enums import LaneName
-from dataservice.loadtest.openloop import OpenLoop, Outcome, RequestRecord
-from dataservice.loadtest.report import percentile
 
 LANE = LaneName.INTERACTIVE
 CPU_PARTS = ("caller", "worker", "redis", "mariadb")

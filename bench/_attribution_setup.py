@@ -14,9 +14,9 @@ import yaml
 from sqlalchemy import create_engine, insert, text
 
 from bench import _env
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
-from dataservice.processes import WorkerProcess, worker_argv, worker_environ
-from dataservice.settings import Settings
+from dataservice.ops.processes import WorkerProcess, worker_argv, worker_environ
 from dataservice.store.schema import records as records_table
 
 # Rows per INSERT: well under max_allowed_packet once the driver escapes them.

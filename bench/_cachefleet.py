@@ -21,17 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from dataservice_tools.localservices import TemporaryBinlogMariaDB, free_port
 from sqlalchemy import Engine, TextClause, create_engine, text
 
 from bench._fleet import Replicas
-from dataservice.broker import TASK_NAME, celery_app
+from dataservice.broker.glue import TASK_NAME, celery_app
 from dataservice.client import Client
-from dataservice.config import Config, DatabaseConfig
+from dataservice.config.model import Config, DatabaseConfig
+from dataservice.config.settings import Settings
 from dataservice.enums import ReadMode
 from dataservice.errors import DataServiceError
-from dataservice.localservices import TemporaryBinlogMariaDB, free_port
-from dataservice.processes import WorkerProcess
-from dataservice.settings import Settings
+from dataservice.ops.processes import WorkerProcess
 from dataservice.store import RecordStore, create_store_engine
 from dataservice.store.migrate import upgrade
 from dataservice.types import Record

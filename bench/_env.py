@@ -1,6 +1,6 @@
 """What the benches set up and tear down beyond the package's own helpers
-(:mod:`dataservice.loadtest.environment` flushes Redis dbs, seeds records and
-writes callers files; :mod:`dataservice.processes` starts workers): the bench
+(:mod:`dataservice_tools.loadtest.environment` flushes Redis dbs, seeds records and
+writes callers files; :mod:`dataservice.ops.processes` starts workers): the bench
 database, a worker's readiness by a probe request, the CPU time of processes,
 and the facts about the machine that go next to the figures.
 
@@ -24,7 +24,7 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from dataservice.processes import WorkerProcess, dataservice_argv
+from dataservice.ops.processes import WorkerProcess, dataservice_argv
 
 REPO = Path(__file__).resolve().parent.parent
 # The caller the benches sign as: the shipped queues.yml gives it generous limits.

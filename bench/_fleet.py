@@ -1,7 +1,7 @@
 """The processes of ``bench/flood.py`` (and ``tests/test_flood.py``): interactive
 worker replicas, the processes that send a flood, and one measured phase.
 
-Replicas are :class:`dataservice.processes.WorkerProcess` es (``dataservice
+Replicas are :class:`dataservice.ops.processes.WorkerProcess` es (``dataservice
 worker --lane interactive`` with the run's settings, SIGTERMed if this process
 dies); they count as ready once each answers a Celery control ping. Flood
 processes are ``multiprocessing`` children (spawn).
@@ -17,15 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dataservice_tools.loadtest.openloop import RequestRecord
+
 from bench import _env
 from bench._openloop import open_loop
-from dataservice.broker import celery_app
+from dataservice.broker.glue import celery_app
 from dataservice.client import Client
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
-from dataservice.loadtest.openloop import RequestRecord
-from dataservice.processes import WorkerProcess, stop_all, wait_answering
-from dataservice.settings import Settings
+from dataservice.ops.processes import WorkerProcess, stop_all, wait_answering
 
 # Worker replicas -------------------------------------------------------------------
 

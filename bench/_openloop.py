@@ -1,5 +1,5 @@
 """Open-loop reads for ``bench/flood.py``, on the load harness's generator
-(:mod:`dataservice.loadtest.openloop`), and the figures drawn from them.
+(:mod:`dataservice_tools.loadtest.openloop`), and the figures drawn from them.
 
 One caller's reads arrive at evenly spaced instants whatever the answers do,
 from a fixed pool of caller threads over the clients given. Outcomes are the
@@ -12,11 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from dataservice_tools.loadtest.openloop import LAG_TOLERANCE_S, OpenLoop, Outcome, RequestRecord
+from dataservice_tools.loadtest.report import percentile
+from dataservice_tools.loadtest.service import ServiceAdapter
+
 from dataservice.client import Client
 from dataservice.enums import LaneName
-from dataservice.loadtest.openloop import LAG_TOLERANCE_S, OpenLoop, Outcome, RequestRecord
-from dataservice.loadtest.report import percentile
-from dataservice.loadtest.service import ServiceAdapter
 
 TIMEOUT_S = 2.0
 LANE = LaneName.INTERACTIVE

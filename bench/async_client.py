@@ -49,6 +49,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml
+from dataservice_tools.loadtest.environment import flush_redis, run_callers_file, seed_records
 from rich.console import Console
 from rich.table import Table
 
@@ -56,9 +57,8 @@ from bench import _env
 from bench._fleet import Replicas
 from bench.roundtrip import _unguarded_config
 from dataservice import AsyncClient, Client
-from dataservice.loadtest.environment import flush_redis, run_callers_file, seed_records
-from dataservice.processes import worker_environ
-from dataservice.settings import Settings
+from dataservice.config.settings import Settings
+from dataservice.ops.processes import worker_environ
 
 SCOPE = "bench"
 PAYLOAD_BYTES = 1024

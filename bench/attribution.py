@@ -50,6 +50,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis
+from dataservice_tools.loadtest.environment import run_callers_file
+from dataservice_tools.localservices import PrivateRedis
 from rich.console import Console
 
 from bench import _env
@@ -87,11 +89,9 @@ from bench._attribution_setup import (
 )
 from bench._attribution_summary import SYSTEMS, compression_verdicts, credit, mix_cells
 from bench.roundtrip import sigterm_as_exit
-from dataservice.config import Limits
-from dataservice.loadtest.environment import run_callers_file
-from dataservice.localservices import PrivateRedis
-from dataservice.processes import WorkerProcess, stop_all
-from dataservice.settings import Settings
+from dataservice.config.model import Limits
+from dataservice.config.settings import Settings
+from dataservice.ops.processes import WorkerProcess, stop_all
 
 
 def in_process(args: argparse.Namespace, limits: Limits) -> dict[str, Any]:

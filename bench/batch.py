@@ -55,6 +55,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import MySQLdb
+from dataservice_tools.loadtest.environment import flush_redis, run_callers_file
+from dataservice_tools.localservices import free_port
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy.engine import make_url
@@ -63,14 +65,12 @@ from bench import _env
 from bench.bare_upsert import UPSERT_TASK, upsert_args
 from bench.bare_upsert import make_app as bare_app
 from dataservice.client import Client
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
 from dataservice.errors import DataServiceError, ResourceExhausted
-from dataservice.loadtest.environment import flush_redis, run_callers_file
-from dataservice.localservices import free_port
-from dataservice.metrics.endpoint import scrape_port
-from dataservice.processes import WorkerProcess, worker_argv, worker_environ
-from dataservice.settings import Settings
+from dataservice.observe.metrics.endpoint import scrape_port
+from dataservice.ops.processes import WorkerProcess, worker_argv, worker_environ
 from dataservice.types import WriteOp, WriteResult
 
 SERVICE = "service"

@@ -47,6 +47,8 @@ if __package__ in (None, ""):
 
 import redis
 import yaml
+from dataservice_tools.loadtest.changes import start_consumer
+from dataservice_tools.localservices import TemporaryBinlogMariaDB
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.event import XidEvent
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
@@ -56,14 +58,12 @@ from bench import _env
 from dataservice.cache.controls import RolloutControls
 from dataservice.cache.formats import CODECS, frame
 from dataservice.changes.stream import connection_settings
-from dataservice.config import Config, load_config
+from dataservice.config.model import Config, load_config
+from dataservice.config.settings import Settings
 from dataservice.enums import CacheFormat
-from dataservice.keys import record_key
-from dataservice.loadtest.changes import start_consumer
-from dataservice.localservices import TemporaryBinlogMariaDB
-from dataservice.processes import WorkerProcess
+from dataservice.ops.processes import WorkerProcess
 from dataservice.proto import pb
-from dataservice.settings import Settings
+from dataservice.redis.keys import record_key
 from dataservice.store import Idempotency, Mutation, RecordStore, create_store_engine
 from dataservice.store.migrate import upgrade
 

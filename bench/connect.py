@@ -6,14 +6,14 @@
 Every connection a process opens pays its handshake in that process's CPU, and
 when a stalled or restarted Redis answers again every caller and worker thread
 opens one at once. Two ways of opening a connection as a caller's Redis user
-(the rules of :func:`dataservice.acl.caller_rules`, set up for the run under a
+(the rules of :func:`dataservice.security.acl.caller_rules`, set up for the run under a
 user name of the bench's own and removed after):
 
 - **library default**: ``redis.ConnectionPool.from_url(url)``: for each
   connection redis-py reads its package metadata for the version it reports,
   sends it in two ``CLIENT SETINFO`` (which the caller's user is refused) and
   asks for ``CLIENT MAINT_NOTIFICATIONS`` (which a Redis before 8 refuses);
-- **service**: the same with :data:`dataservice.bounded.QUIET`, as the
+- **service**: the same with :data:`dataservice.redis.bounded.QUIET`, as the
   service makes its pools: ``HELLO`` and ``SELECT`` only.
 
 Each sample takes ``--connects`` connections, each from a pool of its own
@@ -42,8 +42,8 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import _env
-from dataservice.acl import caller_rules
-from dataservice.bounded import QUIET
+from dataservice.redis.bounded import QUIET
+from dataservice.security.acl import caller_rules
 
 BENCH_USER = "ds-bench-connect"
 WAYS = ("library default", "service")

@@ -1,4 +1,4 @@
-"""A no-op served inline by :mod:`workers.fastpath` vs a stock Celery no-op.
+"""A no-op served inline by :mod:`dataservice.pools.fastpath` vs a stock Celery no-op.
 
     .venv/bin/python bench/fastpath.py [--callers 16] [--requests N] [--json out.json]
 
@@ -40,17 +40,17 @@ if __package__ in (None, ""):
 
 import redis
 from celery import Celery, Task
+from dataservice_tools.loadtest.environment import flush_redis
 from rich.console import Console
 from rich.table import Table
 
 from bench import _env
 from bench.bare_app import NOOP_TASK, make_app
 from bench.roundtrip import Call, Caller, Components, Series, run_round
-from dataservice.broker import CONTENT_TYPE, SERIALIZER
-from dataservice.config import load_config
-from dataservice.loadtest.environment import flush_redis
-from dataservice.processes import WorkerProcess, worker_environ
-from workers.fastpath import InlineMessage, serve_inline
+from dataservice.broker.glue import CONTENT_TYPE, SERIALIZER
+from dataservice.config.model import load_config
+from dataservice.ops.processes import WorkerProcess, worker_environ
+from dataservice.pools.fastpath import InlineMessage, serve_inline
 
 STOCK, POOL, INLINE = "stock", "pool", "inline"
 SYSTEMS = (STOCK, POOL, INLINE)
@@ -65,7 +65,7 @@ def make_inline_app(url: str) -> Celery:
     app = Celery("bench-fastpath", set_as_current=False)
     app.conf.update(
         broker_url=url,
-        broker_transport="dataservice.broker:RedisTransport",
+        broker_transport="dataservice.broker.glue:RedisTransport",
         broker_connection_retry_on_startup=True,
         result_backend=None,
         task_ignore_result=True,

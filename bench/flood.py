@@ -40,6 +40,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml
+from dataservice_tools.loadtest.environment import flush_redis, run_callers_file, seed_records
 from rich.console import Console
 from rich.table import Table
 
@@ -47,9 +48,8 @@ from bench import _env
 from bench._fleet import Flooders, Phase, Replicas, run_phase
 from bench._openloop import summarize_flood, summarize_steady
 from dataservice.client import Client
-from dataservice.config import ClientConfig, Config, RetryConfig, load_config
-from dataservice.loadtest.environment import flush_redis, run_callers_file, seed_records
-from dataservice.settings import Settings
+from dataservice.config.model import ClientConfig, Config, RetryConfig, load_config
+from dataservice.config.settings import Settings
 from dataservice.store.migrate import upgrade
 
 FLOODER = "flooder"

@@ -61,6 +61,10 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml
+from dataservice_tools.loadtest import environment as env
+from dataservice_tools.loadtest.runner import Run, RunOptions
+from dataservice_tools.loadtest.scenarios import SCENARIOS
+from dataservice_tools.localservices import TemporaryBinlogMariaDB
 from rich.console import Console
 from sqlalchemy import create_engine, text
 
@@ -68,10 +72,6 @@ from bench import _env
 from dataservice.client import Client
 from dataservice.enums import LaneName, ReadMode
 from dataservice.errors import DataServiceError
-from dataservice.loadtest import environment as env
-from dataservice.loadtest.runner import Run, RunOptions
-from dataservice.loadtest.scenarios import SCENARIOS
-from dataservice.localservices import TemporaryBinlogMariaDB
 
 # Enough that reads start when due even when the guard sends them all to the
 # database: each may take tens of milliseconds, and five are due per probe.

@@ -36,17 +36,17 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import MySQLdb
+from dataservice_tools.loadtest.environment import flush_redis, run_callers_file
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy.engine import make_url
 
 from bench import _env
 from dataservice.client import Client
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
 from dataservice.errors import DataServiceError, NotFound
-from dataservice.loadtest.environment import flush_redis, run_callers_file
-from dataservice.processes import WorkerProcess, worker_argv, worker_environ
-from dataservice.settings import Settings
+from dataservice.ops.processes import WorkerProcess, worker_argv, worker_environ
 from dataservice.types import Record
 
 SINGLES = "single reads"

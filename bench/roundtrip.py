@@ -50,18 +50,18 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml
+from dataservice_tools.loadtest.environment import flush_redis, run_callers_file, seed_records
+from dataservice_tools.localservices.rabbitmq import virtual_host
 from rich.console import Console
 from rich.table import Table
 
 from bench import _env
 from bench.bare_app import NOOP_TASK, make_app
 from dataservice.client import Client
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName, ReadMode
-from dataservice.loadtest.environment import flush_redis, run_callers_file, seed_records
-from dataservice.localservices.rabbitmq import virtual_host
-from dataservice.processes import WorkerProcess, worker_argv, worker_environ
-from dataservice.settings import Settings
+from dataservice.ops.processes import WorkerProcess, worker_argv, worker_environ
 
 SERVICE = "service"
 BARE = "bare"

@@ -47,16 +47,16 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml
+from dataservice_tools.loadtest.environment import flush_redis, run_callers_file
+from dataservice_tools.loadtest.report import percentile
 from rich.console import Console
 from rich.table import Table
 
 from bench import _env
 from bench._cachefleet import CountingDatabase, burst, replicas, until_each_answers
 from bench.flood import one_attempt
-from dataservice.config import Config, load_config
-from dataservice.loadtest.environment import flush_redis, run_callers_file
-from dataservice.loadtest.report import percentile
-from dataservice.settings import Settings
+from dataservice.config.model import Config, load_config
+from dataservice.config.settings import Settings
 
 PAYLOAD = bytes(range(256)) * 4
 WARM = "warm"

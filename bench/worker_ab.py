@@ -3,7 +3,7 @@
     .venv/bin/python bench/worker_ab.py TREE_A TREE_B [--rounds 12]
 
 Measures a worker-side change before it is applied: copy the repository,
-change ``dataservice/`` or ``workers/`` in the copy, and pass both trees. Each
+change ``dataservice/`` or ``dataservice/pools/`` in the copy, and pass both trees. Each
 tree gets its own ``dataservice worker --lane interactive`` (started with
 ``PYTHONPATH=<tree>``) on its own Redis db (11 and 12 by default) over one
 shared bench database. The callers are this checkout's ``Client`` for both, so
@@ -26,6 +26,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from dataservice_tools.loadtest.environment import flush_redis, run_callers_file, seed_records
 from rich.console import Console
 from rich.table import Table
 
@@ -41,10 +42,9 @@ from bench.roundtrip import (
     service_factory,
 )
 from dataservice.client import Client
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
-from dataservice.loadtest.environment import flush_redis, run_callers_file, seed_records
-from dataservice.processes import WorkerProcess, worker_argv, worker_environ
-from dataservice.settings import Settings
+from dataservice.ops.processes import WorkerProcess, worker_argv, worker_environ
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

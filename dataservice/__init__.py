@@ -4,7 +4,8 @@ The public API is what this module exports; everything else is internal.
 """
 
 from dataservice.client import AsyncClient, AsyncHandle, Client, Handle
-from dataservice.config import Config, load_config
+from dataservice.config.model import Config, load_config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName, ReadMode, StatusCode
 from dataservice.errors import (
     ConfigError,
@@ -24,7 +25,6 @@ from dataservice.errors import (
     Unauthenticated,
     Unavailable,
 )
-from dataservice.settings import Settings
 from dataservice.types import (
     DeleteOp,
     DeleteResult,

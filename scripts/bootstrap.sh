@@ -3,8 +3,9 @@
 # that are missing (Redis, MariaDB, RabbitMQ, the MariaDB client headers,
 # Chromium for the Flower browser test, driven by Playwright from the dev group,
 # and iproute2 for the partition faults), a virtualenv
-# in .venv, and the project with its loadtest extra and its dev and bench
-# dependency groups.
+# in .venv, the service with its examples extra and its dev and bench
+# dependency groups, and beside it the tooling package (tools/: the load
+# harness, the demo, the private-service starter) with its chart extra.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,8 +38,8 @@ fi
 # (2-3 s of CPU each).
 if .venv/bin/python -m pip install -q --disable-pip-version-check uv >/dev/null 2>&1; then
   .venv/bin/python -m uv pip install -q --compile-bytecode --python .venv/bin/python \
-    "pip>=25.1" -e '.[loadtest,examples]' --group dev --group bench
+    "pip>=25.1" -e '.[examples]' -e './tools[chart]' --group dev --group bench
 else
   .venv/bin/python -m pip install -q --upgrade "pip>=25.1"
-  .venv/bin/python -m pip install -q -e '.[loadtest,examples]' --group dev --group bench
+  .venv/bin/python -m pip install -q -e '.[examples]' -e './tools[chart]' --group dev --group bench
 fi

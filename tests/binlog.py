@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from dataservice.localservices import PrivateMariaDB, TemporaryBinlogMariaDB
-from dataservice.settings import Settings
+from dataservice_tools.localservices import PrivateMariaDB, TemporaryBinlogMariaDB
+
+from dataservice.config.settings import Settings
 
 
 @dataclass(frozen=True)

@@ -19,21 +19,21 @@ from pathlib import Path
 
 import pytest
 import redis
-from sqlalchemy import Engine, text
-
-from dataservice.cache.formats import CODECS, frame, unframe
-from dataservice.cache.store import CacheStore
-from dataservice.config import Config
-from dataservice.enums import CacheFormat
-from dataservice.keys import record_key
-from dataservice.localservices import (
+from dataservice_tools.localservices import (
     PrivateMariaDB,
     free_port,
     redis_reachable,
     start_redis,
 )
-from dataservice.processes import WorkerProcess, stop_all
+from sqlalchemy import Engine, text
+
+from dataservice.cache.formats import CODECS, frame, unframe
+from dataservice.cache.store import CacheStore
+from dataservice.config.model import Config
+from dataservice.enums import CacheFormat
+from dataservice.ops.processes import WorkerProcess, stop_all
 from dataservice.proto import pb
+from dataservice.redis.keys import record_key
 from dataservice.store.migrate import upgrade
 from tests.changes_support import consumer_process, holder, wait_for
 from tests.conftest import require, started_binlog_mariadb

@@ -16,12 +16,12 @@ from sqlalchemy import Connection, Engine, create_engine, text
 
 from dataservice.cache.formats import CODECS, frame
 from dataservice.changes.consumer import ChangeConsumer
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import CacheFormat
-from dataservice.keys import CHANGES_LEASE_KEY, record_key, tombstone_key
-from dataservice.processes import WorkerProcess
+from dataservice.ops.processes import WorkerProcess
 from dataservice.proto import pb
-from dataservice.settings import Settings
+from dataservice.redis.keys import CHANGES_LEASE_KEY, record_key, tombstone_key
 from dataservice.store.migrate import upgrade
 from tests.binlog import BinlogDatabase
 from tests.conftest import SHIPPED_CONFIG, started_binlog_mariadb

@@ -16,9 +16,9 @@ from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any, Literal, TypeVar
 
 from dataservice import AsyncClient, AsyncHandle, Client, Handle
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.errors import DataServiceError
-from dataservice.settings import Settings
 from dataservice.types import Operation, Result
 
 T = TypeVar("T")

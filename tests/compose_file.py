@@ -23,9 +23,9 @@ import typer.main
 import yaml
 
 import dataservice.cli
-from dataservice.config import Config, load_config
+from dataservice.config.model import Config, load_config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
-from dataservice.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_DIR = ROOT / "compose"

@@ -27,31 +27,31 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis
 import yaml
-from sqlalchemy import Engine, create_engine, text
-
-from dataservice import Client
-from dataservice.broker import celery_settings
-from dataservice.callers import write_callers_file
-from dataservice.changes.user import changes_url, create_changes_user
-from dataservice.client import throttle
-from dataservice.client.pacer import PACER
-from dataservice.client.transport import Transport
-from dataservice.config import Config
-from dataservice.enums import LaneName
-from dataservice.errors import ServiceSetupError
-from dataservice.localservices import (
+from dataservice_tools.localservices import (
     PrivateRedis,
     TemporaryBinlogMariaDB,
     mysql_reachable,
     redis_reachable,
 )
-from dataservice.settings import Settings
+from sqlalchemy import Engine, create_engine, text
+
+from dataservice import Client
+from dataservice.broker.glue import celery_settings
+from dataservice.changes.user import changes_url, create_changes_user
+from dataservice.client import throttle
+from dataservice.client.pacer import PACER
+from dataservice.client.transport import Transport
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
+from dataservice.enums import LaneName
+from dataservice.errors import ServiceSetupError
+from dataservice.ops.supervisor import Supervisor
+from dataservice.pools.app import LaneRuntime, register_task
+from dataservice.security.callers import write_callers_file
 from dataservice.store.migrate import upgrade
-from dataservice.supervisor import Supervisor
 from tests.binlog import BinlogDatabase
 from tests.clients import KINDS, AnyClient, ClientKind, make_client
 from tests.support import TEST_CALLERS, RawPublisher, on_redis, with_test_callers
-from workers.app import LaneRuntime, register_task
 
 
 @pytest.fixture(autouse=True)

@@ -34,10 +34,10 @@ from typing import Any
 import redis
 from celery import Celery, Task
 
-from dataservice.broker import CONTENT_TYPE, SERIALIZER
+from dataservice.broker.glue import CONTENT_TYPE, SERIALIZER
 from dataservice.compat.celery import PacedConsumer
-from dataservice.settings import AMQP_SCHEMES
-from workers.fastpath import InlineMessage, redelivered, serve_inline
+from dataservice.config.settings import AMQP_SCHEMES
+from dataservice.pools.fastpath import InlineMessage, redelivered, serve_inline
 
 TASK = "tests.fastpath.echo"
 QUEUE = "fastpath"
@@ -96,7 +96,7 @@ def make_app(url: str, visibility_timeout_s: float = 3600) -> Celery:
         )
         return app
     app.conf.update(
-        broker_transport="dataservice.broker:RedisTransport",
+        broker_transport="dataservice.broker.glue:RedisTransport",
         broker_transport_options={
             "visibility_timeout": visibility_timeout_s,
             # Sweep for expired unacknowledged messages every second, not

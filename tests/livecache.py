@@ -13,9 +13,10 @@ from sqlalchemy import Engine, text
 
 from dataservice.cache.formats import CODECS, unframe
 from dataservice.codec import record_from_pb, record_to_pb
-from dataservice.config import Config
+from dataservice.config.model import Config
 from dataservice.enums import CacheFormat
-from dataservice.keys import (
+from dataservice.observe.metrics import REGISTRY
+from dataservice.redis.keys import (
     AUDIT_KEY,
     ROLLOUT_KEY,
     filled_key,
@@ -24,7 +25,6 @@ from dataservice.keys import (
     record_key,
     tombstone_key,
 )
-from dataservice.metrics import REGISTRY
 from dataservice.types import Record
 from tests.conftest import SERVICE_USER
 from tests.support import scraped, statements_by

@@ -7,12 +7,12 @@ import io
 from pathlib import Path
 from typing import Any
 
+from dataservice_tools.loadtest import environment as env
+from dataservice_tools.loadtest.runner import Run, RunOptions
+from dataservice_tools.loadtest.sampler import Sample
+from dataservice_tools.loadtest.scenarios import SCENARIOS
 from rich.console import Console
 
-from dataservice.loadtest import environment as env
-from dataservice.loadtest.runner import Run, RunOptions
-from dataservice.loadtest.sampler import Sample
-from dataservice.loadtest.scenarios import SCENARIOS
 from tests.conftest import SHIPPED_CONFIG
 
 

@@ -7,13 +7,13 @@ import dataclasses
 import functools
 
 import redis
+from dataservice_tools.localservices.rabbitmq import virtual_host
 from kombu import Connection
 
-from dataservice.broker import queue_depths
-from dataservice.config import Config
-from dataservice.localservices.rabbitmq import virtual_host
-from dataservice.rabbitmq import delete_lane_queues
-from dataservice.settings import Settings
+from dataservice.broker.glue import queue_depths
+from dataservice.broker.rabbitmq import delete_lane_queues
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from tests.conftest import PROCESS_REDIS_URL
 from tests.support import on_redis as settings_on
 

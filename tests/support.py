@@ -19,23 +19,23 @@ from typing import Any
 import redis
 import yaml
 from celery import Celery
+from dataservice_tools.localservices import free_port
 from kombu import Connection, Exchange
 from sqlalchemy import Engine, text
 
-from dataservice.auth import Authenticator, sign
-from dataservice.broker import CONTENT_TYPE, TASK_NAME, celery_app, celery_settings
-from dataservice.callers import CallerKey, load_keyring
+from dataservice.broker.glue import CONTENT_TYPE, TASK_NAME, celery_app, celery_settings
 from dataservice.client.transport import Transport
-from dataservice.config import Config, load_config
+from dataservice.config.model import Config, load_config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
 from dataservice.limits.admission import DEADLINE_HEADER, AdmissionRefused
 from dataservice.limits.gate import Gate
 from dataservice.limits.permits import LanePermits
-from dataservice.localservices import free_port
-from dataservice.metrics import REGISTRY
-from dataservice.processes import WorkerProcess, stop_all, wait_answering
+from dataservice.observe.metrics import REGISTRY
+from dataservice.ops.processes import WorkerProcess, stop_all, wait_answering
 from dataservice.proto import pb
-from dataservice.settings import Settings
+from dataservice.security.auth import Authenticator, sign
+from dataservice.security.callers import CallerKey, load_keyring
 from dataservice.store import RecordStore
 from dataservice.worker import Database, RequestHandler, build_handler
 
@@ -187,7 +187,7 @@ def signed(envelope: pb.RequestEnvelope, key: CallerKey) -> bytes:
 
 
 def counter(name: str, **labels: str) -> float:
-    """A counter of this process's workers (``dataservice.metrics``), 0 if never touched."""
+    """A counter of this process's workers (``dataservice.observe.metrics``), 0 if never touched."""
     return REGISTRY.get_sample_value(f"{name}_total", labels) or 0.0
 
 

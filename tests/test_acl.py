@@ -19,14 +19,14 @@ import yaml
 from redis.exceptions import NoPermissionError, ResponseError
 
 from dataservice import Client
-from dataservice.acl import WORKER_USER, acl_users, apply_acl, caller_user
-from dataservice.callers import KeyRing, load_keyring
 from dataservice.client.inbox import Inbox
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
-from dataservice.keys import inflight_key, rate_key, replay_key, reply_key, result_key
 from dataservice.proto import pb
-from dataservice.settings import Settings
+from dataservice.redis.keys import inflight_key, rate_key, replay_key, reply_key, result_key
+from dataservice.security.acl import WORKER_USER, acl_users, apply_acl, caller_user
+from dataservice.security.callers import KeyRing, load_keyring
 from tests.conftest import require
 
 CALLER = "tests"

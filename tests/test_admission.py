@@ -11,14 +11,16 @@ from pathlib import Path
 
 import pytest
 import redis
+from dataservice_tools.localservices import redis_reachable
 
 from dataservice import Client, ReadOp, ResourceExhausted, WriteOp
-from dataservice.broker import queue_depths
+from dataservice.broker.glue import queue_depths
+from dataservice.broker.results import Completion, ResultStore
 from dataservice.client.publisher import refusal_error
 from dataservice.client.transport import Transport
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
-from dataservice.keys import admission_key, held_key
 from dataservice.limits import admission
 from dataservice.limits.admission import (
     HELD_GRACE_ELSEWHERE_MS,
@@ -27,10 +29,8 @@ from dataservice.limits.admission import (
     AdmissionRefused,
     publish_service_times,
 )
-from dataservice.localservices import redis_reachable
-from dataservice.metrics import QUEUES, REGISTRY, QueueWatch
-from dataservice.results import Completion, ResultStore
-from dataservice.settings import Settings
+from dataservice.observe.metrics import QUEUES, REGISTRY, QueueWatch
+from dataservice.redis.keys import admission_key, held_key
 from tests.clients import ClientKind, make_client
 from tests.conftest import require
 from tests.rabbit import BROKERS, depth, on_rabbitmq

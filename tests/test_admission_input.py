@@ -11,15 +11,15 @@ import redis
 from sqlalchemy import Engine
 
 from dataservice import Client, InvalidArgument
-from dataservice.callers import CallerKey
 from dataservice.client.transport import Transport
 from dataservice.codec import decode_response
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName, StatusCode
-from dataservice.keys import admission_key
 from dataservice.limits.permits import LanePermits
 from dataservice.proto import pb
-from dataservice.settings import Settings
+from dataservice.redis.keys import admission_key
+from dataservice.security.callers import CallerKey
 from dataservice.store import RecordStore, create_store_engine
 from dataservice.worker import RequestHandler
 from dataservice.worker.database import Database

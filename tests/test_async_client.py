@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from dataservice import AsyncClient, NotFound, Record, WriteResult
-from dataservice.config import Config
-from dataservice.settings import Settings
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 
 pytestmark = pytest.mark.usefixtures("interactive_worker")
 

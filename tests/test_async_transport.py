@@ -16,11 +16,11 @@ import redis
 
 from dataservice.client.async_transport import AsyncTransport
 from dataservice.client.transport import Transport
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
 from dataservice.errors import InvalidArgument
 from dataservice.limits.admission import AdmissionRefused
-from dataservice.settings import Settings
 from tests.support import bounded_admission, now_ms
 
 # No worker consumes this database: whatever is admitted stays queued.

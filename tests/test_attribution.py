@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from dataservice_tools.localservices import mysql_reachable
 
-from dataservice.localservices import mysql_reachable
 from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parents[1]

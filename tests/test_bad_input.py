@@ -18,16 +18,16 @@ from celery import Celery
 from sqlalchemy import Engine
 
 from dataservice import Client, InvalidArgument, ReadMode
-from dataservice.auth import sign
-from dataservice.broker import TASK_NAME, celery_app
-from dataservice.callers import CallerKey
+from dataservice.broker.glue import TASK_NAME, celery_app
 from dataservice.client.transport import Transport
 from dataservice.codec import decode_response
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
-from dataservice.keys import admission_key
 from dataservice.proto import pb
-from dataservice.settings import Settings
+from dataservice.redis.keys import admission_key
+from dataservice.security.auth import sign
+from dataservice.security.callers import CallerKey
 from tests.conftest import SERVICE_USER
 from tests.support import (
     caller_key,
@@ -195,7 +195,7 @@ def test_task_message_in_json_is_counted_and_dropped(
 
 
 def test_pickle_is_never_accepted(config: Config) -> None:
-    from dataservice.broker import celery_settings as shared
+    from dataservice.broker.glue import celery_settings as shared
 
     accepted = shared(Settings(), config)["accept_content"]
     assert not any("pickle" in content for content in accepted)

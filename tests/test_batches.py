@@ -19,20 +19,20 @@ from pathlib import Path
 
 import pytest
 import redis
+from dataservice_tools.localservices import redis_reachable
 from sqlalchemy import Engine, text
 
 from dataservice import Client, Conflict, DataServiceError, InvalidArgument
-from dataservice.auth import sign
-from dataservice.broker import celery_app
+from dataservice.broker.glue import celery_app
 from dataservice.client.handle import AsyncHandle, Carrier, Handle
 from dataservice.codec import batch_envelope
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
-from dataservice.keys import admission_key
-from dataservice.localservices import redis_reachable
-from dataservice.processes import WorkerProcess, stop_all, wait_answering
+from dataservice.ops.processes import WorkerProcess, stop_all, wait_answering
 from dataservice.proto import pb
-from dataservice.settings import Settings
+from dataservice.redis.keys import admission_key
+from dataservice.security.auth import sign
 from dataservice.types import WriteOp, WriteResult
 from tests.clients import (
     AnyClient,

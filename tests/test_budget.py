@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from dataservice.budget import check_budget, require_within_budget
-from dataservice.config import ConfigError, parse_config
+from dataservice.config.budget import check_budget, require_within_budget
+from dataservice.config.model import ConfigError, parse_config
 from dataservice.enums import LaneName
 from tests.conftest import SHIPPED_CONFIG
 from tests.support import changed

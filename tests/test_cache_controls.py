@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from dataservice_tools.localservices import free_port
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 from typer.testing import CliRunner
@@ -23,12 +24,11 @@ from typer.testing import CliRunner
 from dataservice.cache.controls import RolloutControls
 from dataservice.cache.rollout import PERCENTS, Rollout, parse_format, parse_formats
 from dataservice.cli import app
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import CacheFormat
 from dataservice.errors import ConfigError, InvalidControl, ServiceSetupError
-from dataservice.keys import AUDIT_KEY, ROLLOUT_KEY
-from dataservice.localservices import free_port
-from dataservice.settings import Settings
+from dataservice.redis.keys import AUDIT_KEY, ROLLOUT_KEY
 from tests.conftest import require
 
 V1, V2 = CacheFormat.V1, CacheFormat.V2

@@ -23,7 +23,7 @@ from sqlalchemy import Engine
 
 from dataservice import Client
 from dataservice.cache.controls import RolloutControls
-from dataservice.config import Config
+from dataservice.config.model import Config
 from dataservice.enums import CacheFormat
 from tests.changes_support import wait_for
 from tests.livecache import (

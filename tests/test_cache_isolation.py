@@ -24,10 +24,10 @@ from dataservice import Client, PermissionDenied
 from dataservice.cache.controls import RolloutControls
 from dataservice.cache.store import CacheStore
 from dataservice.codec import record_to_pb
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import ReadMode
-from dataservice.keys import record_key
-from dataservice.settings import Settings
+from dataservice.redis.keys import record_key
 from tests.changes_support import wait_for
 from tests.conftest import TEST_REDIS_URL
 from tests.livecache import (

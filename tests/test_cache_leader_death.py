@@ -30,9 +30,9 @@ import redis
 
 from bench._cachefleet import CountingDatabase, Outcome, burst, replicas, until_each_answers
 from bench._fleet import Replicas
-from dataservice.config import Config, load_config
-from dataservice.keys import lock_key, lockwait_key
-from dataservice.settings import Settings
+from dataservice.config.model import Config, load_config
+from dataservice.config.settings import Settings
+from dataservice.redis.keys import lock_key, lockwait_key
 from tests.support import scraped, with_changes, with_retry
 
 LEADER_DELAY_MS = 3000

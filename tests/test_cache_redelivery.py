@@ -27,16 +27,16 @@ from pathlib import Path
 import pytest
 import redis
 from celery import Celery
+from dataservice_tools.localservices import free_port, redis_reachable
 from sqlalchemy import Engine
 
 from dataservice import Client
-from dataservice.broker import celery_app
-from dataservice.config import Config
+from dataservice.broker.glue import celery_app
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName, ReadMode
-from dataservice.keys import REPLAY_PREFIX, RESULT_PREFIX
-from dataservice.localservices import free_port, redis_reachable
-from dataservice.processes import WorkerProcess, stop_all, wait_answering
-from dataservice.settings import Settings
+from dataservice.ops.processes import WorkerProcess, stop_all, wait_answering
+from dataservice.redis.keys import REPLAY_PREFIX, RESULT_PREFIX
 from dataservice.types import Record
 from tests.changes_support import wait_for
 from tests.conftest import require

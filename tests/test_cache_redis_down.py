@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from dataservice_tools.localservices import PrivateRedis
 
 from bench._cachefleet import CountingDatabase, burst, replicas
 from bench._fleet import Replicas
 from dataservice import Client, DataServiceError, RetryableError
-from dataservice.config import Config
-from dataservice.localservices import PrivateRedis
-from dataservice.settings import Settings
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from tests.support import scraped, scraped_sample, with_retry
 
 REPLICAS = 2

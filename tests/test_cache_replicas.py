@@ -17,11 +17,11 @@ from dataservice.cache.breaker import Breaker, Guard
 from dataservice.cache.controls import RolloutControls
 from dataservice.cache.replicas import ReplicaCoalescing
 from dataservice.cache.store import CacheStore
-from dataservice.config import Config
+from dataservice.config.model import Config
 from dataservice.enums import CacheFormat
 from dataservice.proto import pb
 from dataservice.worker.failures import CoalescedWaitExpired, verdict
-from dataservice.worker.operations import Found
+from dataservice.worker.source import Found
 from tests.support import now_ms
 
 

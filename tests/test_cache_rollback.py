@@ -26,17 +26,17 @@ from pathlib import Path
 
 import pytest
 import redis
+from dataservice_tools.localservices import redis_reachable
 from sqlalchemy import Engine
 from typer.testing import CliRunner
 
 from dataservice import Client
 from dataservice.cache.controls import Change, RolloutControls
 from dataservice.cli import app
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import CacheFormat, LaneName
-from dataservice.keys import lock_key, record_key
-from dataservice.localservices import redis_reachable
-from dataservice.settings import Settings
+from dataservice.redis.keys import lock_key, record_key
 from dataservice.types import Record
 from tests.changes_support import wait_for
 from tests.conftest import require

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from dataservice_tools.localservices import redis_reachable
 from sqlalchemy import Engine
 from typer.testing import CliRunner
 
@@ -27,11 +28,10 @@ from dataservice.cache.formats import CODECS, frame
 from dataservice.cache.shadow import read_counts
 from dataservice.cli import app
 from dataservice.codec import record_to_pb
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import CacheFormat, LaneName, ReadMode
-from dataservice.keys import SHADOW_KEY, record_key
-from dataservice.localservices import redis_reachable
-from dataservice.settings import Settings
+from dataservice.redis.keys import SHADOW_KEY, record_key
 from tests.conftest import SERVICE_USER, require
 from tests.livecache import in_database, restore_defaults, settle, until
 from tests.support import on_redis, running_statements, with_changes, worker_process

@@ -41,9 +41,9 @@ from bench._cachefleet import (
     until_each_answers,
 )
 from bench._fleet import Replicas
-from dataservice.config import Config
-from dataservice.keys import lock_key, record_key
-from dataservice.settings import Settings
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
+from dataservice.redis.keys import lock_key, record_key
 from tests.support import scraped, with_changes, with_retry
 
 REPLICAS = 3

@@ -12,8 +12,8 @@ import redis
 from dataservice.cache.formats import CODECS, frame
 from dataservice.cache.store import CacheStore, Follow, Hit, Lead
 from dataservice.enums import CacheFormat
-from dataservice.keys import record_key, tombstone_key
 from dataservice.proto import pb
+from dataservice.redis.keys import record_key, tombstone_key
 
 V1, V2 = CacheFormat.V1, CacheFormat.V2
 BOTH = frozenset({V1, V2})

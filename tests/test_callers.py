@@ -11,13 +11,13 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from dataservice.auth import Authenticator, Rejected, sign
-from dataservice.callers import KeyRing, write_callers_file
 from dataservice.cli import app
-from dataservice.config import load_config
+from dataservice.config.model import load_config
 from dataservice.enums import LaneName
 from dataservice.errors import ConfigError
 from dataservice.proto import pb
+from dataservice.security.auth import Authenticator, Rejected, sign
+from dataservice.security.callers import KeyRing, write_callers_file
 from tests.conftest import SHIPPED_CONFIG
 from tests.support import now_ms
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 import yaml
+from dataservice_tools.localservices import free_port
 from sqlalchemy import Engine, create_engine, text
 from typer.testing import CliRunner
 
@@ -31,11 +32,10 @@ from dataservice.changes.behind import (
 )
 from dataservice.changes.stream import Position
 from dataservice.cli import app
-from dataservice.config import Config
-from dataservice.keys import CHANGES_STATUS_KEY
-from dataservice.localservices import free_port
-from dataservice.metrics import REGISTRY
-from dataservice.settings import Settings
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
+from dataservice.observe.metrics import REGISTRY
+from dataservice.redis.keys import CHANGES_STATUS_KEY
 from tests import changes_support
 from tests.binlog import BinlogDatabase
 from tests.changes_support import (

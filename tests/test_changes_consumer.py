@@ -14,7 +14,7 @@ import pytest
 import redis
 from sqlalchemy import create_engine, text
 
-from dataservice.broker import celery_app
+from dataservice.broker.glue import celery_app
 from dataservice.cache.controls import RolloutControls
 from dataservice.cache.guard import FreshnessGuard, stream_status
 from dataservice.changes.consumer import (
@@ -27,10 +27,10 @@ from dataservice.changes.invalidator import Invalidator
 from dataservice.changes.lease import Lease
 from dataservice.changes.stream import RecordChange
 from dataservice.compat.celery import broadcast_request
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.errors import StaleToken
-from dataservice.keys import CHANGES_FRESH_KEY, CHANGES_LEASE_KEY, tombstone_key
-from dataservice.settings import Settings
+from dataservice.redis.keys import CHANGES_FRESH_KEY, CHANGES_LEASE_KEY, tombstone_key
 from tests import changes_support
 from tests.changes_support import (
     CHANGES_REDIS_URL,

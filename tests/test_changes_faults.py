@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 import redis
+from dataservice_tools.localservices import PrivateMariaDB
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
 from dataservice.cache.controls import RolloutControls
 from dataservice.changes.checkpoint import Checkpoints
 from dataservice.changes.stream import Position
-from dataservice.config import Config
-from dataservice.keys import CHANGES_FENCE_KEY
-from dataservice.localservices import PrivateMariaDB
-from dataservice.settings import Settings
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
+from dataservice.redis.keys import CHANGES_FENCE_KEY
 from tests import changes_faults, changes_support
 from tests.changes_faults import (
     INSERT,

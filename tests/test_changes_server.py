@@ -11,6 +11,13 @@ from pathlib import Path
 
 import MySQLdb
 import pytest
+from dataservice_tools.localservices import down, free_port, mariadb_dir, mysql_reachable
+from dataservice_tools.localservices.binlog import (
+    CHANGES_VARIABLE,
+    DATABASE_VARIABLE,
+    ensure_binlog,
+    read_env,
+)
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from typer.testing import CliRunner
@@ -19,16 +26,9 @@ from dataservice.changes.grants import Grants, missing_grants
 from dataservice.changes.server import check_server
 from dataservice.changes.user import DEFAULT_HOSTS, changes_url, create_changes_user
 from dataservice.cli import app
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.errors import BinlogSetupError, ServiceSetupError
-from dataservice.localservices import down, free_port, mariadb_dir, mysql_reachable
-from dataservice.localservices.binlog import (
-    CHANGES_VARIABLE,
-    DATABASE_VARIABLE,
-    ensure_binlog,
-    read_env,
-)
-from dataservice.settings import Settings
 from tests.binlog import BinlogDatabase
 from tests.conftest import ROOT_URL, TEST_DATABASE, require
 

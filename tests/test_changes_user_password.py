@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from dataservice.changes.server import check_server
 from dataservice.changes.user import changes_url
 from dataservice.cli import app
-from dataservice.settings import Settings
+from dataservice.config.settings import Settings
 from tests.binlog import BinlogDatabase
 
 VARIABLE = "DATASERVICE_CHANGES_DATABASE_URL"

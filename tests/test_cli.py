@@ -9,8 +9,8 @@ import sys
 import pytest
 from sqlalchemy import Engine
 
-from dataservice.console import WIDTH_OFF_TERMINAL, console
-from dataservice.settings import Settings
+from dataservice.cli.console import WIDTH_OFF_TERMINAL, console
+from dataservice.config.settings import Settings
 
 
 def _run(args: list[str], settings: Settings, timeout: float) -> subprocess.CompletedProcess[str]:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from dataservice_tools.localservices import PrivateRedis
 from sqlalchemy import text
 
 from bench._cachefleet import (
@@ -35,11 +36,10 @@ from bench._cachefleet import (
     until_each_answers,
 )
 from bench._fleet import Replicas
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import ReadMode
-from dataservice.keys import record_key
-from dataservice.localservices import PrivateRedis
-from dataservice.settings import Settings
+from dataservice.redis.keys import record_key
 from tests.support import scraped, scraped_sample, with_changes, with_retry
 
 REPLICAS = 3

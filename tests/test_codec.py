@@ -12,11 +12,11 @@ import pytest
 
 from dataservice.codec import decode_cursor, decode_request, encode_cursor, page_size
 from dataservice.codec.requests import MAX_CURSOR_CHARS
-from dataservice.config import Limits
+from dataservice.config.model import Limits
+from dataservice.config.settings import Settings
 from dataservice.enums import StatusCode
 from dataservice.errors import InvalidArgument
 from dataservice.proto import pb
-from dataservice.settings import Settings
 
 DEADLINE = 1_735_689_600_000
 ISSUED_AT = DEADLINE - 30_000

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from dataservice_tools.loadtest import environment as env
+from dataservice_tools.loadtest.refill import REFILLED
+from dataservice_tools.localservices import TemporaryBinlogMariaDB, redis_reachable
 
-from dataservice.loadtest import environment as env
-from dataservice.loadtest.refill import REFILLED
-from dataservice.localservices import TemporaryBinlogMariaDB, redis_reachable
 from tests.conftest import require, started_binlog_mariadb
 from tests.loadtest_support import run_scenario
 from tests.test_loadtest import assert_within_share

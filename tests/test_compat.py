@@ -28,6 +28,7 @@ from celery.utils.imports import symbol_by_name
 from celery.worker import state as worker_state
 from celery.worker import strategy as celery_strategy
 from celery.worker.consumer import Consumer as CeleryConsumer
+from dataservice_tools.localservices import redis_reachable
 from kombu import Connection, Consumer, Exchange, Queue
 from kombu.asynchronous.timer import Timer
 from kombu.message import Message
@@ -36,7 +37,6 @@ from kombu.transport import virtual as kombu_virtual
 
 from dataservice.compat import celery as celery_compat
 from dataservice.compat import kombu as kombu_compat
-from dataservice.localservices import redis_reachable
 from tests.conftest import TEST_REDIS_URL, require
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -229,7 +229,7 @@ def test_no_module_but_the_compat_modules_uses_a_celery_or_kombu_internal() -> N
     names = set().union(*(listed_names(module) for module in COMPAT.values()))
     assert private(names) >= {"_put", "_q_for_pri", "_raw", "_request", "_state"}
     offences = {}
-    for path in sorted([*(ROOT / "dataservice").rglob("*.py"), *(ROOT / "workers").rglob("*.py")]):
+    for path in sorted([*(ROOT / "dataservice").rglob("*.py"), *(ROOT / "tools").rglob("*.py")]):
         if path in COMPAT or path.name.endswith("_pb2.py"):
             continue
         found = uses(path.read_text(), names)

@@ -13,9 +13,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
 from dataservice.errors import ConfigError
-from dataservice.settings import Settings
 from tests.compose_file import (
     COMPOSE_DIR,
     CONSUMER,

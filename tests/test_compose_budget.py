@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from dataservice.budget import check_budget, pool_size
-from dataservice.config import Config
+from dataservice.config.budget import check_budget, pool_size
+from dataservice.config.model import Config
 from dataservice.enums import LaneName
 from tests.compose_file import (
     SERVICES,

@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 import pytest
 from prometheus_client import CollectorRegistry
 
-import dataservice.metrics
-from dataservice.flower_cli import check_auth
+import dataservice.observe.metrics
+from dataservice.cli.flower import check_auth
 from tests.compose_file import (
     COMPOSE_DIR,
     RAW_SERVICES,
@@ -96,9 +96,11 @@ def metric_names(expr: str) -> set[str]:
 
 
 def _registries() -> Iterator[CollectorRegistry]:
-    modules = [dataservice.metrics]
-    if hasattr(dataservice.metrics, "__path__"):
-        for found in pkgutil.walk_packages(dataservice.metrics.__path__, "dataservice.metrics."):
+    modules = [dataservice.observe.metrics]
+    if hasattr(dataservice.observe.metrics, "__path__"):
+        for found in pkgutil.walk_packages(
+            dataservice.observe.metrics.__path__, "dataservice.observe.metrics."
+        ):
             modules.append(importlib.import_module(found.name))
     seen: set[int] = set()
     for module in modules:

@@ -10,7 +10,7 @@ import yaml
 from pydantic import ValidationError
 
 from dataservice import ConfigError, LaneName, Settings, load_config
-from dataservice.config import parse_config
+from dataservice.config.model import parse_config
 from tests.conftest import SHIPPED_CONFIG
 from tests.support import changed
 

@@ -13,8 +13,8 @@ import time
 import pytest
 from sqlalchemy import Engine
 
-from dataservice.config import Config
-from dataservice.settings import Settings
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.store import Bounds, RecordStore, create_store_engine
 from dataservice.store.connections import ConnectRateLimited, now_ms
 

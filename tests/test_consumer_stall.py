@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 import redis
+from dataservice_tools.localservices import redis_reachable
 
-from dataservice.broker import celery_app
-from dataservice.callers import CallerKey, Secret
-from dataservice.config import Config
+from dataservice.broker.glue import celery_app
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
-from dataservice.localservices import redis_reachable
 from dataservice.proto import pb
-from dataservice.settings import Settings
+from dataservice.security.callers import CallerKey, Secret
 from tests.conftest import require
 from tests.support import (
     RawPublisher,

@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 import redis
+from dataservice_tools.localservices import redis_reachable
 from sqlalchemy import Engine
 
 from dataservice import Client, DeadlineExceeded, ReadMode, RetryableError, Unavailable
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
-from dataservice.keys import REPLAY_PREFIX, result_key
 from dataservice.limits.admission import ADMIT
-from dataservice.localservices import redis_reachable
-from dataservice.settings import Settings
+from dataservice.redis.keys import REPLAY_PREFIX, result_key
 from dataservice.types import ReadOp
 from tests.clients import ClientKind, make_client
 from tests.conftest import SERVICE_USER, require

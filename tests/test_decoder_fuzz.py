@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 from dataservice.codec import decode_request, encode_cursor
 from dataservice.codec.requests import MAX_CURSOR_CHARS
+from dataservice.config.settings import Settings
 from dataservice.errors import InvalidArgument
 from dataservice.identifiers import (
     CALLER_RE,
@@ -41,7 +42,6 @@ from dataservice.identifiers import (
     SCOPE_RE,
 )
 from dataservice.proto import pb
-from dataservice.settings import Settings
 
 LIMITS = Settings.from_env({}).load().limits
 

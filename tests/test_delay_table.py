@@ -12,11 +12,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from dataservice_tools.loadtest.delay import DELAY_TABLE, DelayTable
 from sqlalchemy import Engine, text
 
-from dataservice.config import Config
-from dataservice.loadtest.delay import DELAY_TABLE, DelayTable
-from dataservice.settings import Settings
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.store import RecordStore, create_store_engine
 from tests.conftest import ROOT_URL, SERVICE_USER, TEST_DATABASE
 from tests.support import connection_ids

@@ -23,8 +23,8 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, text
 
-from dataservice.metrics import Stage
-from dataservice.settings import Settings
+from dataservice.config.settings import Settings
+from dataservice.observe.metrics import Stage
 from tests.binlog import BinlogDatabase
 from tests.support import on_redis, with_changes
 from tests.test_secrets_stay_out import secret_forms

@@ -2,7 +2,7 @@
 keys, identifier patterns and the repository paths they name.
 
 The code is the truth. Each test reads a table (or the code spans) out of the
-Markdown, or the table in ``dataservice/keys.py``'s docstring, compares it with
+Markdown, or the table in ``dataservice/redis/keys.py``'s docstring, compares it with
 what the code defines, and names the doc line that disagrees. No services.
 """
 
@@ -16,15 +16,16 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from dataservice import identifiers, keys
+from dataservice import identifiers
 from dataservice.cache.shadow import Outcome as ShadowOutcome
 from dataservice.changes.behind import EVENTS_CAP
 from dataservice.codec.requests import MAX_CURSOR_CHARS
 from dataservice.enums import StatusCode
 from dataservice.limits.local import RETRY_LOCAL_FULL_MS
 from dataservice.limits.slots import RETRY_AT_CAP_MS
-from dataservice.metrics import REGISTRY, Dependency, Stage, TimeoutStage
+from dataservice.observe.metrics import REGISTRY, Dependency, Stage, TimeoutStage
 from dataservice.proto import pb
+from dataservice.redis import keys
 from dataservice.refusals import ADMISSION_REASONS, Reason
 from dataservice.worker import failures
 from dataservice.worker.failures import REASON_CODES
@@ -377,7 +378,7 @@ def _documented_keys() -> Iterator[tuple[str, str]]:
                 yield where, match.group(0)
     for span in re.findall(r"``([^`]+)``", keys.__doc__ or ""):
         for match in KEY.finditer(span):
-            yield "dataservice/keys.py docstring", match.group(0)
+            yield "dataservice/redis/keys.py docstring", match.group(0)
 
 
 def test_every_documented_key_is_built_by_keys_py() -> None:
@@ -456,7 +457,7 @@ def test_every_repository_path_the_docs_name_exists() -> None:
 
 
 def test_the_scenario_table_lists_exactly_the_loadtest_scenarios() -> None:
-    from dataservice.loadtest.scenarios import SCENARIOS
+    from dataservice_tools.loadtest.scenarios import SCENARIOS
 
     documented = [_unquote(row["scenario"]) for row in table(LOADTEST, "scenario").rows]
     assert documented == list(SCENARIOS), "docs/loadtest.md: scenarios"
@@ -466,7 +467,7 @@ def test_the_scenario_table_lists_exactly_the_loadtest_scenarios() -> None:
 
 
 def test_the_health_exit_table_is_health_exit() -> None:
-    from dataservice.health import HealthExit
+    from dataservice.ops.health import HealthExit
 
     rows = table(OPERATIONS, "exit", "name").rows
     documented = {int(row["exit"]): _unquote(row["name"]) for row in rows}

@@ -15,12 +15,12 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from dataservice_tools.localservices import free_port
 
 from dataservice import Client, WriteOp
-from dataservice.config import Config
-from dataservice.localservices import free_port
-from dataservice.settings import Settings
-from dataservice.supervisor import Supervisor
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
+from dataservice.ops.supervisor import Supervisor
 from tests.support import bounded_admission
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,15 +8,16 @@ import inspect
 import pkgutil
 import re
 
+import dataservice_tools
+
 import dataservice
-import workers
 from dataservice.errors import DataServiceError
 from dataservice.refusals import Refusal
 
 
 def _modules() -> list[str]:
     names = []
-    for package in (dataservice, workers):
+    for package in (dataservice, dataservice_tools):
         names.append(package.__name__)
         for info in pkgutil.walk_packages(package.__path__, prefix=f"{package.__name__}."):
             if not info.name.endswith("_pb2"):

@@ -14,10 +14,10 @@ import pytest
 import redis
 
 from dataservice import AsyncClient, Client, DeadlineExceeded, Record, ResourceExhausted, WriteOp
-from dataservice.config import Config
-from dataservice.keys import reply_key
-from dataservice.settings import Settings
-from dataservice.supervisor import Supervisor
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
+from dataservice.ops.supervisor import Supervisor
+from dataservice.redis.keys import reply_key
 from tests.support import bounded_admission, connections_of_this_process, own_local_ports
 
 # What a client process may hold, whatever its concurrency.

@@ -1,4 +1,4 @@
-"""The inline fast path (:mod:`workers.fastpath`) against real worker processes.
+"""The inline fast path (:mod:`dataservice.pools.fastpath`) against real worker processes.
 
 Each worker runs :mod:`tests.fastpath_app`, on each broker in turn (Redis db
 12, then a RabbitMQ virtual host of its own, with the answers on Redis db 12):
@@ -29,12 +29,12 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from dataservice_tools.localservices import redis_reachable
 from kombu import Connection
 
-from dataservice.localservices import redis_reachable
-from dataservice.processes import WorkerProcess, stop_all, wait_answering, worker_environ
-from dataservice.rabbitmq import AmqpDepths
-from dataservice.settings import AMQP_SCHEMES
+from dataservice.broker.rabbitmq import AmqpDepths
+from dataservice.config.settings import AMQP_SCHEMES
+from dataservice.ops.processes import WorkerProcess, stop_all, wait_answering, worker_environ
 from tests.conftest import require
 from tests.fastpath_app import (
     HELD,

@@ -2,13 +2,13 @@
 of capacity) on one replica per lane, 200 ms in the database per operation,
 and a fault at 40 % of the run, on a Redis and a MariaDB of the run's own
 (``dataservice loadtest --fault``). Each run's invariants are the harness's own
-verdicts (dataservice/loadtest/invariants.py): no caller past its timeout plus
+verdicts (tools/dataservice_tools/loadtest/invariants.py): no caller past its timeout plus
 100 ms (plus the run's worst stall of the machine or of the harness's own
 threads, see ``machine_stalls`` in docs/loadtest.md), the database share never exceeded,
 goodput back within 5 s of the fault's end and held, no acknowledged write lost
 or applied twice, every lane's admission counts back at rest after the load,
 and no in-flight slot left held nor rollout control unreadable
-(dataservice/loadtest/aftermath.py)."""
+(tools/dataservice_tools/loadtest/aftermath.py)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import io
 from pathlib import Path
 
 import pytest
+from dataservice_tools.loadtest.cli import run_loadtest
+from dataservice_tools.loadtest.faults import Fault
+from dataservice_tools.loadtest.invariants import CALLER_MARGIN_S
 from rich.console import Console
 
-from dataservice.loadtest.cli import run_loadtest
-from dataservice.loadtest.faults import Fault
-from dataservice.loadtest.invariants import CALLER_MARGIN_S
 from tests.conftest import SHIPPED_CONFIG
 from tests.loadtest_support import run_scenario
 from tests.rabbit import fresh_vhost

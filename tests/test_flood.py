@@ -16,17 +16,17 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from dataservice_tools.loadtest.environment import seed_records
+from dataservice_tools.localservices import redis_reachable
 from sqlalchemy import Engine
 
 from bench._fleet import Flooders, Replicas, run_phase
 from bench._openloop import summarize_flood, summarize_steady
 from bench.flood import FLOODER, SCOPE, STEADY, one_attempt, write_config
-from dataservice.callers import write_callers_file
 from dataservice.client import Client
-from dataservice.config import Config
-from dataservice.loadtest.environment import seed_records
-from dataservice.localservices import redis_reachable
-from dataservice.settings import Settings
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
+from dataservice.security.callers import write_callers_file
 from tests.conftest import SHIPPED_CONFIG, require
 from tests.support import on_redis, with_test_callers
 

@@ -17,15 +17,15 @@ from typing import Any
 
 import pytest
 import redis
+from dataservice_tools.localservices import free_port, redis_reachable
+from dataservice_tools.localservices.flower_env import ensure_flower_env
 from rich.console import Console
 
 from dataservice.client import Client
-from dataservice.config import Config
-from dataservice.localservices import free_port, redis_reachable
-from dataservice.localservices.flower_env import ensure_flower_env
-from dataservice.processes import WorkerProcess, dataservice_argv, worker_environ
-from dataservice.settings import Settings
-from dataservice.supervisor import Supervisor
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
+from dataservice.ops.processes import WorkerProcess, dataservice_argv, worker_environ
+from dataservice.ops.supervisor import Supervisor
 from dataservice.types import ReadOp
 from tests.conftest import require
 from tests.support import on_redis

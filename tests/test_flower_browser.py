@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 import redis
+from dataservice_tools.localservices import free_port, redis_reachable
 
-from dataservice.broker import celery_app
+from dataservice.broker.glue import celery_app
 from dataservice.client import Client
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
-from dataservice.localservices import free_port, redis_reachable
-from dataservice.processes import WorkerProcess, wait_answering
-from dataservice.settings import Settings
+from dataservice.ops.processes import WorkerProcess, wait_answering
 from dataservice.types import ReadOp
 from tests.conftest import require
 from tests.rabbit import BROKERS, on_rabbitmq

@@ -10,9 +10,9 @@ import argparse
 from pathlib import Path
 
 import pytest
+from dataservice_tools.localservices import redis_reachable
 
 from bench import freshness
-from dataservice.localservices import redis_reachable
 from tests.conftest import require
 
 REDIS_DB = 13

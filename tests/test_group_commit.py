@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, text
 
-from dataservice.config import Config
-from dataservice.settings import Settings
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.store import Idempotency, RecordStore, create_store_engine
 from dataservice.store.group import Mutation
 from dataservice.store.idempotency import Outcome

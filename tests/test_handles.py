@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from dataservice import DeadlineExceeded, ReadOp, ResultNotReady
-from dataservice.config import Config
+from dataservice.config.model import Config
 from tests.clients import AnyClient
 
 

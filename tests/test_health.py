@@ -15,10 +15,10 @@ import pytest
 import redis
 import yaml
 
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
-from dataservice.health import Check, HealthExit, exit_status, liveness
-from dataservice.processes import WorkerProcess, dataservice_argv, worker_environ
-from dataservice.settings import Settings
+from dataservice.ops.health import Check, HealthExit, exit_status, liveness
+from dataservice.ops.processes import WorkerProcess, dataservice_argv, worker_environ
 from tests.binlog import BinlogDatabase
 from tests.conftest import PROCESS_REDIS_URL, SHIPPED_CONFIG
 from tests.support import on_redis

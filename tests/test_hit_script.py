@@ -9,9 +9,13 @@ import uuid
 import redis
 
 from dataservice.cache.formats import CODECS, frame
-from dataservice.config import Config
+from dataservice.config.model import Config
 from dataservice.enums import CacheFormat
-from dataservice.keys import (
+from dataservice.limits.admission import held_member
+from dataservice.limits.gate import Gate, Peek
+from dataservice.limits.slots import Entry
+from dataservice.proto import pb
+from dataservice.redis.keys import (
     admission_key,
     held_key,
     inflight_key,
@@ -19,10 +23,6 @@ from dataservice.keys import (
     reply_key,
     result_key,
 )
-from dataservice.limits.admission import held_member
-from dataservice.limits.gate import Gate, Peek
-from dataservice.limits.slots import Entry
-from dataservice.proto import pb
 from tests.support import now_ms
 
 INDEX, UNACKED = "hit-test-unacked-index", "hit-test-unacked"

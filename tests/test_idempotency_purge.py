@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, text
 
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
-from dataservice.settings import Settings
-from workers.app import LaneRuntime
+from dataservice.pools.app import LaneRuntime
 
 CALLER = "tests-purge"
 

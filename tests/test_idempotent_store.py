@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
-from dataservice.config import Config
-from dataservice.settings import Settings
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.store import (
     Bounds,
     Idempotency,

@@ -13,13 +13,13 @@ import pytest
 import redis
 
 from dataservice import ReadMode
-from dataservice.callers import CallerKey, Secret
 from dataservice.client.inbox import FIRST_LOOK_S, SLICE_S, Inbox, request_id_of
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.errors import Unauthenticated, Unavailable
-from dataservice.keys import reply_key, result_key
 from dataservice.proto import pb
-from dataservice.settings import Settings
+from dataservice.redis.keys import reply_key, result_key
+from dataservice.security.callers import CallerKey, Secret
 from tests.clients import ClientKind, make_client
 from tests.support import (
     RawPublisher,

@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 import redis
+from dataservice_tools.localservices import redis_reachable
 
 from dataservice.cache.formats import CODECS, frame
 from dataservice.client import Client
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import CacheFormat
-from dataservice.keys import record_key, tombstone_key
-from dataservice.localservices import redis_reachable
-from dataservice.processes import dataservice_argv, worker_environ
+from dataservice.ops.processes import dataservice_argv, worker_environ
 from dataservice.proto import pb
-from dataservice.settings import Settings
+from dataservice.redis.keys import record_key, tombstone_key
 from dataservice.types import ReadOp, WriteOp
 from tests.conftest import require
 from tests.rabbit import depth, on_rabbitmq

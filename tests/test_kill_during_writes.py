@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 import redis
+from dataservice_tools.localservices import redis_reachable
 from sqlalchemy import Engine, text
 
 from dataservice import Client, DataServiceError
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
-from dataservice.localservices import redis_reachable
-from dataservice.processes import WorkerProcess
-from dataservice.settings import Settings
+from dataservice.ops.processes import WorkerProcess
 from dataservice.types import WriteResult
 from tests.conftest import require
 from tests.support import lane_workers, on_redis

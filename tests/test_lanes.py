@@ -13,9 +13,9 @@ import time
 import pytest
 
 from dataservice import Client, ReadOp
-from dataservice.broker import celery_app
-from dataservice.config import Config
-from dataservice.settings import Settings
+from dataservice.broker.glue import celery_app
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from tests.rabbit import BROKERS, depth, processes_on, purge
 
 BACKLOG = 10_000

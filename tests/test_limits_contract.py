@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from dataservice.config import CallerPolicy, Config
+from dataservice.config.model import CallerPolicy, Config
 from dataservice.limits.gate import CallerLimits, RedisLimits
 from dataservice.limits.gcra import Rate, check
 from dataservice.limits.local import LocalLimits

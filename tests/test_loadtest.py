@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dataservice_tools.loadtest import environment as env
+from dataservice_tools.loadtest.chart import write_chart
+from dataservice_tools.loadtest.report import write_json
+from dataservice_tools.loadtest.sampler import Sample
+from dataservice_tools.localservices import mysql_reachable, redis_reachable
 
 from dataservice.enums import LaneName
 from dataservice.errors import BinlogSetupError
-from dataservice.loadtest import environment as env
-from dataservice.loadtest.chart import write_chart
-from dataservice.loadtest.report import write_json
-from dataservice.loadtest.sampler import Sample
-from dataservice.localservices import mysql_reachable, redis_reachable
 from tests.conftest import require
 from tests.loadtest_support import run_scenario
 

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dataservice_tools.loadtest import environment as env
+from dataservice_tools.loadtest.recovery import LIMIT_S, SHARE
+from dataservice_tools.loadtest.sampler import Sample
+from dataservice_tools.localservices import mysql_reachable, redis_reachable
 
-from dataservice.loadtest import environment as env
-from dataservice.loadtest.recovery import LIMIT_S, SHARE
-from dataservice.loadtest.sampler import Sample
-from dataservice.localservices import mysql_reachable, redis_reachable
 from tests.conftest import require
 from tests.loadtest_support import run_scenario
 

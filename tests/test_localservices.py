@@ -9,10 +9,7 @@ from pathlib import Path
 
 import MySQLdb
 import pytest
-from kombu import Connection
-
-from dataservice.errors import ServiceSetupError
-from dataservice.localservices import (
+from dataservice_tools.localservices import (
     TemporaryBinlogMariaDB,
     amqp_reachable,
     down,
@@ -24,7 +21,10 @@ from dataservice.localservices import (
     redis_reachable,
     up,
 )
-from dataservice.settings import Settings
+from kombu import Connection
+
+from dataservice.config.settings import Settings
+from dataservice.errors import ServiceSetupError
 
 
 @pytest.mark.timeout(60)

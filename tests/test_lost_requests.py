@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from dataservice_tools.localservices import PrivateRedis
 from sqlalchemy import create_engine, text
 
 from dataservice import (
@@ -34,13 +35,12 @@ from dataservice import (
     WriteOp,
     WriteResult,
 )
-from dataservice.broker import celery_app
+from dataservice.broker.glue import celery_app
 from dataservice.client.handle import LOST_AFTER_S
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
-from dataservice.localservices import PrivateRedis
-from dataservice.processes import WorkerProcess, stop_all, wait_answering
-from dataservice.settings import Settings
+from dataservice.ops.processes import WorkerProcess, stop_all, wait_answering
 from tests.support import on_redis, with_changes
 
 WRITES = 300

@@ -23,13 +23,13 @@ from urllib.parse import quote
 import pytest
 import redis
 import yaml
+from dataservice_tools.localservices import redis_reachable
 from sqlalchemy import Engine
 
-from dataservice.acl import WORKER_USER
-from dataservice.callers import load_keyring
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
-from dataservice.localservices import redis_reachable
-from dataservice.settings import Settings
+from dataservice.security.acl import WORKER_USER
+from dataservice.security.callers import load_keyring
 from tests.conftest import SHIPPED_CONFIG, TEST_DATABASE_URL, require
 from tests.support import worker_process
 

@@ -18,15 +18,15 @@ import pytest
 import redis
 
 from dataservice import Client, ReadMode
-from dataservice.broker import celery_app
-from dataservice.config import Config, LoggingConfig
+from dataservice.broker.glue import celery_app
+from dataservice.config.model import Config, LoggingConfig
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
-from dataservice.metrics import REGISTRY, Stage
 from dataservice.observe import trace as tracing
 from dataservice.observe.lines import RequestLines
 from dataservice.observe.logs import JsonFormatter, configure_logging, stop_request_lines
+from dataservice.observe.metrics import REGISTRY, Stage
 from dataservice.observe.requestlog import RequestLog
-from dataservice.settings import Settings
 from tests.changes_support import wait_for
 from tests.support import TaskEvents, on_redis, with_changes, worker_process
 from tests.test_docs import table

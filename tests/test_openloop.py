@@ -8,10 +8,10 @@ import threading
 import time
 
 import pytest
+from dataservice_tools.loadtest.openloop import OpenLoop, Outcome, classify
 
 from dataservice.enums import LaneName
 from dataservice.errors import DeadlineExceeded, NotFound, ResourceExhausted, Unavailable
-from dataservice.loadtest.openloop import OpenLoop, Outcome, classify
 
 LANE = LaneName.INTERACTIVE
 ANSWERS: tuple[Exception | None, ...] = (

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 import redis
 import yaml
+from dataservice_tools.loadtest.findings import FAST_REFUSAL_MS, TIMEOUT_SHARE
+from dataservice_tools.loadtest.recovery import SHARE
+from dataservice_tools.loadtest.sampler import Sample
+from dataservice_tools.localservices import mysql_reachable, redis_reachable
 
-from dataservice.keys import admission_key
-from dataservice.loadtest.findings import FAST_REFUSAL_MS, TIMEOUT_SHARE
-from dataservice.loadtest.recovery import SHARE
-from dataservice.loadtest.sampler import Sample
-from dataservice.localservices import mysql_reachable, redis_reachable
+from dataservice.redis.keys import admission_key
 from tests.conftest import SHIPPED_CONFIG, require
 from tests.loadtest_support import run_scenario
 from tests.test_loadtest import DELAY_MS, TEST_TARGET, assert_within_share

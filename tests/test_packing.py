@@ -1,4 +1,4 @@
-"""Commands packed by hiredis in one call (``dataservice/packing.py``) are the
+"""Commands packed by hiredis in one call (``dataservice/redis/packing.py``) are the
 bytes redis-py would have sent, and a command that is not plain goes redis-py's
 way: against the real Redis."""
 
@@ -11,9 +11,9 @@ import hiredis
 import pytest
 import redis
 
-from dataservice.bounded import BoundedConnection
-from dataservice.broker import RedisTransport
-from dataservice.packing import PackedConnection, packed_connection_class
+from dataservice.broker.glue import RedisTransport
+from dataservice.redis.bounded import BoundedConnection
+from dataservice.redis.packing import PackedConnection, packed_connection_class
 
 URL = "redis://127.0.0.1:6379/8"
 

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 import redis
+from dataservice_tools.localservices import PrivateRedis
 
 from bench._fleet import Replicas
 from dataservice import Client, DataServiceError
-from dataservice.config import Config
-from dataservice.localservices import PrivateRedis
-from dataservice.settings import Settings
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from tests.support import on_redis
 
 THREADS = 6

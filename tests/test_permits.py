@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dataservice.config import parse_config
+from dataservice.config.model import parse_config
 from dataservice.enums import LaneName, OperationClass
 from dataservice.limits.permits import LanePermits, PermitUnavailable
 from dataservice.store.connections import ConnectRamp, ConnectRateLimited

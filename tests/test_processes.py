@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
 from dataservice.errors import ServiceSetupError
-from dataservice.processes import WorkerProcess, stop_all, worker_argv, worker_environ
-from dataservice.settings import Settings
+from dataservice.ops.processes import WorkerProcess, stop_all, worker_argv, worker_environ
 
 # A stand-in worker: says it is up, then sleeps; with IGNORE set it shrugs off SIGTERM.
 SLEEPER = textwrap.dedent("""
@@ -96,7 +96,7 @@ def test_a_worker_does_not_outlive_a_killed_parent(tmp_path: Path) -> None:
     parent_code = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from dataservice.processes import WorkerProcess, worker_environ
+        from dataservice.ops.processes import WorkerProcess, worker_environ
         worker = WorkerProcess([sys.executable, "-c", {SLEEPER!r}], worker_environ(),
                                Path({str(tmp_path / "child.log")!r})).start()
         Path({str(pid_file)!r}).write_text(str(worker.pid))

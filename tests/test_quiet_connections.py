@@ -1,5 +1,5 @@
 """The service's Redis connections say what they need on connect and nothing
-more (``dataservice.bounded.QUIET``): no ``CLIENT SETINFO`` (callers' Redis
+more (``dataservice.redis.bounded.QUIET``): no ``CLIENT SETINFO`` (callers' Redis
 users are refused it) and no ``CLIENT MAINT_NOTIFICATIONS`` (a Redis before 8
 refuses it). Each would cost every connection a round trip, and the first an
 error built and thrown away, in the burst of reconnects after a stall.
@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 import redis
 
-from dataservice.broker import celery_app
-from dataservice.config import Config
-from dataservice.health import _client as health_client
-from dataservice.packing import Packed
-from dataservice.results import ResultStore
-from dataservice.settings import Settings
+from dataservice.broker.glue import celery_app
+from dataservice.broker.results import ResultStore
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
+from dataservice.ops.health import _client as health_client
+from dataservice.redis.packing import Packed
 
 # What a connection of the service may send before its first command: RESP3's
 # hello (with the credentials), the pool's health check, the database.

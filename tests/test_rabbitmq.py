@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 import redis
+from dataservice_tools.localservices import free_port
 from sqlalchemy import Engine
 
 from dataservice import ReadOp, Record, ResourceExhausted, WriteOp
+from dataservice.broker.results import ResultStore
 from dataservice.codec import decode_response
-from dataservice.config import Config
-from dataservice.health import liveness
-from dataservice.keys import admission_key, held_key
-from dataservice.localservices import free_port
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
+from dataservice.ops.health import liveness
+from dataservice.ops.supervisor import Supervisor
 from dataservice.proto import pb
-from dataservice.results import ResultStore
-from dataservice.settings import Settings
-from dataservice.supervisor import Supervisor
+from dataservice.redis.keys import admission_key, held_key
 from tests.clients import AnyClient, ClientKind, make_client
 from tests.conftest import supervised
 from tests.rabbit import AMQP_REDIS_URL, depth, fresh_vhost, on_rabbitmq

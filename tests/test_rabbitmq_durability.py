@@ -12,7 +12,7 @@ answer. Mid-backlog:
 - or the Redis of the answers and admission (a server of the test's own) is
   killed and started again, empty: every queued write is still applied
   exactly once. The workers hold each answer due meanwhile and deliver it
-  once Redis is back (``workers/app.py``, ``RETRY_ANSWER_S``). Answers Redis
+  once Redis is back (``dataservice/pools/app.py``, ``RETRY_ANSWER_S``). Answers Redis
   held, not yet taken by their caller, are lost with it; each such caller
   hears ``DEADLINE_EXCEEDED`` at its deadline.
 """
@@ -28,15 +28,15 @@ from pathlib import Path
 
 import pytest
 import redis
+from dataservice_tools.localservices import PrivateRedis
 from sqlalchemy import Engine, text
 
 from dataservice import Client, DataServiceError, DeadlineExceeded, Unavailable, WriteOp
 from dataservice.client import Handle
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
-from dataservice.localservices import PrivateRedis
-from dataservice.processes import WorkerProcess
-from dataservice.settings import Settings
+from dataservice.ops.processes import WorkerProcess
 from tests.rabbit import AMQP_REDIS_URL, fresh_vhost
 from tests.support import lane_workers, with_changes, with_retry
 

@@ -9,12 +9,12 @@ import pytest
 import redis
 
 from dataservice import ReadMode, ResourceExhausted
-from dataservice.config import CallerPolicy, Config
+from dataservice.config.model import CallerPolicy, Config
+from dataservice.config.settings import Settings
 from dataservice.errors import NotFound
-from dataservice.keys import inflight_key, pace_key, rate_key
 from dataservice.limits.gate import Gate
+from dataservice.redis.keys import inflight_key, pace_key, rate_key
 from dataservice.refusals import Rejected
-from dataservice.settings import Settings
 from tests.clients import ClientKind, make_client
 from tests.support import counter, now_ms, with_retry
 

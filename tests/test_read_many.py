@@ -22,10 +22,10 @@ import redis
 from bench._cachefleet import CountingDatabase, replicas, until_each_answers
 from bench._fleet import Replicas
 from dataservice import Client, NotFound, PermissionDenied, Record
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import ReadMode
 from dataservice.errors import InvalidArgument
-from dataservice.settings import Settings
 from tests.support import with_retry
 
 CALLER = "tests-narrow"  # may read narrow-* only

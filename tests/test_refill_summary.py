@@ -1,11 +1,11 @@
-"""The cold-cache report's arithmetic (``dataservice/loadtest/refill.py``), on
+"""The cold-cache report's arithmetic (``tools/dataservice_tools/loadtest/refill.py``), on
 scrapes made up to the millisecond, so that each figure can be worked by hand."""
 
 from __future__ import annotations
 
 from collections import Counter
 
-from dataservice.loadtest.refill import REFILLED, refill_summary
+from dataservice_tools.loadtest.refill import REFILLED, refill_summary
 
 
 def _scrapes(per_second: list[tuple[int, int, int]]) -> list[tuple[float, Counter[str]]]:

@@ -17,10 +17,10 @@ import pytest
 import redis
 
 from dataservice import Client
-from dataservice.callers import CallerKey
-from dataservice.keys import reply_key, result_key
+from dataservice.config.settings import Settings
 from dataservice.proto import pb
-from dataservice.settings import Settings
+from dataservice.redis.keys import reply_key, result_key
+from dataservice.security.callers import CallerKey
 from tests.support import RawPublisher, caller_key, now_ms, signed
 
 pytestmark = pytest.mark.usefixtures("interactive_worker")

@@ -19,13 +19,13 @@ import pytest
 from sqlalchemy import Engine
 
 from dataservice import Client, ReadMode
-from dataservice.callers import CallerKey, Secret
+from dataservice.broker.results import ResultStore
 from dataservice.codec import decode_response
+from dataservice.config.settings import Settings
 from dataservice.errors import PermissionDenied, RequestError, Unauthenticated
-from dataservice.keys import REPLAY_PREFIX, WORKER_STATE_PREFIXES
 from dataservice.proto import pb
-from dataservice.results import ResultStore
-from dataservice.settings import Settings
+from dataservice.redis.keys import REPLAY_PREFIX, WORKER_STATE_PREFIXES
+from dataservice.security.callers import CallerKey, Secret
 from tests.conftest import SERVICE_USER
 from tests.support import (
     RawPublisher,

@@ -12,10 +12,10 @@ import time
 import uuid
 
 import redis
+from dataservice_tools.localservices import PrivateRedis
 
-from dataservice.keys import result_key
-from dataservice.localservices import PrivateRedis
-from dataservice.results import ResultStore
+from dataservice.broker.results import ResultStore
+from dataservice.redis.keys import result_key
 
 SLICE_S = 0.1
 ANSWER = b"an answer due just after the slice"

@@ -23,10 +23,10 @@ from dataservice import (
     WriteResult,
 )
 from dataservice.client.inbox import SLICE_S
-from dataservice.config import Config
-from dataservice.keys import reply_key, result_key
-from dataservice.settings import Settings
-from dataservice.supervisor import Supervisor
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
+from dataservice.ops.supervisor import Supervisor
+from dataservice.redis.keys import reply_key, result_key
 from tests.clients import AnyClient
 from tests.rabbit import BROKERS, processes_on
 from tests.support import row_count

@@ -9,9 +9,9 @@ import pytest
 import redis
 from rich.console import Console
 
-from dataservice.config import Config
-from dataservice.settings import Settings
-from dataservice.supervisor import Supervisor
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
+from dataservice.ops.supervisor import Supervisor
 from tests.binlog import BinlogDatabase
 from tests.changes_support import CHANGES_REDIS_URL, wait_for
 from tests.support import on_redis

@@ -10,9 +10,9 @@ import shlex
 from pathlib import Path
 
 import pytest
+from dataservice_tools.loadtest.scenarios import SCENARIOS
 
-from dataservice.loadtest.scenarios import SCENARIOS
-from dataservice.metrics import REGISTRY
+from dataservice.observe.metrics import REGISTRY
 from tests.compose_file import check_options, resolve
 from tests.test_compose_monitoring import DASHBOARD, SYMPTOMS
 

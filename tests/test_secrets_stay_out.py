@@ -18,17 +18,17 @@ from pathlib import Path
 import pytest
 import redis
 import yaml
+from dataservice_tools.localservices import redis_reachable
 from prometheus_client import generate_latest
 
 from dataservice import Client, DataServiceError, ReadMode
-from dataservice.callers import CallerKey, Secret, load_keyring
 from dataservice.client.transport import Transport
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
-from dataservice.localservices import redis_reachable
-from dataservice.metrics import REGISTRY
+from dataservice.observe.metrics import REGISTRY
 from dataservice.proto import pb
-from dataservice.settings import Settings
+from dataservice.security.callers import CallerKey, Secret, load_keyring
 from tests.conftest import require
 from tests.support import now_ms, on_redis, signed, worker_process
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dataservice import settings as settings_module
+from dataservice.config import settings as settings_module
+from dataservice.config.settings import Settings
 from dataservice.errors import ConfigError
-from dataservice.settings import Settings
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 CONSUMER_URL = "mysql+mysqldb://ds_changes:pw@127.0.0.1:3307/dataservice"

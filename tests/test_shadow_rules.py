@@ -13,11 +13,11 @@ import redis
 from dataservice.cache.controls import RolloutControls
 from dataservice.cache.rollout import SHADOW_PERCENTS, Rollout, from_hash, to_hash
 from dataservice.cache.shadow import MISMATCHES, Outcome, compare, describe_counts
-from dataservice.config import Config
+from dataservice.config.model import Config
 from dataservice.enums import CacheFormat
 from dataservice.errors import InvalidControl
-from dataservice.keys import ROLLOUT_KEY, SHADOW_KEY
 from dataservice.proto import pb
+from dataservice.redis.keys import ROLLOUT_KEY, SHADOW_KEY
 
 ROLLOUT = Rollout(frozenset(CacheFormat), CacheFormat.V2, 100, False, 0, 1, 0, "redis")
 RECORD = pb.Record(object_id="a", revision=7, payload=b"seven", updated_at_unix_ms=1000)

@@ -14,6 +14,7 @@ import pytest
 import redis
 import yaml
 from celery import Celery
+from dataservice_tools.localservices import redis_reachable
 from sqlalchemy import Engine
 
 from dataservice import (
@@ -23,16 +24,15 @@ from dataservice import (
     ResourceExhausted,
     Unavailable,
 )
-from dataservice.broker import celery_app
+from dataservice.broker.glue import celery_app
 from dataservice.compat.celery import broadcast_request
-from dataservice.config import Config, load_config
+from dataservice.config.model import Config, load_config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName, OperationClass
 from dataservice.limits.permits import PERMITS_COMMAND, LanePermits
-from dataservice.localservices import redis_reachable
-from dataservice.settings import Settings
+from dataservice.ops.supervisor import Supervisor
 from dataservice.store import Bounds, RecordStore, create_store_engine
 from dataservice.store.connections import StatementTimeout, now_ms
-from dataservice.supervisor import Supervisor
 from tests.conftest import SERVICE_USER, require
 from tests.support import connection_ids, on_redis, running_statements
 

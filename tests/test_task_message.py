@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import redis
+from dataservice_tools.localservices import redis_reachable
 
-from dataservice.broker import SERIALIZER, TASK_NAME, celery_app
+from dataservice.broker.glue import SERIALIZER, TASK_NAME, celery_app
 from dataservice.client.message import task_message
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.limits.admission import CALLER_HEADER, DEADLINE_HEADER, SIZE_HEADER
-from dataservice.localservices import redis_reachable
-from dataservice.settings import Settings
 from tests.conftest import require
 from tests.support import on_redis
 

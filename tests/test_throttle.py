@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dataservice.client.throttle import MAX_REJECTION, MIN_REQUESTS, RETRY_FLOOR, Throttle
-from dataservice.config import ThrottleConfig
+from dataservice.config.model import ThrottleConfig
 from dataservice.enums import LaneName
 from dataservice.errors import ResourceExhausted
 from dataservice.refusals import Reason

@@ -16,14 +16,14 @@ import redis
 from sqlalchemy import Engine
 
 from dataservice import Client, Record, Unavailable
-from dataservice.broker import celery_settings
+from dataservice.broker.glue import celery_settings
+from dataservice.broker.results import ResultStore
 from dataservice.client.transport import Transport
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
 from dataservice.errors import ConfigError
-from dataservice.results import ResultStore
-from dataservice.settings import Settings
-from dataservice.supervisor import Supervisor
+from dataservice.ops.supervisor import Supervisor
 from tests.support import bounded_admission, on_redis, publish_concurrently, publish_one
 from tests.tls import TLSRedis, tls_redis
 

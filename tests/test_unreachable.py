@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 
 import pytest
+from dataservice_tools.localservices import free_port
 
 from dataservice import RetryableError, Unavailable
-from dataservice.config import Config
-from dataservice.localservices import free_port
-from dataservice.settings import Settings
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from tests.clients import ClientKind, make_client
 from tests.support import on_redis
 

@@ -1,13 +1,13 @@
-"""The tools work from an installed wheel, not only from this checkout, and the
-load test's chart dependency stays an extra.
+"""The two wheels work installed, not only from this checkout: the runtime
+wheel (``dataservice``) carries the service alone, and the tooling wheel
+(``dataservice-tools``: the load harness, the demo, the private-service starter)
+adds its commands to it; the chart's dependency stays an extra of the tooling.
 
-The wheel is built from a copy of what it is made of (so no build output lands
+Each wheel is built from a copy of what it is made of (so no build output lands
 in the checkout), installed into a fresh virtualenv outside the checkout, and
-its commands run from another directory. Its dependencies are this
+its commands run from another directory. Their dependencies are this
 environment's (the new virtualenv reads them from here, after its own site
-directory: the installed wheel is what it imports), not downloaded again: what
-pip would install for ``dataservice[loadtest]`` is what the wheel's metadata
-declares, checked here.
+directory: the installed wheels are what it imports), not downloaded again.
 """
 
 from __future__ import annotations
@@ -25,17 +25,20 @@ from email.parser import Parser
 from pathlib import Path
 
 import pytest
+from dataservice_tools.loadtest.cli import write_outputs
 from packaging.requirements import Requirement
 from rich.console import Console
 
-from dataservice.loadtest.cli import write_outputs
 from tests.conftest import SHIPPED_CONFIG, require
 
 ROOT = Path(__file__).resolve().parents[1]
-# What the wheel is built from: the project file, its readme and its packages.
-SOURCES = ("pyproject.toml", "README.md", "dataservice", "workers")
+# What each wheel is built from: its project file, readme and packages.
+RUNTIME_SOURCES = ("pyproject.toml", "README.md", "dataservice")
+TOOLS_SOURCES = ("tools/pyproject.toml", "tools/dataservice_tools")
 # What would tie the installed code to a checkout.
 CHECKOUT_MARKS = (str(ROOT), "__file__", "parents[", "sys.path", "bench.", "bench/")
+# Modules of the tooling that the runtime wheel must not carry, by name.
+TOOLING_NAMES = {"loadtest", "demo", "localservices", "dataservice_tools", "workers"}
 
 
 def _clean_environ() -> dict[str, str]:
@@ -48,89 +51,123 @@ def _clean_environ() -> dict[str, str]:
 
 
 def _run(
-    argv: list[str], cwd: Path, timeout: float, **env: str
+    argv: list[str], cwd: Path, timeout: float, *, code: int = 0, **env: str
 ) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
         argv, cwd=cwd, env={**_clean_environ(), **env},
         capture_output=True, text=True, timeout=timeout, check=False,
     )  # fmt: skip
-    assert done.returncode == 0, f"{argv}:\n{done.stdout}\n{done.stderr}"
+    assert done.returncode == code, f"{argv}:\n{done.stdout}\n{done.stderr}"
     return done
 
 
 PURELIB = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
 
 
-def _extra_requirements(wheel: Path, extra: str) -> list[str]:
-    """The names of what the wheel requires with ``extra`` and not without it."""
+def _metadata(wheel: Path) -> list[Requirement]:
     with zipfile.ZipFile(wheel) as archive:
         (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
         metadata = Parser().parsestr(archive.read(name).decode())
-    requirements = [Requirement(r) for r in metadata.get_all("Requires-Dist") or []]
+    return [Requirement(r) for r in metadata.get_all("Requires-Dist") or []]
+
+
+def _extra_requirements(wheel: Path, extra: str) -> list[str]:
+    """The names of what the wheel requires with ``extra`` and not without it."""
     return sorted(
         r.name
-        for r in requirements
+        for r in _metadata(wheel)
         if r.marker is not None
         and r.marker.evaluate({"extra": extra})
         and not r.marker.evaluate({"extra": ""})
     )
 
 
+def _build(sources: tuple[str, ...], into: Path, wheels: Path, cwd: Path) -> Path:
+    """The wheel of the project whose files are ``sources`` (paths from the root)."""
+    project = Path(sources[0]).parent
+    for name in sources:
+        origin, target = ROOT / name, into / Path(name).relative_to(project)
+        if origin.is_dir():
+            ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+            shutil.copytree(origin, target, ignore=ignore)
+        else:
+            shutil.copy2(origin, target)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    _run([*pip, "wheel", "--no-deps", "-q", "-w", str(wheels), str(into)], cwd, 300)
+    (wheel,) = [w for w in wheels.glob("*.whl") if w.name.startswith(into.name)]
+    return wheel
+
+
+def _checkout_ties(package: Path) -> list[str]:
+    return [
+        f"{f.relative_to(package)}: {mark}"
+        for f in package.rglob("*.py")
+        for mark in CHECKOUT_MARKS
+        if mark in f.read_text(encoding="utf-8")
+    ]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_wheel_installs_and_runs_outside_the_checkout_and_declares_the_loadtest_extra(
+def test_the_runtime_wheel_carries_the_service_alone_and_the_tooling_adds_its_commands(
     tmp_path: Path,
 ) -> None:
     require(importlib.util.find_spec("ensurepip") is not None, "ensurepip (python3-venv)")
-    source = tmp_path / "source"
-    source.mkdir()
-    for name in SOURCES:
-        origin = ROOT / name
-        if origin.is_dir():
-            ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-            shutil.copytree(origin, source / name, ignore=ignore)
-        else:
-            shutil.copy2(origin, source / name)
     wheels, venv, elsewhere = tmp_path / "wheels", tmp_path / "venv", tmp_path / "elsewhere"
     elsewhere.mkdir()
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-    _run([*pip, "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)], elsewhere, 300)
-    (wheel,) = wheels.glob("dataservice-*.whl")
-    assert _extra_requirements(wheel, "loadtest") == ["matplotlib"]
+    (tmp_path / "dataservice").mkdir()
+    (tmp_path / "dataservice_tools").mkdir()
+    runtime = _build(RUNTIME_SOURCES, tmp_path / "dataservice", wheels, elsewhere)
+    tools = _build(TOOLS_SOURCES, tmp_path / "dataservice_tools", wheels, elsewhere)
+
+    with zipfile.ZipFile(runtime) as archive:
+        names = archive.namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert tops == {"dataservice", "dataservice-0.1.0.dist-info"}, tops
+    carried = {part.removesuffix(".py") for name in names for part in name.split("/")}
+    assert not carried & TOOLING_NAMES, sorted(carried & TOOLING_NAMES)
+    assert "matplotlib" not in {r.name for r in _metadata(runtime)}
+    assert [r.name for r in _metadata(tools) if r.marker is None] == ["dataservice"]
+    assert _extra_requirements(tools, "chart") == ["matplotlib"]
+
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], elsewhere, 120)
     python = venv / "bin" / "python"
     site = Path(_run([str(python), "-c", PURELIB], elsewhere, 60).stdout.strip())
-    # Appended to sys.path after the venv's own site directory, and its own
-    # .pth files (this checkout's editable install among them) are not read.
-    (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # Appended to sys.path after the venv's own site directory, and its .pth
+    # files are not read. What this checkout installed (its editable packages
+    # and their metadata, entry points included) is left out.
+    dependencies = tmp_path / "dependencies"
+    dependencies.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.startswith(("dataservice", "__editable__")):
+            (dependencies / entry.name).symlink_to(entry)
+    (site / "dependencies.pth").write_text(f"{dependencies}\n")
     # This environment's pip, run by the new interpreter: it installs there.
     install = [str(python), "-m", "pip", "--disable-pip-version-check", "install", "-q"]
-    _run([*install, "--no-deps", "--no-compile", str(wheel)], elsewhere, 300)
+    _run([*install, "--no-deps", "--no-compile", str(runtime)], elsewhere, 300)
 
+    # The service alone: its commands work, the tooling's are absent and say so.
     dataservice = str(venv / "bin" / "dataservice")
-    assert "loadtest" in _run([dataservice, "--help"], elsewhere, 60).stdout
-    checked = _run(
-        [dataservice, "check-config"], elsewhere, 60, DATASERVICE_CONFIG=str(SHIPPED_CONFIG)
-    )
+    config = {"DATASERVICE_CONFIG": str(SHIPPED_CONFIG)}
+    assert "loadtest" not in _run([dataservice, "--help"], elsewhere, 60).stdout
+    checked = _run([dataservice, "check-config"], elsewhere, 60, **config)
     assert "within budget" in checked.stdout
+    demo = _run([dataservice, "run", "--demo", "1"], elsewhere, 60, code=2, **config)
+    assert "dataservice-tools" in demo.stderr
+
+    _run([*install, "--no-deps", "--no-compile", str(tools)], elsewhere, 300)
+    assert "loadtest" in _run([dataservice, "--help"], elsewhere, 60).stdout
     assert "--scenario" in _run([dataservice, "loadtest", "--help"], elsewhere, 60).stdout
     located = _run(
-        [str(python), "-c", "import dataservice, matplotlib; print(dataservice.__file__)"],
+        [str(python), "-c", "import dataservice, dataservice_tools as t; print(t.__file__)"],
         elsewhere, 60,
     )  # fmt: skip
     package = Path(located.stdout.strip()).parent
     assert venv in package.parents, package
-
-    installed = [package / "localservices", package / "loadtest", package / "processes.py"]
-    files = [f for path in installed for f in ([path] if path.is_file() else path.rglob("*.py"))]
-    assert any(f.name == "naive.py" for f in files)
-    ties = [
-        f"{f.relative_to(package)}: {mark}"
-        for f in files
-        for mark in CHECKOUT_MARKS
-        if mark in f.read_text(encoding="utf-8")
-    ]
-    assert not ties, ties
+    assert (package / "loadtest" / "naive.py").is_file()
+    assert not _checkout_ties(package)
+    # The runtime modules that start processes (package paths alone).
+    assert not _checkout_ties(site / "dataservice" / "ops")
 
 
 def test_without_matplotlib_every_command_still_works(
@@ -161,7 +198,7 @@ def test_without_matplotlib_every_command_still_works(
 
 def test_a_run_without_matplotlib_writes_its_report_and_no_chart(tmp_path: Path) -> None:
     console = Console(file=io.StringIO(), width=200)
-    why = "matplotlib is missing: pip install 'dataservice[loadtest]'"
+    why = "matplotlib is missing: pip install 'dataservice-tools[chart]'"
     write_outputs(console, tmp_path, "service", {"scenario": "steady"}, "service: steady", why)
     assert json.loads((tmp_path / "report.json").read_text()) == {"scenario": "steady"}
     assert not (tmp_path / "chart.png").exists()

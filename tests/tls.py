@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+from dataservice_tools.localservices import free_port
 
-from dataservice.localservices import free_port
 from tests.conftest import require
 
 _START_TIMEOUT_S = 10.0

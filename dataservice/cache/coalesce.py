@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from dataservice.errors import CacheDetour
-from dataservice.metrics import Stage
 from dataservice.observe import trace as tracing
+from dataservice.observe.metrics import Stage
 from dataservice.store.connections import now_ms
 
 T = TypeVar("T")

@@ -6,8 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, Strict, model_validator
 
+from dataservice.config.frozen import FrozenModel
 from dataservice.enums import CacheFormat
-from dataservice.frozen import FrozenModel
 
 
 class BreakerConfig(FrozenModel):

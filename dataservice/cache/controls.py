@@ -2,8 +2,8 @@
 
 Operators change them at runtime (``dataservice cache``, ``docs/cache.md``,
 "Rollout controls"); each change is one script (``rollout.lua``) that writes
-the hash at :data:`~dataservice.keys.ROLLOUT_KEY` and appends who changed
-what to the stream at :data:`~dataservice.keys.AUDIT_KEY`. Until the first
+the hash at :data:`~dataservice.redis.keys.ROLLOUT_KEY` and appends who changed
+what to the stream at :data:`~dataservice.redis.keys.AUDIT_KEY`. Until the first
 change, Redis holds nothing and the values are queues.yml's
 (``cache.rollout``), generation 1.
 
@@ -39,8 +39,8 @@ from dataservice.cache.rollout import (
 )
 from dataservice.enums import CacheFormat
 from dataservice.errors import DataServiceError, InvalidControl, ServiceSetupError
-from dataservice.keys import AUDIT_KEY, ROLLOUT_KEY, SHADOW_KEY
-from dataservice.limits.scripts import LuaScript
+from dataservice.redis.keys import AUDIT_KEY, ROLLOUT_KEY, SHADOW_KEY
+from dataservice.redis.scripts import LuaScript
 
 # Rollout, Change and AuditEntry are part of this module's API, as its callers use them.
 __all__ = ["UNCHANGED", "AuditEntry", "Change", "Rollout", "RolloutControls", "Unchanged"]

@@ -1,11 +1,11 @@
 -- Committed changes forgotten by the cache: shared by cache/invalidate.lua (a
 -- worker's own group of writes) and changes/apply.lua (a binlog transaction),
--- not a script of its own (dataservice/limits/scripts.py puts it where a
+-- not a script of its own (dataservice/redis/scripts.py puts it where a
 -- script says `--#include cache/forget.lua`).
 --
 -- forget(first, per, floors, ttl)
 --   first   the index in KEYS of the first record's keys; each record has
---           `per` keys, in the order dataservice.keys.change_keys builds them:
+--           `per` keys, in the order dataservice.redis.keys.change_keys builds them:
 --             its tombstone: record:tomb:<scope>:<id>
 --             the leader's word to followers: ds:filled:<scope>:<id> (it may
 --             carry the old record)

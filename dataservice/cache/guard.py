@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import redis
 
-from dataservice.keys import CHANGES_FRESH_KEY, CHANGES_STATUS_KEY
+from dataservice.redis.keys import CHANGES_FRESH_KEY, CHANGES_STATUS_KEY
 
 
 class FreshnessGuard:

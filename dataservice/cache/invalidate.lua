@@ -2,7 +2,7 @@
 -- entries go, and a tombstone with the change's revision keeps any older fill
 -- from landing afterwards.
 --
--- KEYS     per record, ARGV[2] keys: dataservice.keys.change_keys (cache/forget.lua)
+-- KEYS     per record, ARGV[2] keys: dataservice.redis.keys.change_keys (cache/forget.lua)
 -- ARGV[1]  how long a tombstone lives (ms)
 -- ARGV[2]  keys per record
 -- ARGV[3..] per record, in the order of KEYS, the lowest revision a fill may

@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 from dataservice.cache.config import RolloutConfig
 from dataservice.enums import CacheFormat
 from dataservice.errors import InvalidControl
-from dataservice.keys import AUDIT_KEY, ROLLOUT_KEY
+from dataservice.redis.keys import AUDIT_KEY, ROLLOUT_KEY
 
 # queues.yml's own choices, so the defaults and a change accept the same percentages.
 PERCENTS: tuple[int, ...] = get_args(RolloutConfig.model_fields["percent"].annotation)

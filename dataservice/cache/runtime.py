@@ -6,17 +6,17 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from dataservice.bounded import QUIET
 from dataservice.cache.controls import RolloutControls
 from dataservice.cache.guard import FreshnessGuard
 from dataservice.cache.shadow import ShadowComparisons
 from dataservice.cache.source import CachedSource
 from dataservice.cache.store import CacheStore
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
-from dataservice.metrics import FRESHNESS_GUARD
-from dataservice.packing import packed_connection_class
-from dataservice.settings import Settings
+from dataservice.observe.metrics import FRESHNESS_GUARD
+from dataservice.redis.bounded import QUIET
+from dataservice.redis.packing import packed_connection_class
 from dataservice.store import RecordStore
 from dataservice.worker.database import Database
 

@@ -14,7 +14,7 @@ moment, and under its own short deadline (``cache.shadow.timeout_ms``). A hit
 sampled when neither is free is skipped and counted, never queued. Mutations
 are never compared.
 
-Counts go to the cache's Redis (:data:`~dataservice.keys.SHADOW_KEY`, summed
+Counts go to the cache's Redis (:data:`~dataservice.redis.keys.SHADOW_KEY`, summed
 over the replicas, shown by ``dataservice cache status``) and to the
 ``dataservice_cache_shadow`` metric. The outcomes (``docs/cache.md``,
 "Shadow comparisons"): :class:`Outcome`.
@@ -38,10 +38,10 @@ from dataservice.cache.rollout import Rollout
 from dataservice.cache.store import CacheStore
 from dataservice.codec import record_to_pb
 from dataservice.enums import CacheFormat, OperationClass
-from dataservice.keys import SHADOW_KEY
 from dataservice.limits.permits import LanePermits
-from dataservice.metrics import SHADOW, SHADOW_DATABASE_SECONDS
+from dataservice.observe.metrics import SHADOW, SHADOW_DATABASE_SECONDS
 from dataservice.proto import pb
+from dataservice.redis.keys import SHADOW_KEY
 from dataservice.store import Bounds, RecordStore
 from dataservice.store.connections import now_ms
 

@@ -1,5 +1,5 @@
 -- A leader's record shared while the cache is not read: shared by fill.lua and
--- release.lua, not a script of its own (dataservice/limits/scripts.py puts it
+-- release.lua, not a script of its own (dataservice/redis/scripts.py puts it
 -- where a script says `--#include cache/share.lua`).
 --
 -- share(key, ended_ms, word, share_ms)

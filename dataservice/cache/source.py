@@ -32,16 +32,23 @@ from dataservice.cache.shadow import ShadowComparisons
 from dataservice.cache.store import CacheStore, decode_entry
 from dataservice.codec import record_to_pb
 from dataservice.enums import CacheFormat, OperationClass, ReadMode
-from dataservice.keys import record_key
-from dataservice.metrics import BREAKER, CACHE_READS, COALESCED, DEPENDENCY_FAILURES, Dependency
-from dataservice.metrics.requests import cache_stage
 from dataservice.observe import trace as tracing
+from dataservice.observe.metrics import (
+    BREAKER,
+    CACHE_READS,
+    COALESCED,
+    DEPENDENCY_FAILURES,
+    Dependency,
+)
+from dataservice.observe.metrics.requests import cache_stage
 from dataservice.proto import pb
+from dataservice.redis.keys import record_key
 from dataservice.store import RecordStore
 from dataservice.store.connections import now_ms
 from dataservice.worker.database import Database
 from dataservice.worker.failures import CoalescedWaitExpired
-from dataservice.worker.operations import Found, read_in_bulk
+from dataservice.worker.operations import read_in_bulk
+from dataservice.worker.source import Found
 
 log = logging.getLogger(__name__)
 

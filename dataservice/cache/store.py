@@ -1,6 +1,6 @@
 """The cache's Redis commands: each step of a read is one round trip.
 
-:class:`CacheStore` knows the keys (:mod:`dataservice.keys`), the entry
+:class:`CacheStore` knows the keys (:mod:`dataservice.redis.keys`), the entry
 framing (:mod:`dataservice.cache.formats`) and the scripts
 (``lookup.lua``, ``fill.lua``, ``release.lua``, ``invalidate.lua``; ``share.lua``
 and ``forget.lua`` are fragments of them); it
@@ -18,7 +18,8 @@ import redis
 
 from dataservice.cache.formats import CODECS, frame, unframe
 from dataservice.enums import CacheFormat
-from dataservice.keys import (
+from dataservice.proto import pb
+from dataservice.redis.keys import (
     FENCE_KEY,
     change_keys,
     filled_key,
@@ -28,8 +29,7 @@ from dataservice.keys import (
     shared_key,
     tombstone_key,
 )
-from dataservice.limits.scripts import LuaScript, run_pipelined
-from dataservice.proto import pb
+from dataservice.redis.scripts import LuaScript, run_pipelined
 
 _LOOKUP = LuaScript("lookup.lua", __package__)
 _FILL = LuaScript("fill.lua", __package__)

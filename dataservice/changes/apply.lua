@@ -1,7 +1,7 @@
 -- One binlog transaction's invalidations, applied only by the active consumer.
 --
 -- KEYS[1]  the consumer's lease: ds:changes:lease (holds the active consumer's fencing token)
--- KEYS[2..] per changed record, ARGV[3] keys: dataservice.keys.change_keys (cache/forget.lua)
+-- KEYS[2..] per changed record, ARGV[3] keys: dataservice.redis.keys.change_keys (cache/forget.lua)
 -- ARGV[1]  the consumer's fencing token
 -- ARGV[2]  how long a tombstone lives (ms): cache.ttl_s
 -- ARGV[3]  keys per record

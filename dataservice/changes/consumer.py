@@ -24,7 +24,6 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from sqlalchemy import Engine, create_engine
 
-from dataservice.bounded import QUIET
 from dataservice.cache.controls import RolloutControls
 from dataservice.changes.behind import UNKNOWN, UNKNOWN_LAG_S, Behind, LagProbe
 from dataservice.changes.checkpoint import Checkpoints
@@ -32,10 +31,10 @@ from dataservice.changes.invalidator import Invalidator
 from dataservice.changes.lease import Lease
 from dataservice.changes.start import WHO, start_position
 from dataservice.changes.stream import BinlogChanges, Committed, Position
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.errors import LeaseLost
-from dataservice.keys import CHANGES_FRESH_KEY, CHANGES_STATUS_KEY
-from dataservice.metrics import (
+from dataservice.observe.metrics import (
     CHANGES_ACTIVE,
     CHANGES_INVALIDATED,
     CHANGES_LAG,
@@ -43,8 +42,9 @@ from dataservice.metrics import (
     CHANGES_LAG_EVENTS,
     CHANGES_TRANSACTIONS,
 )
-from dataservice.packing import packed_connection_class
-from dataservice.settings import Settings
+from dataservice.redis.bounded import QUIET
+from dataservice.redis.keys import CHANGES_FRESH_KEY, CHANGES_STATUS_KEY
+from dataservice.redis.packing import packed_connection_class
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ import redis
 
 from dataservice.changes.rows import RecordChange
 from dataservice.errors import StaleToken
-from dataservice.keys import CHANGES_LEASE_KEY, change_keys
-from dataservice.limits.scripts import LuaScript
+from dataservice.redis.keys import CHANGES_LEASE_KEY, change_keys
+from dataservice.redis.scripts import LuaScript
 
 _APPLY = LuaScript("apply.lua", "dataservice.changes")
 

@@ -20,8 +20,8 @@ import logging
 import redis
 
 from dataservice.errors import LeaseLost
-from dataservice.keys import CHANGES_FENCE_KEY, CHANGES_LEASE_KEY
-from dataservice.limits.scripts import LuaScript
+from dataservice.redis.keys import CHANGES_FENCE_KEY, CHANGES_LEASE_KEY
+from dataservice.redis.scripts import LuaScript
 
 _LEASE = LuaScript("lease.lua", "dataservice.changes")
 log = logging.getLogger(__name__)

@@ -18,16 +18,16 @@ import builtins
 import functools
 from collections.abc import Iterable, Mapping, Sequence
 
-from dataservice.callers import CallerKey
 from dataservice.client.async_transport import AsyncTransport
 from dataservice.client.base import BaseClient, expect, signing_key
 from dataservice.client.handle import AsyncHandle, gather_async
 from dataservice.client.publisher import Outgoing, Publisher, mutation_key
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName, ReadMode
 from dataservice.errors import DataServiceError, RequestError, ResourceExhausted, RetryableError
 from dataservice.limits.admission import AdmissionRefused
-from dataservice.settings import Settings
+from dataservice.security.callers import CallerKey
 from dataservice.types import (
     DeleteOp,
     DeleteResult,

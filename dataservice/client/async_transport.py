@@ -18,15 +18,19 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 
-from dataservice.bounded import QUIET, SLACK_S
-from dataservice.broker import CONNECT_TIMEOUT_S
+from dataservice.broker.glue import CONNECT_TIMEOUT_S
+from dataservice.broker.rabbitmq import (
+    ASYNC_AMQP_ERRORS,
+    RETRY_QUEUE_FULL_MS,
+    AsyncAmqpPublisher,
+)
 from dataservice.client.inbox import AsyncInbox, stop_task
 from dataservice.client.message import task_message
 from dataservice.client.transport import Epochs, broker_failure, item_headers
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import AMQP_SCHEMES, Settings
 from dataservice.enums import LaneName
 from dataservice.errors import InvalidArgument
-from dataservice.keys import EPOCH_KEY
 from dataservice.limits.admission import (
     ADMIT,
     SIZE_HEADER,
@@ -39,15 +43,11 @@ from dataservice.limits.admission import (
     lane_admission_bounds,
     withdraw_async,
 )
-from dataservice.limits.scripts import run_pipelined_async
-from dataservice.packing import async_packed_connection_class
-from dataservice.rabbitmq import (
-    ASYNC_AMQP_ERRORS,
-    RETRY_QUEUE_FULL_MS,
-    AsyncAmqpPublisher,
-)
+from dataservice.redis.bounded import QUIET, SLACK_S
+from dataservice.redis.keys import EPOCH_KEY
+from dataservice.redis.packing import async_packed_connection_class
+from dataservice.redis.scripts import run_pipelined_async
 from dataservice.refusals import Reason
-from dataservice.settings import AMQP_SCHEMES, Settings
 
 # The client's broker connections: its publishing task's, and one for the
 # broker's epoch.
@@ -154,7 +154,7 @@ class AsyncTransport:
 
     On RabbitMQ the script runs on the result backend's Redis and pushes
     nothing; the admitted message is then published with aio-pika and its
-    confirm awaited (:class:`~dataservice.rabbitmq.AsyncAmqpPublisher`).
+    confirm awaited (:class:`~dataservice.broker.rabbitmq.AsyncAmqpPublisher`).
     """
 
     def __init__(self, settings: Settings, config: Config, *, caller: str) -> None:

@@ -21,15 +21,15 @@ import random
 from collections.abc import Iterable
 from typing import TypeVar
 
-from dataservice.callers import CallerKey, load_keyring
 from dataservice.client.handle import now_ms
 from dataservice.client.publisher import Publisher
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName, ReadMode
 from dataservice.errors import InternalError, InvalidArgument, RequestError, RetryableError
 from dataservice.identifiers import CALLER_RE
 from dataservice.refusals import Reason
-from dataservice.settings import Settings
+from dataservice.security.callers import CallerKey, load_keyring
 from dataservice.types import ReadMany, ReadManyOp, ReadOp, Record, Result
 
 R = TypeVar("R")

@@ -2,7 +2,7 @@
 handles on the batch lane. Its threads share one reply channel (one reader
 thread, one connection) and one broker connection, however many call at once.
 
-Every request is signed with the caller's key (:mod:`dataservice.auth`); how
+Every request is signed with the caller's key (:mod:`dataservice.security.auth`); how
 calls retry is :mod:`.base`'s, shared with :class:`~.async_client.AsyncClient`.
 """
 
@@ -13,16 +13,16 @@ import functools
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
-from dataservice.callers import CallerKey
 from dataservice.client.base import BaseClient, expect, signing_key
 from dataservice.client.handle import Handle, gather
 from dataservice.client.publisher import Outgoing, Publisher, mutation_key
 from dataservice.client.transport import Transport
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName, ReadMode
 from dataservice.errors import DataServiceError, RequestError, ResourceExhausted, RetryableError
 from dataservice.limits.admission import AdmissionRefused
-from dataservice.settings import Settings
+from dataservice.security.callers import CallerKey
 from dataservice.types import (
     DeleteOp,
     DeleteResult,

@@ -43,10 +43,10 @@ from typing import Generic, Protocol, TypeVar
 import redis
 from redis.asyncio import Redis as AsyncRedis
 
-from dataservice.bounded import QUIET
 from dataservice.errors import Unavailable
-from dataservice.keys import reply_key, result_key
 from dataservice.proto import pb
+from dataservice.redis.bounded import QUIET
+from dataservice.redis.keys import reply_key, result_key
 
 __all__ = ["AsyncInbox", "Inbox", "Slots", "request_id_of", "stop_task"]
 

@@ -4,7 +4,7 @@
 (the app's task sender, kombu's producer, entity declaration, the channel),
 which costs more CPU than everything else a caller does per request. The
 client builds the same message itself, as kombu's Redis transport stores it,
-and pushes it through the admission script (``dataservice/broker.py``). A
+and pushes it through the admission script (``dataservice/broker/glue.py``). A
 test keeps it equal, field for field, to what ``send_task`` produces.
 """
 
@@ -16,7 +16,7 @@ import socket
 import uuid
 from typing import Any
 
-from dataservice.broker import CONTENT_TYPE, TASK_NAME
+from dataservice.broker.glue import CONTENT_TYPE, TASK_NAME
 
 # Celery's anonymous node name for a process that is not a worker.
 ORIGIN = f"gen{os.getpid()}@{socket.gethostname()}"

@@ -9,8 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from dataservice.auth import sign
-from dataservice.callers import CallerKey
 from dataservice.client import throttle
 from dataservice.client.handle import Carrier, now_ms
 from dataservice.client.pacer import PACER
@@ -21,12 +19,14 @@ from dataservice.codec import (
     operation_count,
     request_envelope,
 )
-from dataservice.config import Config
+from dataservice.config.model import Config
 from dataservice.enums import LaneName
 from dataservice.errors import InvalidArgument, ResourceExhausted
 from dataservice.limits.admission import AdmissionRefused
 from dataservice.proto import pb
 from dataservice.refusals import LIMIT_MESSAGES, Reason
+from dataservice.security.auth import sign
+from dataservice.security.callers import CallerKey
 from dataservice.types import DeleteOp, Operation, WriteOp
 
 # A batch message's own fields around its operations, and each operation's

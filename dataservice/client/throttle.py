@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dataservice.config import ThrottleConfig
+from dataservice.config.model import ThrottleConfig
 from dataservice.enums import LaneName
 from dataservice.errors import ResourceExhausted
 from dataservice.refusals import LIMIT_MESSAGES, Reason

@@ -21,11 +21,13 @@ import redis
 from kombu.exceptions import LimitExceeded
 from kombu.exceptions import OperationalError as BrokerError
 
-from dataservice.bounded import SLACK_S, left, within
-from dataservice.broker import celery_app
+from dataservice.broker.glue import celery_app
+from dataservice.broker.rabbitmq import AMQP_ERRORS, AmqpPublisher, lane_queues
+from dataservice.broker.results import ResultStore
 from dataservice.client.inbox import Inbox
 from dataservice.client.message import task_message
-from dataservice.config import Config
+from dataservice.config.model import Config
+from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
 from dataservice.errors import DeadlineExceeded, InternalError, Unavailable
 from dataservice.limits.admission import (
@@ -37,9 +39,7 @@ from dataservice.limits.admission import (
     caller_pacing,
     lane_admission_bounds,
 )
-from dataservice.rabbitmq import AMQP_ERRORS, AmqpPublisher, lane_queues
-from dataservice.results import ResultStore
-from dataservice.settings import Settings
+from dataservice.redis.bounded import SLACK_S, left, within
 
 RETRY_BROKER_DOWN_S = 0.5
 # A publish that failed for want of a broker (or of the Redis admission runs on).
@@ -149,7 +149,7 @@ class Transport:
         self._reply_to = self._app.thread_oid
         self.epochs = Epochs()
         # On RabbitMQ, admission runs on the result backend's Redis, then the
-        # message is published and confirmed (dataservice/rabbitmq.py).
+        # message is published and confirmed (dataservice/broker/rabbitmq.py).
         self._amqp = settings.broker_is_amqp
         self._publishers: WeakKeyDictionary[Any, AmqpPublisher] = WeakKeyDictionary()
         # What every channel's publisher admits and declares by (made once).

@@ -11,7 +11,7 @@ from google.protobuf.message import DecodeError
 
 from dataservice.codec.records import record_from_pb
 from dataservice.codec.requests import validate_operation, validate_request
-from dataservice.config import Limits
+from dataservice.config.model import Limits
 from dataservice.enums import StatusCode
 from dataservice.errors import InternalError, InvalidArgument, RequestError, error_for
 from dataservice.proto import pb

@@ -15,7 +15,7 @@ from typing import Any, get_args
 
 from google.protobuf.message import DecodeError
 
-from dataservice.config import Limits, OperationName
+from dataservice.config.model import Limits, OperationName
 from dataservice.errors import InvalidArgument
 from dataservice.identifiers import (
     CALLER_RE,

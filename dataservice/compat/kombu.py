@@ -5,7 +5,7 @@ Tested with kombu 5.7.0 (``pyproject.toml`` pins ``kombu~=5.7.0`` for this
 module's sake); ``tests/test_compat.py`` pins each name below, by signature
 and, where cheap, by its behaviour on a real Redis.
 
-The service's channels (:mod:`dataservice.broker`) subclass
+The service's channels (:mod:`dataservice.broker.glue`) subclass
 :class:`RedisChannel` and use only its public hooks: :meth:`~RedisChannel.push`,
 :meth:`~RedisChannel.defers_record`, :meth:`~RedisChannel.client_factory`,
 :attr:`~RedisChannel.redis_options` and the connection classes.
@@ -47,8 +47,8 @@ Internal names, and why:
   ``Message.ack`` would set it (:func:`settle_acknowledged`).
 - ``kombu.transport.redis.Channel.sep``, ``keyprefix_queue``,
   ``keyprefix_binding_permanent``: :data:`PRIORITY_SEP`, :data:`BINDING_PREFIX`,
-  :data:`PERMANENT_BINDING_PREFIX` (:mod:`dataservice.keys` builds the keys
-  from them, :mod:`dataservice.acl` grants them).
+  :data:`PERMANENT_BINDING_PREFIX` (:mod:`dataservice.redis.keys` builds the keys
+  from them, :mod:`dataservice.security.acl` grants them).
 
 The layout of kombu's Redis keys, which is kombu's, owned here and written
 also by the service's Lua scripts (``limits/admit.lua`` pushes onto a queue's

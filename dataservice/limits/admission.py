@@ -2,7 +2,7 @@
 that could not be served before its deadline is refused instead of joining it.
 
 The check and the push are one Lua script (``admit.lua``), run by the
-broker channel (:mod:`dataservice.broker`) in place of kombu's plain LPUSH,
+broker channel (:mod:`dataservice.broker.glue`) in place of kombu's plain LPUSH,
 so concurrent producers cannot overshoot: the queue never holds more than
 ``admission.max_messages``, and queued plus in-flight envelopes never exceed
 ``admission.max_bytes``, however many publish at once. A refusal is a fast,
@@ -44,10 +44,10 @@ import redis
 from redis.asyncio import Redis as AsyncRedis
 
 from dataservice.codec.requests import OPERATIONS
-from dataservice.config import Config
-from dataservice.keys import EPOCH_KEY, admission_key, held_key, pace_key
+from dataservice.config.model import Config
 from dataservice.limits.gcra import Rate
-from dataservice.limits.scripts import LuaScript
+from dataservice.redis.keys import EPOCH_KEY, admission_key, held_key, pace_key
+from dataservice.redis.scripts import LuaScript
 from dataservice.refusals import Reason, Refusal
 
 # The request's deadline (Unix ms) as a message header. Celery's own `expires`
@@ -74,9 +74,9 @@ SERVICE_STALE_MS = 5000
 STANDING_AFTER_MS = 100
 SERVICE_PREFIX = "service:"
 
-ADMIT = LuaScript("admit.lua")
-_WITHDRAW = LuaScript("withdraw.lua")
-_SERVICE = LuaScript("service.lua")
+ADMIT = LuaScript("admit.lua", __package__)
+_WITHDRAW = LuaScript("withdraw.lua", __package__)
+_SERVICE = LuaScript("service.lua", __package__)
 
 
 # A refusal is handed from the broker channel to its publisher through the
@@ -218,7 +218,7 @@ def admit(
     pacing: dict[str, Any] | None = None,
 ) -> str:
     """Push ``encoded`` onto the lane's queue and return the broker's epoch
-    (:data:`~dataservice.keys.EPOCH_KEY`) it was pushed in, or raise
+    (:data:`~dataservice.redis.keys.EPOCH_KEY`) it was pushed in, or raise
     AdmissionRefused.
 
     With ``pacing`` (caller -> (interval µs, burst)), a message whose caller

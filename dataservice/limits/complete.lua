@@ -1,5 +1,5 @@
 -- A request leaving its lane, as admission counts it: shared by answer.lua and
--- hit.lua, not a script of its own (dataservice/limits/scripts.py puts it where
+-- hit.lua, not a script of its own (dataservice/redis/scripts.py puts it where
 -- a script says `--#include limits/complete.lua`).
 --
 -- complete(admission, held, member, size, ops)

@@ -1,6 +1,6 @@
 -- A message's delivery, recorded as kombu records it when it hands a message
 -- to a worker (its Redis transport's QoS.append): shared by gate.lua and
--- hit.lua, not a script of its own (dataservice/limits/scripts.py puts it
+-- hit.lua, not a script of its own (dataservice/redis/scripts.py puts it
 -- where a script says `--#include limits/delivered.lua`). The layout is
 -- kombu's, which dataservice/compat/kombu.py owns: the keys' names
 -- (unacked_keys) and the record (unacked_record) come from there.

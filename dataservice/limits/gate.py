@@ -21,19 +21,19 @@ from typing import Any, Protocol
 
 import redis
 
-from dataservice.config import CallerPolicy, Config
+from dataservice.config.model import CallerPolicy, Config
 from dataservice.enums import CacheFormat
-from dataservice.keys import inflight_key, rate_key, replay_key
 from dataservice.limits.local import LocalLimits
-from dataservice.limits.scripts import LuaScript
 from dataservice.limits.slots import RETRY_AT_CAP_MS, Entry, Slot, rejection
+from dataservice.redis.keys import inflight_key, rate_key, replay_key
+from dataservice.redis.scripts import LuaScript
 from dataservice.refusals import Reason
 
 log = logging.getLogger(__name__)
 
 REDIS_RETRY_S = 1.0
-_SCRIPT = LuaScript("gate.lua")
-_HIT = LuaScript("hit.lua")
+_SCRIPT = LuaScript("gate.lua", __package__)
+_HIT = LuaScript("hit.lua", __package__)
 
 
 @dataclass(frozen=True, slots=True)

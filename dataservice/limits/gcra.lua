@@ -1,5 +1,5 @@
 -- The rate algorithm (GCRA), shared by gate.lua and admit.lua: not a script of
--- its own. dataservice/limits/scripts.py puts it where a script says
+-- its own. dataservice/redis/scripts.py puts it where a script says
 -- `--#include limits/gcra.lua`. The same arithmetic in Python: dataservice/limits/gcra.py.
 --
 -- gcra_check(key, now_us, interval_us, burst)

@@ -14,7 +14,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from dataservice.config import Config
+from dataservice.config.model import Config
 from dataservice.limits.gcra import Arrivals
 from dataservice.limits.slots import RETRY_AT_CAP_MS, Entry, Slot, rejection
 from dataservice.refusals import Reason

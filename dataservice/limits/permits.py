@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from dataservice.config import LaneConfig
+from dataservice.config.model import LaneConfig
 from dataservice.enums import OperationClass
-from dataservice.metrics import Stage
 from dataservice.observe import trace as tracing
+from dataservice.observe.metrics import Stage
 from dataservice.refusals import Refusal
 
 # The Celery control command that reports a replica's gauge.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dataservice.config import CallerPolicy
+from dataservice.config.model import CallerPolicy
 from dataservice.refusals import LIMIT_MESSAGES, Reason, Rejected
 
 # Slots are few and short; a freed one is usually this far away.

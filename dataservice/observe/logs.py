@@ -19,7 +19,7 @@ from typing import IO, Any
 
 from celery import signals
 
-from dataservice.config import LoggingConfig
+from dataservice.config.model import LoggingConfig
 from dataservice.observe.lines import RequestLines
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

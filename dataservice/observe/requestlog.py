@@ -16,9 +16,9 @@ from typing import Literal
 from prometheus_client import Histogram
 
 from dataservice.codec.requests import MESSAGE_OPERATIONS
-from dataservice.metrics.requests import REQUEST_SECONDS
 from dataservice.observe.lines import RequestLines
 from dataservice.observe.logs import json_line, request_lines
+from dataservice.observe.metrics.requests import REQUEST_SECONDS
 from dataservice.observe.trace import Trace
 
 log = logging.getLogger("dataservice.requests")

@@ -19,7 +19,7 @@ from types import TracebackType
 
 from prometheus_client import Histogram
 
-from dataservice.metrics.requests import STAGE_SECONDS, Stage
+from dataservice.observe.metrics.requests import STAGE_SECONDS, Stage
 
 _local = threading.local()
 # The labelled children, resolved once per lane: a label lookup per

@@ -28,7 +28,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError, SQLAlchemyError
 from sqlalchemy.pool import ConnectionPoolEntry
 
-from dataservice.config import DatabaseConfig
+from dataservice.config.model import DatabaseConfig
 from dataservice.errors import ServiceSetupError
 from dataservice.store.connections import ConnectRamp, install
 

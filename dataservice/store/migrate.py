@@ -7,7 +7,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config as AlembicConfig
 
-from dataservice.config import DatabaseConfig
+from dataservice.config.model import DatabaseConfig
 from dataservice.store.engine import ensure_database
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"

@@ -13,8 +13,8 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from dataservice.limits.permits import Permit
-from dataservice.metrics import Stage
 from dataservice.observe import trace as tracing
+from dataservice.observe.metrics import Stage
 from dataservice.store.connections import (
     CONNECT_BY,
     CONNECTION_ID,

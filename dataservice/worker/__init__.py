@@ -16,15 +16,16 @@
 
 from __future__ import annotations
 
-from dataservice.auth import Authenticator
-from dataservice.config import Config
+from dataservice.config.model import Config
 from dataservice.enums import LaneName
 from dataservice.limits.gate import Gate
+from dataservice.security.auth import Authenticator
 from dataservice.store import RecordStore
 from dataservice.worker.batch import Batch
 from dataservice.worker.database import Database
 from dataservice.worker.handler import RequestHandler
-from dataservice.worker.operations import DatabaseSource, RecordSource, operations
+from dataservice.worker.operations import DatabaseSource, operations
+from dataservice.worker.source import RecordSource
 from dataservice.worker.steps import Reply
 
 __all__ = ["Database", "RecordSource", "Reply", "RequestHandler", "build_handler"]

@@ -29,19 +29,20 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import ClassVar
 
-from dataservice.auth import allow_operation
 from dataservice.codec import validate_operation
-from dataservice.config import CallerPolicy, LaneConfig, Limits
+from dataservice.config.model import CallerPolicy, LaneConfig, Limits
 from dataservice.enums import OperationClass, StatusCode
 from dataservice.errors import InvalidArgument
 from dataservice.proto import pb
 from dataservice.refusals import Reason, Refusal, Rejected
+from dataservice.security.auth import allow_operation
 from dataservice.store import IdempotencyConflict, Mutation, RecordStore, RevisionMismatch
 from dataservice.store.connections import now_ms
 from dataservice.store.idempotency import Outcome, Recorded
 from dataservice.worker.database import Database
 from dataservice.worker.failures import RecordMissing
-from dataservice.worker.operations import RecordSource, keyed
+from dataservice.worker.operations import keyed
+from dataservice.worker.source import RecordSource
 
 # Builds a batch operation's answer to a refusal (counted and logged as a
 # request's would be): :meth:`dataservice.worker.replies.Replies.refusal`.

@@ -26,7 +26,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from dataservice.enums import StatusCode
 from dataservice.limits.admission import AdmissionRefused
 from dataservice.limits.permits import PermitUnavailable
-from dataservice.metrics import Dependency, TimeoutStage
+from dataservice.observe.metrics import Dependency, TimeoutStage
 from dataservice.refusals import LIMIT_MESSAGES, Reason, Refusal, Rejected
 from dataservice.store import DeleteRaced, GroupRaced, IdempotencyConflict, RevisionMismatch
 from dataservice.store.connections import ConnectRateLimited, StatementTimeout

@@ -1,13 +1,14 @@
 """The worker side of one request: signed envelope bytes in, encoded answer out.
 
 The handler keeps only the order of the contract: open the envelope (its
-size, signature and fields; :mod:`dataservice.auth`, no I/O), drop it if it
-is late (:meth:`RequestHandler.open`), authorise it and pass the caller's
+size, signature and fields; :mod:`dataservice.security.auth`, no I/O), drop it
+if it is late (:meth:`RequestHandler.open`), authorise it and pass the caller's
 shared limits (:mod:`dataservice.limits.gate`; :meth:`RequestHandler.admit`),
 run its operation (:mod:`dataservice.worker.operations`) and answer
 (:meth:`RequestHandler.serve`). The three steps are separate so that a cache
-hit can be answered on the worker's consumer thread (``workers/app.py``). Nothing here knows about
-Celery, SQL or Redis keys. :meth:`RequestHandler.handle` never raises:
+hit can be answered on the worker's consumer thread
+(``dataservice/pools/app.py``). Nothing here knows about Celery, SQL or Redis
+keys. :meth:`RequestHandler.handle` never raises:
 every refusal becomes a status code (:mod:`dataservice.worker.failures`;
 :mod:`dataservice.worker.replies` encodes, counts and logs it),
 and internal details stay in the log (never the payload, never a key, never
@@ -20,23 +21,23 @@ import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 
-from dataservice.auth import Authenticator
 from dataservice.codec import operation_count
-from dataservice.config import Config, LaneConfig
+from dataservice.config.model import Config, LaneConfig
 from dataservice.enums import LaneName, StatusCode
 from dataservice.limits.gate import Delivery, Gate, Peek
 from dataservice.limits.slots import Entry
-from dataservice.metrics import (
+from dataservice.observe import trace as tracing
+from dataservice.observe.metrics import (
     REJECTIONS,
     REQUESTS,
     TIMEOUTS,
     Stage,
     TimeoutStage,
 )
-from dataservice.metrics.requests import cache_stage
-from dataservice.observe import trace as tracing
+from dataservice.observe.metrics.requests import cache_stage
 from dataservice.proto import pb
 from dataservice.refusals import Reason, Refusal, Rejected
+from dataservice.security.auth import Authenticator
 from dataservice.store.connections import now_ms
 from dataservice.worker.batch import Batch
 from dataservice.worker.failures import INTERNAL

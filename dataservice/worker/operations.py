@@ -15,16 +15,17 @@ from typing import ClassVar, Protocol, TypeVar
 
 from google.protobuf.message import Message
 
-from dataservice.auth import Authorised
 from dataservice.codec import decode_cursor, encode_cursor, page_size, record_to_pb
-from dataservice.config import Limits
+from dataservice.config.model import Limits
 from dataservice.enums import OperationClass, ReadMode
 from dataservice.proto import pb
 from dataservice.refusals import Refusal
+from dataservice.security.auth import Authorised
 from dataservice.store import Idempotency, RecordStore
 from dataservice.worker.database import Database
 from dataservice.worker.failures import RecordMissing
 from dataservice.worker.readmany import ReadMany
+from dataservice.worker.source import Found, RecordSource
 
 T = TypeVar("T")
 # Per-record framing inside a ListRecordsResponse, on top of id and payload.
@@ -39,44 +40,6 @@ class Operation(Protocol):
     def run(self, request: Authorised) -> pb.ResponseEnvelope:
         """The answer's result for a verified, authorised request."""
         ...
-
-
-# A read_many's outcome for one key: the record, None (no such record), or
-# why it could not be read.
-Found = dict[tuple[str, str], "pb.Record | Refusal | None"]
-
-
-class RecordSource(Protocol):
-    """Where a read finds a record, within the request's deadline."""
-
-    def read(
-        self,
-        scope: str,
-        object_id: str,
-        mode: ReadMode,
-        deadline_ms: int,
-        request_id: str,
-        issued_ms: int | None = None,
-    ) -> pb.Record | None:
-        """``issued_ms``: when the request was sent (the caller's signed clock)."""
-        ...
-
-    def read_many(
-        self,
-        keys: Sequence[tuple[str, str]],
-        mode: ReadMode,
-        deadline_ms: int,
-        request_id: str,
-        issued_ms: int | None = None,
-    ) -> Found:
-        """Each of ``keys`` (distinct ``(scope, object_id)`` pairs) read at once."""
-        ...
-
-    def changed(self, scope: str, object_id: str, revision: int, *, deleted: bool) -> None:
-        """A mutation committed (``revision``: the new one, or the one deleted)."""
-
-    def changed_many(self, changes: Sequence[tuple[str, str, int, bool]]) -> None:
-        """:meth:`changed` for each ``(scope, object_id, revision, deleted)`` of a batch."""
 
 
 class DatabaseSource:

@@ -14,8 +14,8 @@ from collections import Counter
 
 from dataservice.codec import error_response
 from dataservice.enums import LaneName, StatusCode
-from dataservice.metrics import DEPENDENCY_FAILURES, REJECTIONS, TIMEOUTS, Stage
 from dataservice.observe import trace as tracing
+from dataservice.observe.metrics import DEPENDENCY_FAILURES, REJECTIONS, TIMEOUTS, Stage
 from dataservice.observe.requestlog import DROPPED, Mode, RequestLog
 from dataservice.proto import pb
 from dataservice.refusals import Reason, Refusal
@@ -44,7 +44,7 @@ class Replies:
         self._lane = lane.value
         self._log = RequestLog(lane.value, requests)
         # How long answered requests take once dequeued, per operation: what
-        # admission adds to a queue's wait (workers/servicetimes.py says it).
+        # admission adds to a queue's wait (dataservice/pools/servicetimes.py says it).
         self.service_times: RecentDurations[str] = RecentDurations()
 
     def refused(self, task_id: str, refusal: Refusal, caller: str, expires_at_ms: int) -> Reply:

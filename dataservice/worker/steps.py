@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dataservice.auth import Authorised
 from dataservice.enums import StatusCode
 from dataservice.limits.gate import NOT_LOOKED, Peeked
 from dataservice.limits.slots import Slot
 from dataservice.observe.trace import Trace
 from dataservice.proto import pb
+from dataservice.security.auth import Authorised
 
 
 @dataclass(frozen=True, slots=True)

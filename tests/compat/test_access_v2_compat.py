@@ -34,10 +34,10 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from grpc_tools import protoc  # type: ignore[import-untyped]
 
 from dataservice.codec import decode_cursor, decode_request, encode_cursor, validate_request
-from dataservice.config import Limits
+from dataservice.config.model import Limits
+from dataservice.config.settings import Settings
 from dataservice.errors import InvalidArgument
 from dataservice.proto import pb
-from dataservice.settings import Settings
 
 HERE = Path(__file__).resolve().parent
 SCHEMAS = HERE / "schemas"

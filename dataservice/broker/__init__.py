@@ -1,0 +1,1 @@
+"""How requests and answers travel: Celery and kombu on Redis or RabbitMQ, the result backend."""

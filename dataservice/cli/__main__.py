@@ -1,0 +1,6 @@
+"""``python -m dataservice.cli``: the ``dataservice`` command, as the service's
+own tools start it."""
+
+from dataservice.cli import main
+
+main()

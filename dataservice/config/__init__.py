@@ -1,0 +1,1 @@
+"""Configuration: the ``queues.yml`` schema, the ``DATASERVICE_*`` settings, the budget."""

@@ -1,0 +1,118 @@
+"""The database budget arithmetic, computed in one place.
+
+The database sustains ``budget.database_active`` concurrently active short
+transactions; ``budget.reserved`` of them belong to maintenance and other
+callers. The service's replicas (``budget.max_replicas``, rolling-deploy
+overlap included) share the rest: each replica holds at most the sum of its
+lanes' permits. Connections are a separate bound: each replica's pools hold
+one connection per worker thread, never more than the lane's permits (a
+thread takes one only while it holds a permit; threads beyond the permits get
+the next request ready meanwhile), and all replicas together stay within
+``budget.max_connections``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dataservice.config.model import Config
+from dataservice.enums import LaneName, OperationClass
+from dataservice.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetCheck:
+    """The arithmetic, line by line, and every bound it breaks."""
+
+    lines: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _verdict(used: int, bound: int) -> str:
+    return f"<= {bound} ok" if used <= bound else f"> {bound} OVER by {used - bound}"
+
+
+def check_budget(config: Config) -> BudgetCheck:
+    budget = config.budget
+    check = BudgetCheck()
+    lines, problems = check.lines, check.problems
+
+    available = budget.database_active - budget.reserved
+    lines.append(
+        f"database: {budget.database_active} active - {budget.reserved} reserved = "
+        f"{available} for the service"
+    )
+    if available <= 0:
+        problems.append(
+            f"budget.reserved ({budget.reserved}) leaves nothing of "
+            f"budget.database_active ({budget.database_active})"
+        )
+
+    lanes = [(lane, config.lanes[lane]) for lane in LaneName]
+    per_replica = sum(lane.permits for _, lane in lanes)
+    split = " + ".join(f"{name.value} {lane.permits}" for name, lane in lanes)
+    lines.append(f"permits per replica: {split} = {per_replica}")
+    total = budget.max_replicas * per_replica
+    lines.append(
+        f"all replicas: {budget.max_replicas} replicas x {per_replica} permits = {total} "
+        f"{_verdict(total, available)}"
+    )
+    if total > available:
+        problems.append(
+            f"{budget.max_replicas} replicas x {per_replica} permits = {total} exceeds "
+            f"{budget.database_active} - {budget.reserved} = {available}: lower "
+            "budget.max_replicas or the lanes' permits"
+        )
+
+    for name, lane in lanes:
+        classes = ", ".join(f"{c.value} {lane.classes[c]}" for c in OperationClass)
+        lines.append(
+            f"{name.value}: {lane.concurrency} threads, {lane.permits} permits, "
+            f"{pool_size(lane.concurrency, lane.permits)} connections; "
+            f"classes {classes} (each <= {lane.permits})"
+        )
+        for op_class in OperationClass:
+            if lane.classes[op_class] > lane.permits:
+                problems.append(
+                    f"lanes.{name.value}.classes.{op_class.value} ({lane.classes[op_class]}) "
+                    f"exceeds lanes.{name.value}.permits ({lane.permits})"
+                )
+
+    per_replica_conns = sum(pool_size(lane.concurrency, lane.permits) for _, lane in lanes)
+    conns = budget.max_replicas * per_replica_conns
+    pools = " + ".join(
+        f"{name.value} {pool_size(lane.concurrency, lane.permits)}" for name, lane in lanes
+    )
+    lines.append(
+        f"connections: {pools} = {per_replica_conns} per replica x {budget.max_replicas} "
+        f"replicas = {conns} {_verdict(conns, budget.max_connections)}"
+    )
+    if conns > budget.max_connections:
+        problems.append(
+            f"{budget.max_replicas} replicas x {per_replica_conns} connections = {conns} exceeds "
+            f"budget.max_connections ({budget.max_connections})"
+        )
+    return check
+
+
+def pool_size(concurrency: int, permits: int) -> int:
+    """A replica's database connections: one per thread, but never more than
+    its permits (a thread takes a connection only while it holds a permit;
+    threads beyond the permits get a request ready meanwhile)."""
+    return min(concurrency, permits)
+
+
+def require_within_budget(config: Config, lane: LaneName, concurrency: int) -> None:
+    """Refuse a worker whose configuration breaks the budget. Its thread count
+    cannot: its connections are at most its lane's permits."""
+    check = check_budget(config)
+    if not check.ok:
+        raise ConfigError(
+            "the configuration exceeds the database budget: " + "; ".join(check.problems)
+        )
+    if concurrency < 1:
+        raise ConfigError(f"--concurrency {concurrency}: a worker needs at least one thread")

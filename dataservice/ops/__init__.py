@@ -1,0 +1,1 @@
+"""Operating the service: health, inspection, worker processes and their supervisor."""

@@ -1,0 +1,85 @@
+"""Redis commands packed by hiredis in one call.
+
+redis-py packs a command's arguments one at a time in Python (a type check and
+an encode each) before hiredis writes the protocol: 2.5 ms for a script with
+the 4,000 keys of a big transaction's invalidation, and a few per cent of a
+worker's CPU on every request's scripts. hiredis packs ``str`` (as UTF-8),
+``bytes``, ``int`` and ``float`` (as its ``repr``) itself, byte for byte as
+redis-py does
+(``tests/test_packing.py``). A :class:`Packed` connection hands it a command
+made only of those, on a connection with redis-py's default encoding; any
+other command goes redis-py's way. The service's Redis clients are made with
+one (:func:`packed_connection_class`; :mod:`dataservice.redis.bounded`'s connections
+are packed too).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hiredis
+import redis
+import redis.asyncio
+
+_PLAIN = frozenset({str, bytes, int, float})
+
+
+class Packed:
+    """A connection mixin: plain commands packed by hiredis directly."""
+
+    def send_command(self, *args: Any, **kwargs: Any) -> None:
+        if _plain(args) and _default_encoding(self):
+            self.send_packed_command(  # type: ignore[attr-defined]
+                [hiredis.pack_command(args)], check_health=kwargs.get("check_health", True)
+            )
+        else:
+            super().send_command(*args, **kwargs)  # type: ignore[misc]
+
+
+def _plain(args: tuple[Any, ...]) -> bool:
+    # redis-py splits a first argument with a space ("CLIENT SETNAME") in two.
+    if not args or type(args[0]) is not str or " " in args[0]:
+        return False
+    return all(type(arg) in _PLAIN for arg in args)
+
+
+def _default_encoding(connection: Any) -> bool:
+    encoder = connection.encoder
+    return bool(encoder.encoding == "utf-8" and encoder.encoding_errors == "strict")
+
+
+class PackedConnection(Packed, redis.Connection):
+    pass
+
+
+class PackedSSLConnection(Packed, redis.SSLConnection):
+    pass
+
+
+class AsyncPacked:
+    """The same for asyncio connections, which pack every command (pipelines'
+    included) through ``pack_command``."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        if _plain(args) and _default_encoding(self):
+            return [hiredis.pack_command(args)]
+        packed: list[bytes] = super().pack_command(*args)  # type: ignore[misc]
+        return packed
+
+
+class AsyncPackedConnection(AsyncPacked, redis.asyncio.Connection):
+    pass
+
+
+class AsyncPackedSSLConnection(AsyncPacked, redis.asyncio.SSLConnection):
+    pass
+
+
+def async_packed_connection_class(url: str) -> type[redis.asyncio.Connection]:
+    """The packed asyncio connection class for a ``redis://`` or ``rediss://`` URL."""
+    return AsyncPackedSSLConnection if url.startswith("rediss://") else AsyncPackedConnection
+
+
+def packed_connection_class(url: str) -> type[redis.Connection]:
+    """The packed connection class for a ``redis://`` or ``rediss://`` URL."""
+    return PackedSSLConnection if url.startswith("rediss://") else PackedConnection

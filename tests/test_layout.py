@@ -1,0 +1,116 @@
+"""The layout holds: no import cycle between the service's or the tooling's
+modules, and the tooling stays out of what the service's own commands load."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {
+    "dataservice": ROOT / "dataservice",
+    "dataservice_tools": ROOT / "tools" / "dataservice_tools",
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for name, path in PACKAGES.items():
+        for source in path.rglob("*.py"):
+            if source.name.endswith("_pb2.py"):
+                continue
+            parts = [name, *source.relative_to(path).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = source
+    return found
+
+
+def _imports(name: str, source: Path, modules: dict[str, Path]) -> Iterator[str]:
+    """Every module of ours that ``name`` imports anywhere: at the top, in a
+    function, or for type checking alone (a cycle there is a cycle in the design)."""
+    package = name if source.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names if alias.name in modules)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                target = f"{base}.{alias.name}"
+                if target in modules:
+                    yield target
+                elif base in modules:
+                    yield base
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_module_imports_another_that_imports_it_back() -> None:
+    modules = _modules()
+    graph = {
+        name: set(_imports(name, source, modules)) - {name} for name, source in modules.items()
+    }
+    assert len(graph) > 150
+    assert _cycles(graph) == []
+
+
+def test_the_service_does_not_import_the_tooling() -> None:
+    modules = _modules()
+    offences = sorted(
+        f"{name} imports {target}"
+        for name, source in modules.items()
+        if name.startswith("dataservice.")
+        for target in _imports(name, source, modules)
+        if target.startswith("dataservice_tools")
+    )
+    assert offences == []
+
+
+def test_starting_a_worker_loads_none_of_the_tooling() -> None:
+    probe = (
+        "import sys; sys.argv = ['dataservice', 'worker', '--help']\n"
+        "from dataservice.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith('dataservice_tools')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "--lane" in done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -1,0 +1,123 @@
+"""``up`` and ``down``: private Redis, MariaDB and RabbitMQ where the ones the
+project uses do not answer."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+
+from dataservice.config.settings import Settings
+from dataservice.errors import ServiceSetupError
+from dataservice_tools.localservices.mariadb import PrivateMariaDB, binlog_mariadb_dir, mariadb_dir
+from dataservice_tools.localservices.probes import (
+    binary,
+    is_local,
+    mysql_reachable,
+    redis_reachable,
+    wait_until,
+)
+from dataservice_tools.localservices.rabbitmqserver import (
+    ensure_management,
+    ensure_rabbitmq,
+    rabbitmq_dir,
+)
+
+# Relative: the working directory's, as ``dataservice run`` keeps its logs in .state/logs.
+DEFAULT_STATE_DIR = Path(".state")
+
+
+def start_redis(state_dir: Path, port: int, also_bind: Sequence[str] = ()) -> None:
+    """Start a private redis-server (daemonized, nothing persisted) on
+    127.0.0.1 and ``also_bind`` (a private address: clients from there are let
+    in without a password, which protected mode would refuse)."""
+    directory = state_dir / "redis"
+    directory.mkdir(parents=True, exist_ok=True)
+    protected = ["--protected-mode", "no"] if also_bind else []
+    subprocess.run(
+        [
+            binary("redis-server"), "--daemonize", "yes", "--bind", "127.0.0.1", *also_bind,
+            *protected, "--port", str(port), "--save", "", "--appendonly", "no",
+            "--dir", str(directory), "--pidfile", str(directory / "redis.pid"),
+            "--logfile", str(directory / "redis.log"),
+        ],
+        check=True,
+    )  # fmt: skip
+    wait_until(
+        lambda: redis_reachable(f"redis://127.0.0.1:{port}/0"), "redis", directory / "redis.log"
+    )
+
+
+def up(settings: Settings, state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
+    """Make the configured Redis and MariaDB reachable, and RabbitMQ when it
+    is the broker (with its management API, for Flower). Returns what was
+    started."""
+    # Absolute: redis-server changes into its --dir before it opens its pid and log files.
+    state_dir = state_dir.resolve()
+    started = []
+    redis_broker = () if settings.broker_is_amqp else (settings.broker_url,)
+    for url in dict.fromkeys((*redis_broker, settings.result_backend_url, settings.redis_url)):
+        if redis_reachable(url):
+            continue
+        parsed = make_url(url.replace("redis://", "mysql://", 1))  # same URL grammar
+        if not is_local(parsed.host):
+            raise ServiceSetupError(f"Redis at {parsed.host}:{parsed.port} is unreachable")
+        start_redis(state_dir, parsed.port or 6379)
+        started.append(f"redis on port {parsed.port or 6379}")
+    db = make_url(settings.database_url)
+    if not mysql_reachable(
+        db.host or "127.0.0.1", db.port or 3306, db.username or "root", db.password or ""
+    ):
+        if not is_local(db.host):
+            raise ServiceSetupError(f"MariaDB at {db.host}:{db.port} is unreachable")
+        # With a binlog: the change stream reads it, so no second server is needed.
+        PrivateMariaDB(mariadb_dir(state_dir), db.port or 3306, binlog=True).start(detach=True)
+        started.append(f"mariadb on port {db.port or 3306}")
+    if settings.broker_is_amqp:
+        started += ensure_amqp(settings.broker_url, state_dir)
+    return started
+
+
+def ensure_amqp(url: str, state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
+    """Make the RabbitMQ at ``url`` answer, with its management API; what was
+    started or turned on. (Where the broker is Redis, ``up``'s caller asks
+    this of the local RabbitMQ that the tests, benchmarks and ``dataservice
+    loadtest`` use.)"""
+    port = ensure_rabbitmq(url, state_dir.resolve())
+    if port is not None:
+        # Ours: with the management plugin on the default port, where Flower looks.
+        return [f"rabbitmq on port {port}"]
+    return ["rabbitmq's management plugin"] if ensure_management(url) else []
+
+
+def down(state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
+    """Stop the private instances that ``up`` (and ``ensure_binlog``) started."""
+    stopped = []
+    pidfiles = {
+        "redis": state_dir / "redis" / "redis.pid",
+        "mariadb": mariadb_dir(state_dir) / "mariadb.pid",
+        "binlog mariadb": binlog_mariadb_dir(state_dir) / "mariadb.pid",
+        "rabbitmq": rabbitmq_dir(state_dir) / "rabbitmq.pid",
+    }
+    for name, pidfile in pidfiles.items():
+        try:
+            pid = int(pidfile.read_text().strip())
+            os.kill(pid, signal.SIGTERM)
+        except (OSError, ValueError):
+            continue
+        wait_until(partial(_gone, pid), f"{name} (pid {pid}) to stop")
+        stopped.append(name)
+    return stopped
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False

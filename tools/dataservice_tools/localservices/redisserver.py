@@ -1,0 +1,53 @@
+"""A redis-server of our own on a port of its own (``start_redis``: daemonized,
+nothing saved), to pause, kill and start again on the same port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from dataservice.errors import ServiceSetupError
+from dataservice_tools.localservices.lifecycle import start_redis
+from dataservice_tools.localservices.probes import free_port
+
+
+def gone(pid: int) -> bool:
+    """Gone, or a zombie (its sockets closed) that nobody has reaped yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+class PrivateRedis:
+    def __init__(
+        self, directory: Path, port: int | None = None, also_bind: Sequence[str] = ()
+    ) -> None:
+        self.directory = directory
+        self.port = port or free_port()
+        self.also_bind = tuple(also_bind)
+        self.base = f"redis://127.0.0.1:{self.port}"
+        self.url = f"{self.base}/0"
+
+    def start(self) -> None:
+        start_redis(self.directory, self.port, self.also_bind)
+
+    def pid(self) -> int:
+        return int((self.directory / "redis" / "redis.pid").read_text())
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum``; after SIGKILL, wait until the port is let go."""
+        pid = self.pid()
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 10
+        while signum == signal.SIGKILL and not gone(pid):
+            if time.monotonic() > deadline:
+                raise ServiceSetupError(f"redis-server (pid {pid}) outlived SIGKILL")
+            time.sleep(0.01)
