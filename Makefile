@@ -14,7 +14,7 @@ SERVICES_ENV := .state/services.env
 FLOWER_ENV := .state/flower.env
 WITH_SERVICES_ENV := set -a; for f in $(SERVICES_ENV) $(FLOWER_ENV); do if [ -f $$f ]; then . ./$$f; fi; done; set +a;
 
-.PHONY: run demo test lint services stop-services proto clean
+.PHONY: run demo test test-fast lint services stop-services proto clean
 
 $(STAMP): pyproject.toml tools/pyproject.toml scripts/bootstrap.sh
 	scripts/bootstrap.sh
@@ -44,6 +44,10 @@ lint: $(STAMP)
 
 test: lint services
 	$(BIN)/pytest --durations=25
+
+# The edit loop: no load, fault, browser or slow runs (pyproject.toml's markers).
+test-fast: services
+	$(BIN)/pytest -m "not (slow or load or fault or browser)" --durations=10
 
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py

@@ -575,6 +575,7 @@ def test_completions_a_restarted_redis_never_admitted_leave_the_counts_at_rest(
         assert (int(broker.hget(key, "bytes") or 0), broker.zcard(held)) == (0, 0)
 
 
+@pytest.mark.fault
 def test_a_request_lost_on_the_way_stops_counting_after_its_deadline(
     bounded: tuple[Settings, Config, redis.Redis],
 ) -> None:

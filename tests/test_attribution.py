@@ -17,6 +17,8 @@ from dataservice_tools.localservices import mysql_reachable
 
 from tests.conftest import require
 
+pytestmark = pytest.mark.load
+
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {100, 1024, 8192, 65536}
 SYSTEMS = {"a", "b", "c"}

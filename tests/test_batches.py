@@ -158,6 +158,7 @@ def outcomes(handles: list[AnyHandle]) -> list[object]:
     return answers
 
 
+@pytest.mark.slow
 def test_one_failing_operation_fails_alone_and_a_resend_changes_nothing(
     client_kind: ClientKind,
     own: Settings,
@@ -236,6 +237,7 @@ def test_a_batch_refused_by_admission_is_counted_in_operations(
     assert len(handles) == count
 
 
+@pytest.mark.fault
 def test_a_worker_killed_again_and_again_loses_no_acknowledged_write_and_applies_none_twice(
     own: Settings, config: Config, database: Engine, scope: str, tmp_path: Path
 ) -> None:

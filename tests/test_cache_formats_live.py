@@ -74,6 +74,7 @@ def _hits(fmt: CacheFormat) -> float:
     return counter("dataservice_cache_reads", lane="interactive", format=fmt.value, outcome="hit")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS.values(), ids=VARIANTS.keys())
 def test_a_written_record_reads_back_exactly_and_then_from_the_enabled_formats(
     variant: Variant,

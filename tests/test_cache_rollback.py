@@ -185,6 +185,7 @@ class Drill:
         assert (refill.before.fill, refill.after.fill) == (frozenset(), BOTH)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_the_rollback_sequence_hides_every_entry_and_the_cache_fills_again_after(
     worker: tuple[Settings, Config, int], database: Engine, scope: str

@@ -89,6 +89,7 @@ def _counts_settled(cache: redis.Redis, expected: int) -> dict[str, int]:
     return read_counts(cache)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_corrupted_entry_is_served_and_its_mismatch_counted_against_both(
     worker: tuple[Settings, Config], database: Engine, scope: str
@@ -134,6 +135,7 @@ def test_a_corrupted_entry_is_served_and_its_mismatch_counted_against_both(
     assert status.exit_code == 0, status.output
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_with_the_permits_saturated_comparisons_are_skipped_and_counted_never_queued(
     slow_worker: tuple[Settings, Config], database: Engine, scope: str

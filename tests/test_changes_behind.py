@@ -138,6 +138,7 @@ def test_events_and_bytes_behind_count_every_later_file_and_stop_at_the_cap(
     assert describe_events(-1) == "? events"
 
 
+@pytest.mark.slow
 def test_the_consumer_reports_events_behind_while_behind_and_no_lag_once_caught_up(
     own: Settings, config: Config, cache_redis: redis.Redis, admin: Engine, tmp_path: Path
 ) -> None:
@@ -183,6 +184,7 @@ def test_the_consumer_reports_events_behind_while_behind_and_no_lag_once_caught_
     assert _gauge("dataservice_changes_lag_events") == -1
 
 
+@pytest.mark.slow
 def test_a_failing_lag_query_reports_unknown_once_warned_and_invalidation_goes_on(
     own: Settings,
     config: Config,

@@ -104,6 +104,7 @@ def test_a_stale_token_is_refused_and_changes_nothing(
     assert invalidator.apply(second, [RecordChange("s", "a", 2)], [1]) == 2
 
 
+@pytest.mark.fault
 @pytest.mark.timeout(90)
 def test_one_consumer_applies_and_a_standby_takes_over_when_it_is_killed(
     binlog_url: str, cache_redis: redis.Redis, config: Config, tmp_path: Path
@@ -201,6 +202,7 @@ def test_binlog_rotation_misses_nothing_and_a_purged_position_rotates_the_cache(
     admin.dispose()
 
 
+@pytest.mark.fault
 def test_lag_grows_with_the_consumer_stopped_and_the_guard_follows(
     binlog_url: str, config: Config, cache_redis: redis.Redis
 ) -> None:
@@ -224,6 +226,7 @@ def test_lag_grows_with_the_consumer_stopped_and_the_guard_follows(
     assert engagements == [True, False, True, False]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_busy_binlog_of_other_tables_keeps_the_lease_and_the_reports(
     binlog_url: str, config: Config, cache_redis: redis.Redis

@@ -49,6 +49,8 @@ from tests.changes_support import (
 from tests.conftest import SHIPPED_CONFIG
 from tests.support import with_changes
 
+pytestmark = pytest.mark.fault
+
 binlog_url = changes_support.binlog_url
 cache_redis = changes_support.cache_redis
 restartable_mariadb = changes_faults.restartable_mariadb

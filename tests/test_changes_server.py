@@ -284,6 +284,7 @@ def test_changes_user_command_prints_a_url_that_passes_and_keeps_its_password(
 # make services ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_services_start_a_binlog_mariadb_when_the_configured_one_has_none(
     tmp_path: Path, config: Config, monkeypatch: pytest.MonkeyPatch

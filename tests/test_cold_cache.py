@@ -22,6 +22,8 @@ from tests.conftest import require, started_binlog_mariadb
 from tests.loadtest_support import run_scenario
 from tests.test_loadtest import assert_within_share
 
+pytestmark = pytest.mark.load
+
 TARGET = env.Target("service", "ds_cold", "ds-cold-pw", "dataservice_cold", 13)
 DELAY_MS = 100
 DURATION_S = 20.0

@@ -32,6 +32,8 @@ from tests.support import (
     worker_process,
 )
 
+pytestmark = pytest.mark.fault
+
 OWN_REDIS_URL = "redis://127.0.0.1:6379/10"
 STALLED_S = 6.0
 

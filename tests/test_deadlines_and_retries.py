@@ -62,6 +62,7 @@ def own_redis(
     client.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_request_late_by_the_time_it_is_dequeued_does_no_database_work(
     own_redis: tuple[Settings, redis.Redis],
@@ -99,6 +100,7 @@ def test_a_request_late_by_the_time_it_is_dequeued_does_no_database_work(
     assert not broker.keys(f"{REPLAY_PREFIX}*")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_retries_are_bounded_jittered_and_stop_at_the_deadline(
     client_kind: ClientKind,

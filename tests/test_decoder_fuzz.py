@@ -461,6 +461,7 @@ def test_random_bytes_are_decoded_or_rejected() -> None:
     assert ran >= RANDOM_EXAMPLES
 
 
+@pytest.mark.slow
 def test_mutated_envelopes_are_decoded_or_rejected() -> None:
     """1,000 serialized envelopes (every operation) after 1-4 byte-level mutations."""
     outcomes: Counter[str] = Counter()

@@ -29,6 +29,8 @@ from tests.binlog import BinlogDatabase
 from tests.support import on_redis, with_changes
 from tests.test_secrets_stay_out import secret_forms
 
+pytestmark = pytest.mark.load
+
 DEMO_REDIS_URL = "redis://127.0.0.1:6379/3"
 RECORDS = 300
 FLOWER_AUTH = "ops:flower-pw-7f3a9c1e"

@@ -82,6 +82,7 @@ async def _get_all(base: str, paths: list[str], timeout_s: float) -> list[httpx.
         return await asyncio.gather(*(http.get(path, headers=headers) for path in paths))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_two_hundred_concurrent_requests_are_answered(
     served: str, process_settings: Settings, config: Config, scope: str
@@ -98,6 +99,7 @@ def test_two_hundred_concurrent_requests_are_answered(
     assert missing.status_code == 404
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_deadline_passed_is_504_and_a_refusal_503_with_retry_after(
     unserved: tuple[str, redis.Redis, Config],

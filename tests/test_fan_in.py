@@ -20,6 +20,8 @@ from dataservice.ops.supervisor import Supervisor
 from dataservice.redis.keys import reply_key
 from tests.support import bounded_admission, connections_of_this_process, own_local_ports
 
+pytestmark = pytest.mark.load
+
 # What a client process may hold, whatever its concurrency.
 MOST_CONNECTIONS = 4
 THREADS = 1000

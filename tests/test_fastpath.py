@@ -169,6 +169,7 @@ def node(app: Celery, queues: Queues, tmp_path_factory: pytest.TempPathFactory) 
     assert queues.waiting(QUEUE) == 0
 
 
+@pytest.mark.slow
 def test_inline_messages_are_answered_on_the_consumer_thread_and_acknowledged(
     app: Celery, broker: redis.Redis, queues: Queues, node: str
 ) -> None:
@@ -276,6 +277,7 @@ def test_control_commands_answer_while_inline_requests_flow(
     assert not failures
 
 
+@pytest.mark.slow
 def test_task_events_are_sent_for_inline_tasks_only_while_events_are_enabled(
     app: Celery, broker: redis.Redis, node: str
 ) -> None:
@@ -316,6 +318,7 @@ def _held(broker: redis.Redis, *tokens: str) -> Callable[[], bool]:
     return lambda: set(tokens) <= {t.decode() for t in broker.lrange(HELD, 0, -1)}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_reservations_stay_within_the_pools_threads(
     app: Celery, broker: redis.Redis, queues: Queues, own_queue: str, tmp_path: Path

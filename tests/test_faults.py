@@ -28,7 +28,7 @@ from tests.test_loadtest import DELAY_MS, TEST_TARGET, assert_within_share
 
 RATE = 7 * 1000 / DELAY_MS
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow, pytest.mark.fault]
 
 
 # Every fault on Redis as the broker. On RabbitMQ, whose queues live outside

@@ -71,6 +71,7 @@ def _refused(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]
     )
 
 
+@pytest.mark.slow
 def test_flower_without_credentials_or_unauthenticated_off_loopback_is_refused(
     own: Settings,
 ) -> None:

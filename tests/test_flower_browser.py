@@ -28,6 +28,8 @@ from tests.conftest import require
 from tests.rabbit import BROKERS, on_rabbitmq
 from tests.support import on_redis
 
+pytestmark = pytest.mark.browser
+
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[1] / ".state" / "artifacts"
 BROWSER_REDIS_URL = "redis://127.0.0.1:6379/8"

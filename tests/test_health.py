@@ -65,6 +65,7 @@ def test_exit_status_puts_liveness_before_readiness() -> None:
     assert exit_status([bad], []) is HealthExit.NOT_LIVE
 
 
+@pytest.mark.fault
 @pytest.mark.timeout(150)
 def test_with_the_database_stopped_liveness_stays_green_and_deep_readiness_turns_red(
     binlog_database: BinlogDatabase, settings: Settings, tmp_path: Path

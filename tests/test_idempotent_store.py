@@ -332,6 +332,7 @@ def test_a_statement_timeout_mid_transaction_leaves_neither_change_nor_key(
     assert store.delete(scope, "a", idempotency=keyed(caller)) == 1
 
 
+@pytest.mark.fault
 def test_a_killed_connection_mid_transaction_leaves_neither_change_nor_key(
     store: RecordStore, database: Engine, scope: str, caller: str
 ) -> None:

@@ -67,6 +67,7 @@ def _spellings(data: bytes) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_waiting_messages_are_decoded_without_a_payload_byte(
     unserved: Settings, config: Config
 ) -> None:

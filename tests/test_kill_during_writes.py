@@ -30,6 +30,8 @@ from dataservice.types import WriteResult
 from tests.conftest import require
 from tests.support import lane_workers, on_redis
 
+pytestmark = pytest.mark.fault
+
 OWN_REDIS_URL = "redis://127.0.0.1:6379/9"
 WRITES = 200
 CALLERS = 16

@@ -39,6 +39,7 @@ def _read_latencies_ms(client: Client, scope: str) -> list[float]:
     return samples
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("worker_processes")
 @pytest.mark.timeout(300)
 def test_interactive_read_is_served_while_batch_holds_ten_thousand_messages(

@@ -36,7 +36,7 @@ DELAY_MS = 200
 # Three replicas x 7 interactive permits, each statement at least DELAY_MS long.
 RATE = 3 * 7 * 1000 / DELAY_MS
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.load]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -32,7 +32,7 @@ from tests.loadtest_support import run_scenario
 TARGET = env.Target("service", "ds_incident_t", "ds-incident-t-pw", "dataservice_incident_t", 12)
 DELAY_MS = 200
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.load]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -49,6 +49,7 @@ def test_private_mariadb_writes_a_row_format_binlog_and_goes_away() -> None:
     assert not directory.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_up_starts_private_instances_only_where_nothing_answers(tmp_path: Path) -> None:
     redis_port, mariadb_port = free_port(), free_port()
@@ -72,6 +73,7 @@ def test_up_starts_private_instances_only_where_nothing_answers(tmp_path: Path) 
     assert stopped == ["redis", "mariadb"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_up_starts_a_private_rabbitmq_where_the_broker_does_not_answer(tmp_path: Path) -> None:
     # A port of its own: the system RabbitMQ on 5672 is left alone.
@@ -97,6 +99,7 @@ def test_up_starts_a_private_rabbitmq_where_the_broker_does_not_answer(tmp_path:
     assert not amqp_reachable(settings.broker_url)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 def test_up_starts_no_rabbitmq_where_one_refuses_or_the_broker_is_elsewhere(
     tmp_path: Path,

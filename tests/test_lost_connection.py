@@ -41,6 +41,7 @@ def _waiting_write(database: Engine, timeout_s: float) -> int:
     raise AssertionError("the service's write never reached the database")
 
 
+@pytest.mark.fault
 def test_a_write_lost_mid_statement_is_retried_and_applied_once(
     client: Client, database: Engine, scope: str
 ) -> None:

@@ -113,6 +113,7 @@ def settle(handle: Handle, until: float) -> str:
         return "ok"
 
 
+@pytest.mark.fault
 def test_a_restart_mid_backlog_answers_or_reports_every_accepted_request(
     served: Settings, config: Config, private_redis: PrivateRedis
 ) -> None:

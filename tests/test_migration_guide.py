@@ -79,6 +79,7 @@ def _run(argv: list[str], environ: dict[str, str], cwd: Path) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_every_block_of_the_migration_guide_runs_as_written(
     database: Engine, tmp_path: Path

@@ -154,6 +154,7 @@ def events_redis() -> Iterator[redis.Redis]:
     client.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("task_events", [True, False])
 def test_a_lane_sends_task_events_only_when_queues_yml_says_so(

@@ -22,7 +22,7 @@ from tests.test_loadtest import DELAY_MS, TEST_TARGET, assert_within_share
 
 RATE = 7 * 1000 / DELAY_MS
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.load]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -54,6 +54,7 @@ def amqp_workers(
         yield started
 
 
+@pytest.mark.slow
 def test_a_write_and_cached_reads_travel_through_rabbitmq(
     amqp_workers: Supervisor,
     amqp_settings: Settings,
@@ -172,6 +173,7 @@ def test_a_publish_rabbitmq_refuses_reaches_the_caller_retryably_and_leaves_the_
     assert int(books.hget(admission_key(queue), "refused:queue_full") or 0) == 1
 
 
+@pytest.mark.slow
 def test_liveness_asks_rabbitmq_itself(amqp_settings: Settings) -> None:
     (live,) = liveness(amqp_settings, [], max_age_s=60, timeout_s=2)
     assert live.ok, live.detail

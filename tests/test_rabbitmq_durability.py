@@ -40,6 +40,8 @@ from dataservice.ops.processes import WorkerProcess
 from tests.rabbit import AMQP_REDIS_URL, fresh_vhost
 from tests.support import lane_workers, with_changes, with_retry
 
+pytestmark = pytest.mark.fault
+
 WRITES = 5_000
 PER_MESSAGE = 100
 # Each write sleeps this long in the database: the backlog drains in seconds.

@@ -40,6 +40,7 @@ def _reason(gate: Gate, policy: CallerPolicy, *, capped: bool = False) -> str:
     return "admitted"
 
 
+@pytest.mark.slow
 def test_without_redis_each_replica_keeps_to_its_share(config: Config) -> None:
     fallbacks: list[None] = []
     unreachable = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)

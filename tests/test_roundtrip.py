@@ -42,6 +42,7 @@ def process_settings(
     return processes_on(request.param, settings, config)
 
 
+@pytest.mark.slow
 def test_interactive_write_read_list_delete_round_trip(
     any_process_client: AnyClient, scope: str, database: Engine
 ) -> None:
@@ -104,6 +105,7 @@ def test_batch_submissions_are_answered_through_handles(
     assert all(stats.workers == 1 for stats in snapshot.lanes.values())
 
 
+@pytest.mark.slow
 def test_an_uncollected_answer_is_let_go_at_deadline_plus_grace(
     any_process_client: AnyClient, process_settings: Settings, config: Config, scope: str
 ) -> None:

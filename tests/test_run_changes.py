@@ -24,6 +24,7 @@ def _caption(supervisor: Supervisor) -> str:
     return " ".join(console.export_text().split())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_summary_shows_the_consumer_beside_both_lanes(
     binlog_database: BinlogDatabase, settings: Settings, config: Config, tmp_path: Path

@@ -80,6 +80,7 @@ def test_over_tls_a_caller_over_its_rate_is_refused_before_the_queue(
     assert broker.llen(config.lanes.interactive.queue) == burst
 
 
+@pytest.mark.slow
 def test_the_broker_connection_is_tls_and_verifies_the_server_by_default(
     bounded: tuple[Settings, Config, redis.Redis], tls_server: TLSRedis
 ) -> None:
@@ -140,6 +141,7 @@ def test_tls_options_on_a_plain_url_are_a_config_error() -> None:
         Settings.from_env({"DATASERVICE_REDIS_URL": "redis://127.0.0.1:6379/0?ssl_cert_reqs=none"})
 
 
+@pytest.mark.slow
 def test_the_other_redis_clients_work_over_tls(
     settings: Settings, config: Config, database: Engine, tls_server: TLSRedis, tmp_path: Path
 ) -> None:

@@ -170,6 +170,7 @@ def test_the_runtime_wheel_carries_the_service_alone_and_the_tooling_adds_its_co
     assert not _checkout_ties(site / "dataservice" / "ops")
 
 
+@pytest.mark.slow
 def test_without_matplotlib_every_command_still_works(
     tmp_path: Path,
 ) -> None:
