@@ -196,6 +196,8 @@ def resolve(line: list[str]) -> tuple[str, Any, list[str]]:
     """Walk the CLI's groups: the subcommand path, its command object, and its arguments."""
     assert line, "the service has no command"
     assert line[0] == "dataservice", f"{line[0]!r} is not the dataservice console script"
+    # The command as installed: the tooling's commands too.
+    dataservice.cli.add_plugins([])
     node: Any = typer.main.get_command(dataservice.cli.app)
     path = ["dataservice"]
     rest = line[1:]

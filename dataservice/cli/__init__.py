@@ -38,18 +38,21 @@ app.command("check-config")(check_config)
 app.command("worker")(worker)
 
 
-def _builtin() -> set[str]:
+def _registered() -> set[str]:
     commands = [info.name for info in app.registered_commands]
     groups = [info.name for info in app.registered_groups]
     return {name for name in commands + groups if name}
 
 
 def add_plugins(argv: list[str]) -> None:
-    """Register other packages' commands, unless ``argv`` names a built-in one."""
-    if argv and argv[0] in _builtin():
+    """Register other packages' commands, unless ``argv`` names a command
+    already there (a built-in one: nothing else is imported)."""
+    registered = _registered()
+    if argv and argv[0] in registered:
         return
     for point in entry_points(group=PLUGIN_GROUP):
-        app.command(point.name)(point.load())
+        if point.name not in registered:
+            app.command(point.name)(point.load())
 
 
 def main() -> None:

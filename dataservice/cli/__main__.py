@@ -3,4 +3,5 @@ own tools start it."""
 
 from dataservice.cli import main
 
-main()
+if __name__ == "__main__":
+    main()
