@@ -305,7 +305,15 @@ class CachedSource:
         tries again itself."""
         if not self._coalesce:
             return read()
-        return _shared(self._coalescer, self._clock, key, deadline_ms, issued_ms, read)
+        while True:
+            wait_ms = deadline_ms - self._clock() - ANSWER_MARGIN_MS
+            try:
+                return self._coalescer.run(key, read, wait_ms / 1000, issued_ms)
+            except FollowerTimedOut:
+                raise CoalescedWaitExpired from None
+            except LeaderFailed:
+                if deadline_ms - self._clock() <= ANSWER_MARGIN_MS:
+                    raise CoalescedWaitExpired from None
 
     def _bulk_read(self, keys: Sequence[tuple[str, str]], deadline_ms: int) -> Found:
         return read_in_bulk(self._database, self._store, keys, deadline_ms, self._keys_per_select)
@@ -321,23 +329,3 @@ class CachedSource:
     def _failed(self, exc: Exception) -> None:
         DEPENDENCY_FAILURES.labels(self._lane, Dependency.CACHE.value).inc()
         log.warning("cache: %s", type(exc).__name__)
-
-
-def _shared(
-    coalescer: Coalescer[pb.Record | None],
-    clock: Callable[[], int],
-    key: tuple[str, str],
-    deadline_ms: int,
-    issued_ms: int | None,
-    read: Callable[[], pb.Record | None],
-) -> pb.Record | None:
-    """``read()`` through ``coalescer``; a follower whose leader failed tries again itself."""
-    while True:
-        wait_ms = deadline_ms - clock() - ANSWER_MARGIN_MS
-        try:
-            return coalescer.run(key, read, wait_ms / 1000, issued_ms)
-        except FollowerTimedOut:
-            raise CoalescedWaitExpired from None
-        except LeaderFailed:
-            if deadline_ms - clock() <= ANSWER_MARGIN_MS:
-                raise CoalescedWaitExpired from None

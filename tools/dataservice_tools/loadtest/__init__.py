@@ -14,7 +14,7 @@ run), :mod:`.openloop` (the open-loop generator and the outcome of each
 request), :mod:`.service` and :mod:`.naive` (the two systems under test: how
 to call them; the baseline's workers too), :mod:`.incidents` and :mod:`.delay`
 (the incident scenarios' timeouts, and the database slowed down under running
-workers), :mod:`.runner` (one run: set-up and capacity), :mod:`.measure` (its
+workers), :mod:`.runner` (one run: set-up, capacity, its
 measured part and events), :mod:`.report` (statistics and JSON),
 :mod:`.recovery` (goodput back after an incident), :mod:`.findings` (the report
 and its verdicts), :mod:`.display` (the live and summary tables) and

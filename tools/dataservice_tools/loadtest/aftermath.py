@@ -19,8 +19,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import redis
 
@@ -37,23 +37,16 @@ from dataservice_tools.loadtest.ledger import check, revisions
 from dataservice_tools.loadtest.openloop import RequestRecord
 from dataservice_tools.loadtest.service import CALLER
 
-if TYPE_CHECKING:
-    from dataservice_tools.loadtest.runner import Run
-
 _POLL_S = 0.1
 
 
-def for_run(run: Run) -> Aftermath | None:
-    """A fault run's checks (nothing but the service writes its records then)."""
-    if run.o.fault is None:
-        return None
-    return Aftermath(
-        env.direct_url(run.o.root_url, run.target.database),
-        env.SCOPE,
-        run.settings,
-        run.config,
-        max(run.timeouts.values()) + HELD_GRACE_MS / 1000 + 2.0,
-    )
+def for_run(
+    database_url: str, settings: Settings, config: Config, timeouts: Mapping[LaneName, float]
+) -> Aftermath:
+    """The checks of a run over the harness's records in ``database_url``,
+    whose callers give up after ``timeouts``."""
+    settle_s = max(timeouts.values()) + HELD_GRACE_MS / 1000 + 2.0
+    return Aftermath(database_url, env.SCOPE, settings, config, settle_s)
 
 
 class Aftermath:

@@ -3,20 +3,22 @@ of the database, and the verdicts drawn from them."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sized
+from pathlib import Path
+from typing import Any, Protocol
 
 from dataservice.config.budget import check_budget
+from dataservice.config.model import Config
 from dataservice.enums import LaneName
 from dataservice.store.engine import driver_read_timeout_s
 from dataservice_tools.loadtest import report as rep
+from dataservice_tools.loadtest.faults import Fault
+from dataservice_tools.loadtest.incidents import Capacity, SlowDown
 from dataservice_tools.loadtest.invariants import fault_report
 from dataservice_tools.loadtest.openloop import OpenLoop
 from dataservice_tools.loadtest.recovery import recovery_report
 from dataservice_tools.loadtest.sampler import Sampler
-from dataservice_tools.loadtest.scenarios import KILL
-
-if TYPE_CHECKING:
-    from dataservice_tools.loadtest.runner import Run
+from dataservice_tools.loadtest.scenarios import KILL, Scenario
 
 # Slack on the connection-ramp bound: a sample's time is taken before its two
 # queries run (a few ms), so its count can include connections from a moment
@@ -28,8 +30,78 @@ TIMEOUT_SHARE = 0.05
 FAST_REFUSAL_MS = 50.0
 
 
+class Options(Protocol):
+    """What the report reads of a run's options."""
+
+    @property
+    def scenario(self) -> Scenario: ...
+    @property
+    def system(self) -> str: ...
+    @property
+    def duration_s(self) -> float: ...
+    @property
+    def replicas(self) -> int: ...
+    @property
+    def records(self) -> int: ...
+    @property
+    def max_callers(self) -> int: ...
+    @property
+    def coalesce(self) -> bool: ...
+    @property
+    def fault(self) -> Fault | None: ...
+
+
+class Fleet(Protocol):
+    """What the report reads of a run's replicas."""
+
+    @property
+    def replicas(self) -> Sized: ...
+
+
+class Measured(Protocol):
+    """What the report reads of a run whose load is over: its set-up, what it
+    found on the way and what happened during it."""
+
+    @property
+    def o(self) -> Options: ...
+    @property
+    def config(self) -> Config: ...
+    @property
+    def config_path(self) -> Path: ...
+    @property
+    def fleet(self) -> Fleet: ...
+    @property
+    def delay_ms(self) -> int: ...
+    @property
+    def timeouts(self) -> dict[LaneName, float]: ...
+    @property
+    def capacity_source(self) -> str: ...
+    @property
+    def slow_down(self) -> SlowDown | None: ...
+    @property
+    def capacity_after(self) -> Capacity | None: ...
+    @property
+    def capacity_after_source(self) -> str | None: ...
+    @property
+    def ready_s(self) -> float: ...
+    @property
+    def harness_cpu_s(self) -> float: ...
+    @property
+    def machine_stalls(self) -> dict[str, Any]: ...
+    @property
+    def events(self) -> dict[str, float]: ...
+    @property
+    def killed(self) -> int: ...
+    @property
+    def liveness(self) -> dict[str, Any]: ...
+    @property
+    def changes(self) -> dict[str, Any] | None: ...
+    @property
+    def aftermath(self) -> dict[str, Any] | None: ...
+
+
 def build_report(
-    run: Run, loop: OpenLoop, sampler: Sampler, capacity: dict[LaneName, float]
+    run: Measured, loop: OpenLoop, sampler: Sampler, capacity: dict[LaneName, float]
 ) -> dict[str, Any]:
     """The run's JSON report: its set-up, the figures per lane and of the database, the verdicts."""
     o, scenario, config = run.o, run.o.scenario, run.config
@@ -95,7 +167,7 @@ def build_report(
     )
     if recovery is not None:
         report["recovery"] = recovery
-    report["verdicts"] = _verdicts(run, report, loop, sampler, series, seconds)
+    report["verdicts"] = _verdicts(run, capacity, report, loop, sampler, series, seconds)
     if o.fault is not None:
         report["fault"] = fault_report(
             o.fault.value,
@@ -117,7 +189,7 @@ def build_report(
     return report
 
 
-def _after(run: Run) -> dict[str, Any]:
+def _after(run: Measured) -> dict[str, Any]:
     """The database's speeds and the capacity at the slower one, when the run slows it."""
     if run.slow_down is None or run.capacity_after is None:
         return {}
@@ -129,7 +201,8 @@ def _after(run: Run) -> dict[str, Any]:
 
 
 def _verdicts(
-    run: Run,
+    run: Measured,
+    capacity: dict[LaneName, float],
     report: dict[str, Any],
     loop: OpenLoop,
     sampler: Sampler,
@@ -158,8 +231,8 @@ def _verdicts(
     refused_p99 = lanes[interactive]["refused_p99_ms"]
     verdicts["interactive_refusals_fast"] = refused_p99 is None or refused_p99 <= FAST_REFUSAL_MS
     verdicts["goodput_over_capacity"] = {
-        lane.value: round(lanes[lane.value]["goodput_per_s"] / run.capacity[lane], 3)
-        if run.capacity[lane]
+        lane.value: round(lanes[lane.value]["goodput_per_s"] / capacity[lane], 3)
+        if capacity[lane]
         else None
         for lane in LaneName
     }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -15,6 +16,8 @@ from typing import Any
 
 import redis
 from rich.console import Console
+from rich.live import Live
+from rich.table import Table
 
 from dataservice.broker.glue import celery_app
 from dataservice.broker.rabbitmq import delete_lane_queues
@@ -25,13 +28,15 @@ from dataservice.ops.processes import WorkerProcess
 from dataservice_tools.loadtest import changes as ch
 from dataservice_tools.loadtest import environment as env
 from dataservice_tools.loadtest import naive
+from dataservice_tools.loadtest.aftermath import for_run
+from dataservice_tools.loadtest.display import live_table
 from dataservice_tools.loadtest.faults import FAULT_BEGINS, FAULT_ENDS, Fault, PrivateServers
+from dataservice_tools.loadtest.findings import build_report
 from dataservice_tools.loadtest.incidents import Capacity, SlowDown, lane_timeouts
-from dataservice_tools.loadtest.liveness import not_applicable
-from dataservice_tools.loadtest.measure import measure
-from dataservice_tools.loadtest.openloop import Adapter, closed_loop_capacity
+from dataservice_tools.loadtest.liveness import LivenessWatch, not_applicable
+from dataservice_tools.loadtest.openloop import Adapter, OpenLoop, closed_loop_capacity
 from dataservice_tools.loadtest.refill import warm
-from dataservice_tools.loadtest.sampler import Sample, kill_connections
+from dataservice_tools.loadtest.sampler import Sample, Sampler, kill_connections
 from dataservice_tools.loadtest.scenarios import (
     DEPLOY_NEW,
     DEPLOY_OLD,
@@ -41,6 +46,11 @@ from dataservice_tools.loadtest.scenarios import (
     Scenario,
 )
 from dataservice_tools.loadtest.service import CALLER, ServiceAdapter
+from dataservice_tools.loadtest.stalls import StallMeter
+
+# How often the measured run looks for a due event: an event happens at most
+# this late (its report time is when it happened).
+TICK_S = 0.1
 
 
 @dataclass
@@ -222,13 +232,13 @@ class Run:
             with self.console.status(f"{o.system}: starting {2 * o.replicas} replicas"):
                 self.ready_s = self.fleet.wait_ready(self.control)
             with self.console.status(f"{o.system}: finding the capacity"):
-                probe_capacity_after(self, adapter, ids)
+                self._capacity_after(adapter, ids)
                 capacity, source = find_capacity(o, self.config, adapter, self.timeouts, ids)
             self.capacity, self.capacity_source = capacity, source
             if o.scenario.rotate_at is not None:
                 with self.console.status(f"{o.system}: warming the cache"):
                     warm(adapter, ids, o.replicas * self.config.lanes.interactive.permits)
-            return measure(self, adapter, ids, env.PAYLOAD, capacity)
+            return self._measure(adapter, ids, env.PAYLOAD, capacity)
         finally:
             if self.slow_down is not None:
                 self.slow_down.close()
@@ -236,6 +246,107 @@ class Run:
             self.stream.stop()
             adapter.close()
             self.control.close()
+
+    def _capacity_after(self, adapter: Adapter, ids: list[str]) -> None:
+        """The capacity at the slower speed, before the starting speed's (see .incidents)."""
+        if self.slow_down is None:
+            return
+        if self.o.capacity_after is not None:
+            self.capacity_after = self.o.capacity_after
+            self.capacity_after_source = "given (the service run's probe)"
+            return
+        o, config, timeouts = self.o, self.config, self.timeouts
+        self.capacity_after = self.slow_down.probe_slow(
+            lambda: probe_capacity(o, config, adapter, timeouts, ids)
+        )
+        self.capacity_after_source = "closed-loop probe at the slower speed"
+
+    def _measure(
+        self, adapter: Adapter, ids: list[str], payload: bytes, capacity: dict[LaneName, float]
+    ) -> dict[str, Any]:
+        """The measured part: the open-loop load, the database sampler, the
+        liveness watch and the scenario's events from one start instant, for the
+        scenario's duration; then the report."""
+        o, scenario = self.o, self.o.scenario
+        t0 = time.monotonic() + 0.5
+        sampler = Sampler(o.root_url, self.target.user, t0, self.fleet.share)
+        self.samples = sampler.samples
+        watch = None
+        if self.alive_dir is not None:
+            watch = LivenessWatch(self.settings, self.fleet.alive_files, t0)
+        loop = OpenLoop(
+            adapter,
+            lambda lane, t: scenario.factor(lane, t / o.duration_s) * capacity[lane],
+            self.timeouts,
+            ids,
+            payload,
+            o.duration_s,
+            t0,
+            o.max_callers,
+            **({"read_share": scenario.read_share} if scenario.read_share else {}),
+        )
+        faults = {} if o.fault is None else o.fault.events(o.duration_s)
+        pending = scenario.events(o.duration_s) | faults
+        database_url = env.direct_url(o.root_url, self.target.database)
+        # Only a fault run checks its writes: nothing but the service writes its records then.
+        aftermath = (
+            None
+            if o.fault is None
+            else for_run(database_url, self.settings, self.config, self.timeouts)
+        )
+        cpu_before = time.process_time()
+        live = Live(self._table(loop, sampler), console=self.console, auto_refresh=False)
+        stalls = StallMeter()
+        try:
+            stalls.start()
+            sampler.start()
+            if watch is not None:
+                watch.start()
+            loop.start(self.expected_callers(capacity))
+            self.stream.begin(
+                self.config,
+                self.target.redis_url,
+                database_url,
+                env.SCOPE,
+                ids,
+                capacity[LaneName.INTERACTIVE],
+                o.duration_s,
+                t0,
+            )
+            self.measuring.set()
+            if o.live:
+                live.start()
+            ticks = 0
+            while time.monotonic() - t0 < o.duration_s:
+                elapsed = time.monotonic() - t0
+                for name, at in list(pending.items()):
+                    if elapsed >= at and self.may_perform(name):
+                        self.perform(name)
+                        self.events[name] = round(elapsed, 2)
+                        del pending[name]
+                ticks += 1
+                # The display costs the generator's CPU: twice a second is enough.
+                if o.live and ticks % 5 == 0:
+                    live.update(self._table(loop, sampler), refresh=True)
+                time.sleep(TICK_S)
+            loop.join()
+            self.aftermath = None if aftermath is None else aftermath.close(loop.records)
+        finally:
+            live.stop()
+            sampler.stop()
+            if watch is not None:
+                watch.stop()
+                self.liveness = watch.report()
+            self.stream.finish(self.events.get(ROTATE), o.duration_s)
+            stalls.stop()
+            self.machine_stalls = stalls.summary(t0)
+        # The generator shares the machine with the service: its CPU goes in the report.
+        self.harness_cpu_s = time.process_time() - cpu_before
+        return build_report(self, loop, sampler, capacity)
+
+    def _table(self, loop: OpenLoop, sampler: Sampler) -> Table:
+        title = f"{self.o.system} / {self.o.scenario.name}"
+        return live_table(title, self.o.duration_s, loop, sampler)
 
     def may_perform(self, name: str) -> bool:
         """Whether an event due now may happen: as a rolling deploy does, the old
@@ -259,21 +370,6 @@ class Run:
             self.servers.begin()
         elif name == FAULT_ENDS and self.servers is not None:
             self.servers.end()
-
-
-def probe_capacity_after(run: Run, adapter: Adapter, ids: list[str]) -> None:
-    """The capacity at the slower speed, before the starting speed's (see .incidents)."""
-    if run.slow_down is None:
-        return
-    if run.o.capacity_after is not None:
-        run.capacity_after = run.o.capacity_after
-        run.capacity_after_source = "given (the service run's probe)"
-        return
-    o, config, timeouts = run.o, run.config, run.timeouts
-    run.capacity_after = run.slow_down.probe_slow(
-        lambda: probe_capacity(o, config, adapter, timeouts, ids)
-    )
-    run.capacity_after_source = "closed-loop probe at the slower speed"
 
 
 def rotate_cache(redis_url: str, config: Config) -> None:
