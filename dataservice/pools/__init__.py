@@ -1,1 +1,2 @@
-"""Celery side of dataservice: the app, the task, and the per-lane worker pools."""
+"""The Celery side: the app, the task, and the per-lane worker pools that run
+:mod:`dataservice.worker`'s request path (which knows nothing of Celery)."""
