@@ -1,5 +1,6 @@
 """``DATASERVICE_*`` variables: the change consumer's own connection, and
-the README's table naming every variable the settings read."""
+the table in docs/operations.md ("Environment variables") naming every variable
+the settings read."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataservice.config import settings as settings_module
 from dataservice.config.settings import Settings
 from dataservice.errors import ConfigError
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+OPERATIONS = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
 CONSUMER_URL = "mysql+mysqldb://ds_changes:pw@127.0.0.1:3307/dataservice"
 
 
@@ -32,8 +33,9 @@ def test_a_changes_url_that_is_not_mysql_is_refused_naming_the_variable(value: s
         Settings.from_env({"DATASERVICE_CHANGES_DATABASE_URL": value})
 
 
-def test_the_readme_lists_every_variable_the_settings_read() -> None:
-    documented = set(re.findall(r"^\| `(DATASERVICE_\w+)` \|", README.read_text(), re.MULTILINE))
+def test_the_operations_guide_lists_every_variable_the_settings_read() -> None:
+    text = OPERATIONS.read_text()
+    documented = set(re.findall(r"^\| `(DATASERVICE_\w+)` \|", text, re.MULTILINE))
     assert documented == set(settings_module._ENV_FIELDS)
 
 
