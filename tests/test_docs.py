@@ -1,5 +1,7 @@
 """The docs describe the code: status codes, refusal reasons, metrics, Redis
-keys, identifier patterns and the repository paths they name.
+keys, identifier patterns and the repository paths they name; and they hold
+together: every link lands on a file and a heading, the README stays short, and
+its results are the figures of bench/RESULTS.md.
 
 The code is the truth. Each test reads a table (or the code spans) out of the
 Markdown, or the table in ``dataservice/redis/keys.py``'s docstring, compares it with
@@ -36,7 +38,12 @@ OPERATIONS = ROOT / "docs" / "operations.md"
 LOADTEST = ROOT / "docs" / "loadtest.md"
 CHANGES = ROOT / "docs" / "changes.md"
 CACHE = ROOT / "docs" / "cache.md"
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "compose" / "README.md"]
+README = ROOT / "README.md"
+RESULTS = ROOT / "bench" / "RESULTS.md"
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "compose" / "README.md"]
+# Every document whose links must land: the docs, and the benchmarks' figures.
+LINKED = [*DOCS, RESULTS]
+README_MAX_LINES = 200
 
 REASONS = {reason.value for reason in Reason}
 
@@ -127,12 +134,51 @@ def code_spans(path: Path) -> Iterator[tuple[str, str]]:
             yield _where(path, text.count("\n", 0, match.start()) + 1), match.group(1)
 
 
-def links(path: Path) -> Iterator[tuple[str, str]]:
-    """(where, target) of every relative Markdown link."""
+def links(path: Path) -> Iterator[tuple[str, str, str]]:
+    """(where, file, anchor) of every relative Markdown link; file "" for a link
+    within ``path``, anchor "" for none."""
     text = _without_fences(path.read_text())
-    for match in re.finditer(r"\]\(([^)\s#]+)[^)]*\)", text):
-        if not re.match(r"[a-z]+:", match.group(1)):
-            yield _where(path, text.count("\n", 0, match.start()) + 1), match.group(1)
+    for match in re.finditer(r"\]\(([^)\s#]*)(?:#([^)\s]*))?[^)]*\)", text):
+        target, anchor = match.group(1), match.group(2) or ""
+        if (target or anchor) and not re.match(r"[a-z]+:", target):
+            yield _where(path, text.count("\n", 0, match.start()) + 1), target, anchor
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: its text as shown, lower case, punctuation
+    dropped (hyphens kept), spaces as hyphens."""
+    shown = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link shows its text
+    return re.sub(r"[^\w\- ]", "", shown.strip().lower()).replace(" ", "-")
+
+
+def headings(path: Path) -> list[tuple[int, str, str]]:
+    """(level, text, anchor) of every heading outside fenced blocks, in order; a
+    repeated anchor gets -1, -2, ... as on GitHub."""
+    found = []
+    seen: dict[str, int] = defaultdict(int)
+    for line in _without_fences(path.read_text()).splitlines():
+        match = re.match(r"(#{1,6}) +(.+?) *#* *$", line)
+        if match:
+            anchor = _anchor(match.group(2))
+            unique = f"{anchor}-{seen[anchor]}" if seen[anchor] else anchor
+            found.append((len(match.group(1)), match.group(2), unique))
+            seen[anchor] += 1
+    return found
+
+
+def section(path: Path, anchor: str) -> str:
+    """The text under the heading ``anchor`` up to the next heading of its level or above."""
+    lines = _without_fences(path.read_text()).splitlines()
+    found = headings(path)
+    starts = [n for n, line in enumerate(lines) if re.match(r"#{1,6} ", line)]
+    assert len(starts) == len(found)
+    for i, (level, _text, name) in enumerate(found):
+        if name == anchor:
+            end = next(
+                (starts[j] for j in range(i + 1, len(found)) if found[j][0] <= level), len(lines)
+            )
+            return "\n".join(lines[starts[i] : end])
+    raise AssertionError(f"{path.relative_to(ROOT)}: no heading #{anchor}")
 
 
 def _unquote(cell: str) -> str:
@@ -434,7 +480,10 @@ def test_identifier_rules_are_the_patterns_of_identifiers_py() -> None:
 
 # 5. Paths ---------------------------------------------------------------------
 
-REPO_PATH = re.compile(r"(?<![\w./-])(?:dataservice|workers|tests|bench|scripts|compose)/[\w./-]*")
+# The service's package, its tooling (load harness, demo, local servers), and the rest.
+REPO_PATH = re.compile(
+    r"(?<![\w./-])(?:dataservice|tools|tests|bench|scripts|compose|examples)/[\w./-]*"
+)
 # Files an operator creates; the docs say so where they name them.
 CREATED_BY_OPERATOR = {"compose/.env"}
 
@@ -447,13 +496,47 @@ def test_every_repository_path_the_docs_name_exists() -> None:
                 path = match.group(0).rstrip(".")
                 if path not in CREATED_BY_OPERATOR and not (ROOT / path).exists():
                     missing.append(f"{where}: `{path}`")
-        for where, target in links(doc):
-            if not (doc.parent / target).exists():
-                missing.append(f"{where}: link to {target}")
     assert not missing, "paths that do not exist:\n" + "\n".join(missing)
 
 
-# 6. Load-test scenarios ---------------------------------------------------------
+def test_every_link_lands_on_a_file_and_a_heading() -> None:
+    broken = []
+    for doc in LINKED:
+        for where, target, anchor in links(doc):
+            linked = (doc.parent / target).resolve() if target else doc
+            if not linked.exists():
+                broken.append(f"{where}: {target} does not exist")
+            elif anchor and anchor not in {name for _level, _text, name in headings(linked)}:
+                broken.append(f"{where}: {target or linked.name} has no heading #{anchor}")
+    assert not broken, "links that land nowhere:\n" + "\n".join(broken)
+
+
+# 6. The README ------------------------------------------------------------------
+
+# A figure: a number, or a range of them (an en dash between), with its unit or as a
+# ratio (0.41x; the multiplication sign too).
+FIGURE = re.compile(r"\d+(?:[.,]\d+)*(?:\u2013\d+(?:[.,]\d+)*)?(?:x|\u00d7| ?%| ms| s|/s)(?!\w)")
+
+
+def test_the_readme_is_a_short_way_in() -> None:
+    lines = len(README.read_text().splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; at most {README_MAX_LINES}"
+
+
+def test_the_readme_results_are_the_figures_of_the_results_sections_they_link() -> None:
+    rows = table(README, "benchmark").rows
+    assert rows, "README.md: no results table"
+    for row in rows:
+        link = re.fullmatch(r"\[[^\]]+\]\(bench/RESULTS\.md#([\w-]+)\)", row["benchmark"])
+        assert link, f"{row.where}: the benchmark links to its section of bench/RESULTS.md"
+        figures = [figure for cell in row.cells.values() for figure in FIGURE.findall(cell)]
+        assert figures, f"{row.where}: no figures"
+        text = " ".join(section(RESULTS, link.group(1)).replace("**", "").split())
+        absent = [figure for figure in figures if figure not in text]
+        assert not absent, f"{row.where}: {absent} not in bench/RESULTS.md#{link.group(1)}"
+
+
+# 7. Load-test scenarios ---------------------------------------------------------
 
 
 def test_the_scenario_table_lists_exactly_the_loadtest_scenarios() -> None:
@@ -463,7 +546,7 @@ def test_the_scenario_table_lists_exactly_the_loadtest_scenarios() -> None:
     assert documented == list(SCENARIOS), "docs/loadtest.md: scenarios"
 
 
-# 7. Health exit codes -----------------------------------------------------------
+# 8. Health exit codes -----------------------------------------------------------
 
 
 def test_the_health_exit_table_is_health_exit() -> None:
