@@ -1,18 +1,22 @@
 """``hit.lua``: a cached read answered by the gate's own script, byte for byte
 the answer the worker would encode, with the request leaving its lane and its
-message acknowledged in the same step."""
+message acknowledged in the same step: what ``answer.lua`` leaves for the same
+answer, since both leave it by one fragment (``broker/leave_answer.lua``)."""
 
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import redis
 
+import dataservice
+from dataservice.broker.results import Completion, ResultStore
 from dataservice.cache.formats import CODECS, frame
 from dataservice.config.model import Config
 from dataservice.enums import CacheFormat
 from dataservice.limits.admission import held_member
-from dataservice.limits.gate import Gate, Peek
+from dataservice.limits.gate import Gate, HitAnswer, Peek
 from dataservice.limits.slots import Entry
 from dataservice.proto import pb
 from dataservice.redis.keys import (
@@ -42,9 +46,16 @@ def _request(
     held = held_key("hit-test")
     member = held_member(request_id, size)
     redis_client.zadd(held, {member: now_ms() + 60_000})
-    answer_key = answer_key or result_key("tests", request_id)
-    answer_keys = [answer_key, admission_key("hit-test"), INDEX, UNACKED, held]
-    peek = Peek(key, (answer_keys, [prefix, 60_000, size, tag, member]))
+    answer = HitAnswer(
+        key=answer_key or result_key("tests", request_id),
+        prefix=prefix,
+        ttl_ms=60_000,
+        admission_key=admission_key("hit-test"),
+        held=(held, member),
+        size=size,
+        ack=(INDEX, UNACKED, tag),
+    )
+    peek = Peek(key, answer)
     entry = Entry(config.callers["tests"], "tests", request_id, now_ms() + 5_000, now_ms(), True)
     return request_id, tag, peek, entry
 
@@ -113,3 +124,82 @@ def test_a_hit_joins_its_reply_channel_without_shortening_its_life(
     assert pb.ResponseEnvelope.FromString(answer).request_id == request_id
     assert redis_client.pttl(channel) > 60_000
     assert not redis_client.exists(result_key("tests", request_id))
+
+
+def _books(redis_client: redis.Redis, lane: str) -> dict[bytes, bytes]:
+    """A lane's admission counts, but for when its first window opened."""
+    books = redis_client.hgetall(admission_key(lane))
+    return {k: v for k, v in books.items() if k not in (b"rate_at", b"done_at")}
+
+
+def test_a_hit_leaves_what_the_workers_answer_leaves_for_the_same_answer(
+    config: Config, redis_client: redis.Redis, scope: str
+) -> None:
+    record = pb.Record(object_id="a", revision=7, payload=bytes(range(256)) * 3)
+    redis_client.set(
+        record_key("v2", scope, "a", 1), frame(7, CODECS[CacheFormat.V2].encode(record))
+    )
+    for lane in ("hit-test", "answer-test"):
+        redis_client.delete(admission_key(lane))
+        redis_client.hset(admission_key(lane), mapping={"bytes": 900, "done": 4})
+    request_id, hit_tag, peek, entry = _request(config, redis_client, scope, 300)
+
+    _, peeked = Gate(redis_client, config).enter_peeking(entry, peek)
+    assert peeked.answered
+
+    # The same answer by answer.lua: the worker's encoding, on a channel of its
+    # own so that the two lists can be compared, its slot and message as the
+    # hit's were before.
+    encoded = pb.ResponseEnvelope(
+        request_id=request_id,
+        status=pb.Status(code=pb.STATUS_CODE_OK),
+        read=pb.ReadRecordResponse(record=record),
+    ).SerializeToString()
+    answer_tag = str(uuid.uuid4())
+    redis_client.zadd(INDEX, {answer_tag: 1.0})
+    redis_client.hset(UNACKED, answer_tag, "message")
+    member = held_member(request_id, 300)
+    redis_client.zadd(held_key("answer-test"), {member: now_ms() + 60_000})
+    redis_client.zadd(inflight_key("tests"), {request_id: now_ms() + 60_000})
+    channel = uuid.uuid4().hex
+    done = Completion(
+        admission_key("answer-test"),
+        (held_key("answer-test"), member),
+        300,
+        (inflight_key("tests"), request_id),
+        (INDEX, UNACKED, answer_tag),
+    )
+    ResultStore(redis_client).put("tests", request_id, encoded, now_ms() + 60_000, done, channel)
+
+    by_hit = result_key("tests", request_id)
+    by_answer = reply_key("tests", channel)
+    assert redis_client.lrange(by_hit, 0, -1) == redis_client.lrange(by_answer, 0, -1) == [encoded]
+    assert 0 < redis_client.pttl(by_hit) <= 60_000
+    assert 0 < redis_client.pttl(by_answer) <= 60_000
+    assert _books(redis_client, "hit-test") == _books(redis_client, "answer-test")
+    assert _books(redis_client, "hit-test") == {b"bytes": b"600", b"done": b"5"}
+    assert redis_client.zscore(held_key("hit-test"), member) is None
+    assert redis_client.zscore(held_key("answer-test"), member) is None
+    assert redis_client.zscore(inflight_key("tests"), request_id) is None
+    for tag in (hit_tag, answer_tag):
+        assert redis_client.zscore(INDEX, tag) is None
+        assert not redis_client.hexists(UNACKED, tag)
+
+
+def test_hit_and_answer_scripts_leave_an_answer_by_one_fragment() -> None:
+    package = Path(dataservice.__file__).parent
+    for script in ("limits/hit.lua", "broker/answer.lua"):
+        lines = (package / script).read_text().splitlines()
+        assert "--#include broker/leave_answer.lua" in lines, script
+        # Neither writes an answer, nor acknowledges a message, by itself.
+        code = [line for line in lines if not line.lstrip().startswith("--")]
+        assert not any(
+            command in line for line in code for command in ("RPUSH", "PEXPIRE", "HDEL")
+        ), script
+    # hit.lua runs from the gate alone, its arguments built by HitAnswer there.
+    loaders = [
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if 'LuaScript("hit.lua"' in path.read_text()
+    ]
+    assert loaders == ["limits/gate.py"]

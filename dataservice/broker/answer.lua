@@ -21,19 +21,12 @@
 --
 -- Returns 1.
 --#include limits/complete.lua
+--#include broker/leave_answer.lua
 
-if ARGV[1] ~= '' then
-  redis.call('RPUSH', KEYS[1], ARGV[1])
-  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  end
-end
-complete(KEYS[2], KEYS[6], ARGV[6], ARGV[3], ARGV[7])
-if ARGV[4] ~= '' then
-  redis.call('ZREM', KEYS[3], ARGV[4])
-end
-if ARGV[5] ~= '' then
-  redis.call('ZREM', KEYS[4], ARGV[5])
-  redis.call('HDEL', KEYS[5], ARGV[5])
-end
+leave_answer{
+  list = KEYS[1], body = ARGV[1], ttl_ms = ARGV[2],
+  admission = KEYS[2], held = KEYS[6], member = ARGV[6], size = ARGV[3], ops = ARGV[7],
+  inflight = KEYS[3], slot = ARGV[4] ~= '' and ARGV[4] or nil,
+  index = KEYS[4], unacked = KEYS[5], tag = ARGV[5],
+}
 return 1

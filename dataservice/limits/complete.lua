@@ -1,6 +1,7 @@
--- A request leaving its lane, as admission counts it: shared by answer.lua and
--- hit.lua, not a script of its own (dataservice/redis/scripts.py puts it where
--- a script says `--#include limits/complete.lua`).
+-- A request leaving its lane, as admission counts it: part of an answer's
+-- leaving (broker/leave_answer.lua, in answer.lua and hit.lua), not a script of
+-- its own (dataservice/redis/scripts.py puts it where a script says
+-- `--#include limits/complete.lua`).
 --
 -- complete(admission, held, member, size, ops)
 --   admission  the lane's admission hash: ds:admission:<lane queue> (admit.lua)

@@ -37,18 +37,6 @@ _HIT = LuaScript("hit.lua", __package__)
 
 
 @dataclass(frozen=True, slots=True)
-class Peek:
-    """A cache entry to read once the request is admitted, in the same round
-    trip; with ``answer`` (``hit.lua``'s KEYS[5..9] and ARGV[9..13]), a hit is
-    answered there too (``dataservice/limits/hit.lua``). ``fmt``: the entry's
-    format, which the round trip's time is counted under."""
-
-    key: str
-    answer: tuple[list[str], list[Any]] | None = None
-    fmt: CacheFormat = CacheFormat.V2
-
-
-@dataclass(frozen=True, slots=True)
 class Delivery:
     """A message's delivery, to record in the same round trip once the request
     is admitted, as kombu would (``limits/delivered.lua``; the broker being
@@ -60,6 +48,49 @@ class Delivery:
     tag: str
     record: str
     score: float
+
+
+@dataclass(frozen=True, slots=True)
+class HitAnswer:
+    """What ``hit.lua`` needs to answer a hit whole: ``key``, the answer's list
+    (or the reply channel the request named); ``prefix``, the encoded
+    ResponseEnvelope without its result (request id and an OK status); ``ttl_ms``,
+    how long the answer is kept; ``admission_key`` and ``held`` (sorted set,
+    member), the request's place in its lane's admission; ``size``, the bytes
+    admission counted for it; ``ack``, its message's acknowledgement (kombu's
+    unacked index, its unacked hash, the delivery tag)."""
+
+    key: str
+    prefix: bytes
+    ttl_ms: int
+    admission_key: str
+    held: tuple[str, str]
+    size: int
+    ack: tuple[str, str, str]
+
+    def keys_and_args(self, delivery: Delivery | None) -> tuple[list[str], list[Any]]:
+        """``hit.lua``'s own KEYS[5..9] and ARGV[9..13], with ``delivery``
+        ARGV[14..15]: the one place that knows their order."""
+        index, unacked, tag = self.ack
+        held_key, held_member = self.held
+        keys = [self.key, self.admission_key, index, unacked, held_key]
+        args: list[Any] = [self.prefix, self.ttl_ms, self.size, tag, held_member]
+        if delivery is not None:
+            # Its unacknowledged keys and tag are the answer's own.
+            args += [delivery.record, delivery.score]
+        return keys, args
+
+
+@dataclass(frozen=True, slots=True)
+class Peek:
+    """A cache entry to read once the request is admitted, in the same round
+    trip; with ``answer``, a hit is answered there too
+    (``dataservice/limits/hit.lua``). ``fmt``: the entry's format, which the
+    round trip's time is counted under."""
+
+    key: str
+    answer: HitAnswer | None = None
+    fmt: CacheFormat = CacheFormat.V2
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,16 +139,14 @@ class RedisLimits:
         # Beyond its deadline (plus the skew) a replay would be dropped as late anyway.
         remember_ms = max(1, entry.deadline_ms - entry.now_ms + self._skew_ms)
         keys = [replay_key(caller, request_id), rate_key(caller), inflight_key(caller)]
-        script, more_keys, more_args = _SCRIPT, [], []
+        script, more_keys = _SCRIPT, []
+        more_args: list[Any] = []
         if peek is not None:
             more_keys.append(peek.key)
-            if peek.answer is not None:
-                script = _HIT
-                more_keys += peek.answer[0]
-                more_args = list(peek.answer[1])
-        if delivery is not None and script is _HIT:
-            # hit.lua's own unacknowledged keys and tag are the delivery's.
-            more_args += [delivery.record, delivery.score]
+        if peek is not None and peek.answer is not None:
+            script = _HIT
+            hit_keys, more_args = peek.answer.keys_and_args(delivery)
+            more_keys += hit_keys
         elif delivery is not None:
             more_keys += [delivery.index, delivery.unacked]
             more_args += [delivery.tag, delivery.record, delivery.score]

@@ -31,6 +31,7 @@
 --#include limits/gcra.lua
 --#include limits/gate_enter.lua
 --#include limits/complete.lua
+--#include broker/leave_answer.lua
 --#include limits/delivered.lua
 
 local reason, retry_ms = gate_enter()
@@ -61,16 +62,11 @@ local record = string.sub(entry, colon + 1)
 -- ReadRecordResponse.record is field 1 and ResponseEnvelope.read field 10,
 -- both length-delimited: tags 0x0A and 0x52.
 local read = '\10' .. varint(#record) .. record
-redis.call('RPUSH', KEYS[5], ARGV[9] .. '\82' .. varint(#read) .. read)
-if redis.call('PTTL', KEYS[5]) < tonumber(ARGV[10]) then
-  redis.call('PEXPIRE', KEYS[5], ARGV[10])
-end
-complete(KEYS[6], KEYS[9], ARGV[13], ARGV[11], 1)
-if tonumber(ARGV[4]) > 0 then
-  redis.call('ZREM', KEYS[3], ARGV[5])
-end
-if ARGV[12] ~= '' then
-  redis.call('ZREM', KEYS[7], ARGV[12])
-  redis.call('HDEL', KEYS[8], ARGV[12])
-end
+leave_answer{
+  list = KEYS[5], body = ARGV[9] .. '\82' .. varint(#read) .. read, ttl_ms = ARGV[10],
+  admission = KEYS[6], held = KEYS[9], member = ARGV[13], size = ARGV[11], ops = 1,
+  -- The slot gate_enter took, if the caller's cap had it take one.
+  inflight = KEYS[3], slot = tonumber(ARGV[4]) > 0 and ARGV[5] or nil,
+  index = KEYS[7], unacked = KEYS[8], tag = ARGV[12],
+}
 return {'', 0, 'hit'}

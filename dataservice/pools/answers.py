@@ -14,7 +14,7 @@ import redis
 from dataservice.broker.results import Completion, ResultStore
 from dataservice.enums import LaneName
 from dataservice.limits.admission import held_member
-from dataservice.limits.gate import Gate
+from dataservice.limits.gate import Gate, HitAnswer
 from dataservice.observe.metrics import DEPENDENCY_FAILURES, Dependency
 from dataservice.proto import pb
 from dataservice.redis.bounded import within
@@ -147,16 +147,20 @@ class Answers:
         body: object,
         ack: tuple[str, str, str],
         channel: str = "",
-    ) -> tuple[list[str], list[Any]] | None:
+    ) -> HitAnswer | None:
         """The answer of a cache hit as ``hit.lua`` writes it, with ``ack``
-        (kombu's unacked index and hash, the delivery tag): its KEYS[5..9] and
-        ARGV[9..13]; None when the answer would already have expired."""
+        (kombu's unacked index and hash, the delivery tag); None when the
+        answer would already have expired."""
         ttl_ms = expires_at_ms - time.time_ns() // 1_000_000
         if ttl_ms <= 0:
             return None
-        prefix = pb.ResponseEnvelope(request_id=task_id, status=_OK).SerializeToString()
         size = _size(admitted_size, body)
-        index, unacked, tag = ack
-        answer_key = reply_key(caller, channel) if channel else result_key(caller, task_id)
-        keys = [answer_key, self._admission_key, index, unacked, self._held_key]
-        return keys, [prefix, ttl_ms, size, tag, held_member(task_id, size)]
+        return HitAnswer(
+            key=reply_key(caller, channel) if channel else result_key(caller, task_id),
+            prefix=pb.ResponseEnvelope(request_id=task_id, status=_OK).SerializeToString(),
+            ttl_ms=ttl_ms,
+            admission_key=self._admission_key,
+            held=(self._held_key, held_member(task_id, size)),
+            size=size,
+            ack=ack,
+        )
