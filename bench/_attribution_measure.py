@@ -38,8 +38,8 @@ from typing import Any
 import redis
 from dataservice_tools.loadtest.openloop import OpenLoop, Outcome, RequestRecord
 from dataservice_tools.loadtest.report import percentile
+from dataservice_tools.testkit.cpu import process_cpu_s
 
-from bench import _env
 from bench._attribution_callers import CellAdapter
 from dataservice.enums import LaneName
 
@@ -62,9 +62,9 @@ class Probes:
     def cpu(self, worker_pid: int) -> dict[str, float | None]:
         return {
             "caller": time.process_time(),
-            "worker": _env.process_cpu_s(worker_pid),
-            "redis": _env.process_cpu_s(self.redis_pid) if self.redis_pid else None,
-            "mariadb": _env.process_cpu_s(self.mariadb_pid) if self.mariadb_pid else None,
+            "worker": process_cpu_s(worker_pid),
+            "redis": process_cpu_s(self.redis_pid) if self.redis_pid else None,
+            "mariadb": process_cpu_s(self.mariadb_pid) if self.mariadb_pid else None,
         }
 
     def redis_stats(self) -> dict[str, int]:
@@ -75,9 +75,9 @@ class Probes:
 
 def idle_cpu_ms_per_s(pid: int, seconds: float) -> float | None:
     """``pid``'s CPU ms per second over ``seconds`` of this process sleeping."""
-    before = _env.process_cpu_s(pid)
+    before = process_cpu_s(pid)
     time.sleep(seconds)
-    after = _env.process_cpu_s(pid)
+    after = process_cpu_s(pid)
     return None if before is None or after is None else (after - before) * 1000 / seconds
 
 

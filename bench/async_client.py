@@ -50,11 +50,14 @@ if __package__ in (None, ""):
 
 import yaml
 from dataservice_tools.loadtest.environment import flush_redis, run_callers_file, seed_records
+from dataservice_tools.testkit.cpu import process_cpu_s
+from dataservice_tools.testkit.machine import machine_info
+from dataservice_tools.testkit.replicas import Replicas
+from dataservice_tools.testkit.sockets import connections_to
 from rich.console import Console
 from rich.table import Table
 
 from bench import _env
-from bench._fleet import Replicas
 from bench.roundtrip import _unguarded_config
 from dataservice import AsyncClient, Client
 from dataservice.config.settings import Settings
@@ -92,7 +95,7 @@ class PeakConnections:
         self.most = 0
 
     def sample(self) -> None:
-        self.most = max(self.most, _env.connections_to(self.port))
+        self.most = max(self.most, connections_to(self.port))
 
 
 def _summary(latencies_ns: list[int], window_s: float, cpu_s: float) -> dict[str, Any]:
@@ -280,11 +283,11 @@ def run_phase(
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
     child = context.Process(target=_child, args=(settings, ids, phase, out))
-    before = [_env.process_cpu_s(pid) or 0.0 for pid in workers]
+    before = [process_cpu_s(pid) or 0.0 for pid in workers]
     child.start()
     result: dict[str, Any] = out.get(timeout=phase.seconds + 120)
     child.join(30)
-    after = [_env.process_cpu_s(pid) or 0.0 for pid in workers]
+    after = [process_cpu_s(pid) or 0.0 for pid in workers]
     if "error" in result:
         raise RuntimeError(f"{phase.kind} caller failed: {result['error']}")
     # The workers served the warm-up (and the first read) too: their CPU per
@@ -389,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         with console.status("creating and seeding the bench database"):
             _env.reset_database(args.database_url, environ)
             ids = seed_records(args.database_url, SCOPE, args.records, PAYLOAD_BYTES)
-        machine = _env.machine_info(url, args.database_url)
+        machine = machine_info(url, args.database_url)
         with console.status("starting workers, warming the cache"):
             replicas.start()
             with Client(_env.CALLER, settings, config) as client:

@@ -52,6 +52,7 @@ if __package__ in (None, ""):
 import redis
 from dataservice_tools.loadtest.environment import run_callers_file
 from dataservice_tools.localservices import PrivateRedis
+from dataservice_tools.testkit.machine import machine_info
 from rich.console import Console
 
 from bench import _env
@@ -141,7 +142,7 @@ class Run:
             _env.reset_database(args.database_url, environ(self.settings["c"]))
             for size in SIZES:
                 self.ids[size] = seed(args.database_url, f"p{size}", args.records, size)
-        self.machine = _env.machine_info(self.urls["c"], args.database_url)
+        self.machine = machine_info(self.urls["c"], args.database_url)
         # Before the workers start: in-process figures want a quiet machine.
         with console.status("serialization and compression fixtures"):
             self.fixtures = in_process(args, self.config["c"].limits)

@@ -57,6 +57,8 @@ if __package__ in (None, ""):
 import MySQLdb
 from dataservice_tools.loadtest.environment import flush_redis, run_callers_file
 from dataservice_tools.localservices import free_port
+from dataservice_tools.testkit.cpu import process_cpu_s
+from dataservice_tools.testkit.machine import machine_info
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy.engine import make_url
@@ -443,7 +445,7 @@ class Bench:
             flush_redis(url)
         with self.console.status("creating the bench database"):
             _env.reset_database(self.args.database_url, self.environ)
-        self.machine = _env.machine_info(self.service_url, self.args.database_url)
+        self.machine = machine_info(self.service_url, self.args.database_url)
         with self.console.status("starting workers"):
             for worker in self.workers.values():
                 worker.start()
@@ -475,9 +477,9 @@ class Bench:
     def _cpu(self, worker: str | None) -> dict[str, float | None]:
         return {
             "client": time.process_time(),
-            "worker": _env.process_cpu_s(self.pids[worker]) if worker else 0.0,
-            "redis": _env.process_cpu_s(self.pids["redis"]) if self.pids["redis"] else None,
-            "mariadb": _env.process_cpu_s(self.pids["mariadb"]) if self.pids["mariadb"] else None,
+            "worker": process_cpu_s(self.pids[worker]) if worker else 0.0,
+            "redis": process_cpu_s(self.pids["redis"]) if self.pids["redis"] else None,
+            "mariadb": process_cpu_s(self.pids["mariadb"]) if self.pids["mariadb"] else None,
         }
 
     def _timed(

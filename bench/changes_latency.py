@@ -49,6 +49,7 @@ import redis
 import yaml
 from dataservice_tools.loadtest.changes import start_consumer
 from dataservice_tools.localservices import TemporaryBinlogMariaDB
+from dataservice_tools.testkit.machine import machine_info
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.event import XidEvent
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
@@ -265,7 +266,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # Its first act is a rotation (no saved position): wait for it to settle.
         time.sleep(1.0)
         generation = RolloutControls(client, shipped.cache).fetch().generation
-        machine = _env.machine_info(redis_url, url)
+        machine = machine_info(redis_url, url)
         arrivals = Arrivals(url, "dataservice")
         if args.group:
             invalidation, delivery, kinds = measure_groups(

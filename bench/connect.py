@@ -38,6 +38,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis
+from dataservice_tools.testkit.machine import host, version
 from rich.console import Console
 from rich.table import Table
 
@@ -78,7 +79,7 @@ def sample(way: str, url: str, password: str, connects: int) -> tuple[float, flo
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    host = _env.host()
+    machine = host()
     admin = redis.Redis.from_url(args.redis_url, socket_timeout=5)
     admin_info = admin.info("server")
     password = secrets.token_urlsafe(24)
@@ -104,8 +105,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     base, service = figures["library default"], figures["service"]
     return {
         "machine": {
-            **host,
-            "redis-py": _env._version("redis"),
+            **machine,
+            "redis-py": version("redis"),
             "redis_server": admin_info["redis_version"],
         },
         "connects_per_sample": args.connects,

@@ -23,7 +23,9 @@ Both callers' clients make one attempt per request (``client.retry.max_attempts`
 1), so every refusal is seen and counted once. The flooder's bucket is full
 when phase B starts, so it may take ``burst`` requests above its rate: the
 accepted rate is ``(ok - burst) / span``, span being the time from its first
-to its last request sent. Workers are stopped on any exit.
+to its last request sent. Workers are stopped on any exit. The callers, the
+flood processes and the phases are :mod:`dataservice_tools.testkit.flood`
+(``tests/test_flood.py`` runs them too, shorter).
 """
 
 from __future__ import annotations
@@ -41,56 +43,31 @@ if __package__ in (None, ""):
 
 import yaml
 from dataservice_tools.loadtest.environment import flush_redis, run_callers_file, seed_records
+from dataservice_tools.testkit.flood import (
+    FLOODER,
+    SCOPE,
+    STEADY,
+    Flooders,
+    Phase,
+    one_attempt,
+    run_phase,
+    write_config,
+)
+from dataservice_tools.testkit.machine import machine_info
+from dataservice_tools.testkit.openloop import summarize_flood, summarize_steady
+from dataservice_tools.testkit.replicas import Replicas
 from rich.console import Console
 from rich.table import Table
 
 from bench import _env
-from bench._fleet import Flooders, Phase, Replicas, run_phase
-from bench._openloop import summarize_flood, summarize_steady
 from dataservice.client import Client
-from dataservice.config.model import ClientConfig, Config, RetryConfig, load_config
 from dataservice.config.settings import Settings
 from dataservice.store.migrate import upgrade
 
-FLOODER = "flooder"
-STEADY = "steady"
-SCOPE = "flood"
 PAYLOAD_BYTES = 1024
 TARGET_RATE_TOLERANCE = 0.10
 TARGET_P99_RATIO = 1.2
 CPU_PARTS = ("bench", "flood_clients", "workers", "redis", "mariadb")
-
-
-def policies(flooder_rate: float, flooder_burst: int) -> dict[str, dict[str, Any]]:
-    """The two callers' entries for ``queues.yml``: only the flooder's rate binds."""
-    read_only = {"scopes": [SCOPE], "operations": ["read"], "lanes": ["interactive"]}
-    return {
-        FLOODER: {**read_only, "rate_per_s": flooder_rate, "burst": flooder_burst,
-                  "max_interactive": 256},
-        STEADY: {**read_only, "rate_per_s": 100_000, "burst": 10_000, "max_interactive": 10_000},
-    }  # fmt: skip
-
-
-def write_config(
-    document: dict[str, Any], path: Path, flooder_rate: float, flooder_burst: int
-) -> Config:
-    """``document`` (a parsed queues.yml) with the two callers added, written to ``path``."""
-    data = dict(document)
-    data["callers"] = {**document.get("callers", {}), **policies(flooder_rate, flooder_burst)}
-    path.write_text(
-        "# Written by bench/flood.py for one run.\n" + yaml.safe_dump(data, sort_keys=False),
-        encoding="utf-8",
-    )
-    return load_config(path)
-
-
-def one_attempt(config: Config) -> Config:
-    """The same configuration with client retries off: each refusal reaches the caller."""
-    retry = config.client.retry
-    single = RetryConfig(
-        max_attempts=1, backoff_base_ms=retry.backoff_base_ms, backoff_max_ms=retry.backoff_max_ms
-    )
-    return config.model_copy(update={"client": ClientConfig(retry=single)})
 
 
 # The bench -------------------------------------------------------------------------------
@@ -205,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         _env.drop_database(args.database_url)
         upgrade(args.database_url, config.database)
         ids = seed_records(args.database_url, SCOPE, args.records, PAYLOAD_BYTES)
-        machine = _env.machine_info(redis_url, args.database_url)
+        machine = machine_info(redis_url, args.database_url)
         with console.status(f"starting {args.replicas} replicas and the flood processes"):
             ready_s = replicas.start()
             flooders = Flooders(

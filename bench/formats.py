@@ -39,6 +39,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from dataservice_tools.testkit.machine import host, version
 from google.protobuf.internal import api_implementation
 from rich.console import Console
 from rich.table import Table
@@ -156,8 +157,8 @@ def measure_size(size: int, args: argparse.Namespace) -> dict[str, Any]:
 
 def machine() -> dict[str, Any]:
     return {
-        **_env.host(),
-        "protobuf": f"{_env._version('protobuf')} ({api_implementation.Type()})",
+        **host(),
+        "protobuf": f"{version('protobuf')} ({api_implementation.Type()})",
     }
 
 

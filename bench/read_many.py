@@ -37,6 +37,8 @@ if __package__ in (None, ""):
 
 import MySQLdb
 from dataservice_tools.loadtest.environment import flush_redis, run_callers_file
+from dataservice_tools.testkit.cpu import process_cpu_s
+from dataservice_tools.testkit.machine import machine_info
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy.engine import make_url
@@ -125,7 +127,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     )
     flush_redis(url)
     _env.reset_database(args.database_url, environ)
-    machine = _env.machine_info(url, args.database_url)
+    machine = machine_info(url, args.database_url)
     worker = WorkerProcess(
         worker_argv(LaneName.INTERACTIVE), environ, logdir / "worker.log", "interactive"
     )
@@ -145,7 +147,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                     for object_id in ids[:CACHED]:
                         client.read(scope, object_id)  # fills the cache; not measured
                     way = WAYS[(n + n // 2) % 2]
-                    before_worker = _env.process_cpu_s(worker.pid) or 0.0
+                    before_worker = process_cpu_s(worker.pid) or 0.0
                     before_client = time.process_time()
                     started = time.perf_counter()
                     if way == SINGLES:
@@ -160,7 +162,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                     elapsed = time.perf_counter() - started
                     measured = ways[way]
                     measured.client_cpu_s += time.process_time() - before_client
-                    measured.worker_cpu_s += (_env.process_cpu_s(worker.pid) or 0.0) - before_worker
+                    measured.worker_cpu_s += (process_cpu_s(worker.pid) or 0.0) - before_worker
                     measured.records += IDS
                     measured.latencies_ms.append(elapsed * 1000)
                     measured.errors += _check(answers, ids)

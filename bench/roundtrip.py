@@ -52,6 +52,8 @@ if __package__ in (None, ""):
 import yaml
 from dataservice_tools.loadtest.environment import flush_redis, run_callers_file, seed_records
 from dataservice_tools.localservices.rabbitmq import virtual_host
+from dataservice_tools.testkit.cpu import process_cpu_s
+from dataservice_tools.testkit.machine import machine_info
 from rich.console import Console
 from rich.table import Table
 
@@ -231,8 +233,8 @@ class Components:
     def snapshot(self, system: str) -> dict[str, float | None]:
         return {
             "client": time.process_time(),
-            "worker": _env.process_cpu_s(self._workers[system]),
-            **{part: _env.process_cpu_s(pid) if pid else None for part, pid in self._pids.items()},
+            "worker": process_cpu_s(self._workers[system]),
+            **{part: process_cpu_s(pid) if pid else None for part, pid in self._pids.items()},
         }
 
 
@@ -462,7 +464,7 @@ class Bench:
         with console.status("creating and seeding the bench database"):
             _env.reset_database(args.database_url, self.environ)
             self.ids = seed_records(args.database_url, SCOPE, args.records, PAYLOAD_BYTES)
-        self.machine = _env.machine_info(self.service_url, args.database_url)
+        self.machine = machine_info(self.service_url, args.database_url)
         with console.status("starting workers"):
             for worker in self.workers.values():
                 worker.start()

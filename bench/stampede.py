@@ -22,7 +22,8 @@ little. The delay shows what the same stampede costs a slower database.
 
 The database counts the reads itself: a MariaDB of the bench's own (a free
 port, a temporary directory) logs every statement to ``mysql.general_log``,
-and the replicas connect as a user nothing else uses (``bench/_cachefleet.py``).
+and the replicas connect as a user nothing else uses
+(:mod:`dataservice_tools.testkit.counting_database`).
 Broker, results and cache share one Redis db (``--redis-db``; flushed before
 and after each mode, never db 0).
 
@@ -49,12 +50,15 @@ if __package__ in (None, ""):
 import yaml
 from dataservice_tools.loadtest.environment import flush_redis, run_callers_file
 from dataservice_tools.loadtest.report import percentile
+from dataservice_tools.testkit.bursts import burst
+from dataservice_tools.testkit.counting_database import CountingDatabase
+from dataservice_tools.testkit.flood import one_attempt
+from dataservice_tools.testkit.machine import machine_info
+from dataservice_tools.testkit.replicas import replicas, until_each_answers
 from rich.console import Console
 from rich.table import Table
 
 from bench import _env
-from bench._cachefleet import CountingDatabase, burst, replicas, until_each_answers
-from bench.flood import one_attempt
 from dataservice.config.model import Config, load_config
 from dataservice.config.settings import Settings
 
@@ -171,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 callers_file=run_callers_file(work, _env.CALLER),
             )
         )
-        machine = _env.machine_info(redis_url, database.root_url)
+        machine = machine_info(redis_url, database.root_url)
         for round_ in range(1, args.rounds + 1):
             order = (True, False) if round_ % 2 else (False, True)
             for coalesce in order:

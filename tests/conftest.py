@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 import redis
@@ -33,6 +33,7 @@ from dataservice_tools.localservices import (
     mysql_reachable,
     redis_reachable,
 )
+from dataservice_tools.testkit.counting_database import CountingDatabase
 from sqlalchemy import Engine, create_engine, text
 
 from dataservice import Client
@@ -62,9 +63,6 @@ def fresh_throttles() -> None:
     throttle._shared.clear()
     PACER.clear()
 
-
-if TYPE_CHECKING:
-    from bench._cachefleet import CountingDatabase
 
 TEST_REDIS_URL = "redis://127.0.0.1:6379/15"
 PROCESS_REDIS_URL = "redis://127.0.0.1:6379/14"
@@ -283,10 +281,8 @@ def supervised(settings: Settings, config: Config, log_dir: Path) -> Iterator[Su
 @pytest.fixture(scope="session")
 def counting_database(config: Config) -> Iterator[CountingDatabase]:
     """A MariaDB of the tests' own, started once, whose general log counts
-    every statement the worker replicas send (``bench/_cachefleet.py``)."""
-    # Imported here: only the tests that use it depend on the bench's helpers.
-    from bench._cachefleet import CountingDatabase
-
+    every statement the worker replicas send
+    (:mod:`dataservice_tools.testkit.counting_database`)."""
     database = CountingDatabase(config.database)
     try:
         database.start()

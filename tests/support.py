@@ -20,6 +20,7 @@ import redis
 import yaml
 from celery import Celery
 from dataservice_tools.localservices import free_port
+from dataservice_tools.testkit.sockets import own_local_ports
 from kombu import Connection, Exchange
 from sqlalchemy import Engine, text
 
@@ -378,27 +379,6 @@ class TaskEvents:
         self._receiver.should_stop = True
         self._thread.join(5)
         self._connection.close()
-
-
-def own_local_ports() -> set[int]:
-    """The local TCP ports of this process's own sockets (Linux: its open
-    descriptors matched against ``/proc/net/tcp``), to tell its connections
-    apart from everyone else's in ``CLIENT LIST``."""
-    inodes: set[str] = set()
-    for fd in Path("/proc/self/fd").iterdir():
-        try:
-            target = fd.readlink().name
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[len("socket:[") : -1])
-    ports: set[int] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        lines = Path(table).read_text().splitlines()[1:]
-        for fields in (line.split() for line in lines):
-            if fields[9] in inodes:
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
 
 
 def connections_of_this_process(client: redis.Redis, opened_since: Collection[int] = ()) -> int:

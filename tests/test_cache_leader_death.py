@@ -12,7 +12,8 @@ The leader's read goes to A's queue; once the lock (``ds:lock:<scope>:<id>``)
 exists and B and C both wait for it, A gets SIGKILL. Its lease then lapses
 (``cache.lock_lease_ms``), one follower takes the lock over, reads and fills,
 and every follower gets the record within its deadline, which is longer than
-the lease. The database counts the reads itself (``bench/_cachefleet.py``).
+the lease. The database counts the reads itself
+(:mod:`dataservice_tools.testkit.counting_database`).
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from pathlib import Path
 
 import pytest
 import redis
+from dataservice_tools.testkit.bursts import Outcome, burst
+from dataservice_tools.testkit.counting_database import CountingDatabase
+from dataservice_tools.testkit.replicas import Replicas, replicas, until_each_answers
 
-from bench._cachefleet import CountingDatabase, Outcome, burst, replicas, until_each_answers
-from bench._fleet import Replicas
 from dataservice.config.model import Config, load_config
 from dataservice.config.settings import Settings
 from dataservice.redis.keys import lock_key, lockwait_key
@@ -69,6 +71,7 @@ def _poll(check: Callable[[], object], what: str, timeout_s: float) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.fault
 @pytest.mark.timeout(180)
 def test_followers_of_a_killed_leader_get_the_record_through_exactly_one_takeover(
     fleet: tuple[Settings, Replicas],

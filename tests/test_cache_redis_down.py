@@ -32,9 +32,10 @@ from pathlib import Path
 
 import pytest
 from dataservice_tools.localservices import PrivateRedis
+from dataservice_tools.testkit.bursts import burst
+from dataservice_tools.testkit.counting_database import CountingDatabase
+from dataservice_tools.testkit.replicas import Replicas, replicas
 
-from bench._cachefleet import CountingDatabase, burst, replicas
-from bench._fleet import Replicas
 from dataservice import Client, DataServiceError, RetryableError
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
@@ -156,6 +157,7 @@ def fleet(
 
 
 @pytest.mark.slow
+@pytest.mark.fault
 @pytest.mark.timeout(180)
 def test_reads_survive_the_cache_redis_stalling_and_dying_and_the_cache_comes_back(
     fleet: tuple[Settings, Replicas],

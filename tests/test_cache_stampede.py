@@ -4,9 +4,10 @@ Three interactive worker replicas (``dataservice worker --lane interactive``
 processes) share one broker, one cache Redis and one database. 500
 ``ALLOW_CACHED`` reads of a record nobody has read are released together, from
 500 caller threads, and each makes one attempt. The database itself counts
-the reads of that record (its general log, ``bench/_cachefleet.py``); the
-service's own counters only show that the burst really did find the key cold
-on every replica.
+the reads of that record (its general log:
+:mod:`dataservice_tools.testkit.counting_database`); the service's own
+counters only show that the burst really did find the key cold on every
+replica.
 
 Every database operation of these replicas first sleeps ``READ_DELAY_MS``
 (``database.injected_delay_ms``). Without it the first fill lands a
@@ -32,15 +33,10 @@ from pathlib import Path
 
 import pytest
 import redis
+from dataservice_tools.testkit.bursts import burst, sent_before_first_answer
+from dataservice_tools.testkit.counting_database import CountingDatabase
+from dataservice_tools.testkit.replicas import Replicas, replicas, until_each_answers
 
-from bench._cachefleet import (
-    CountingDatabase,
-    burst,
-    replicas,
-    sent_before_first_answer,
-    until_each_answers,
-)
-from bench._fleet import Replicas
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from dataservice.redis.keys import lock_key, record_key

@@ -25,17 +25,11 @@ from pathlib import Path
 import pytest
 import redis
 from dataservice_tools.localservices import PrivateRedis
+from dataservice_tools.testkit.bursts import Outcome, burst
+from dataservice_tools.testkit.counting_database import DATABASE, CountingDatabase
+from dataservice_tools.testkit.replicas import Replicas, replicas, until_each_answers
 from sqlalchemy import text
 
-from bench._cachefleet import (
-    DATABASE,
-    CountingDatabase,
-    Outcome,
-    burst,
-    replicas,
-    until_each_answers,
-)
-from bench._fleet import Replicas
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from dataservice.enums import ReadMode
@@ -140,6 +134,7 @@ def cacheless(
 
 
 @pytest.mark.slow
+@pytest.mark.fault
 @pytest.mark.timeout(240)
 def test_with_the_cache_redis_gone_each_replica_reads_a_key_at_most_once_for_concurrent_reads(
     cacheless: tuple[Settings, Replicas],

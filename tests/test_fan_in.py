@@ -12,13 +12,14 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import redis
+from dataservice_tools.testkit.sockets import own_local_ports
 
 from dataservice import AsyncClient, Client, DeadlineExceeded, Record, ResourceExhausted, WriteOp
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from dataservice.ops.supervisor import Supervisor
 from dataservice.redis.keys import reply_key
-from tests.support import bounded_admission, connections_of_this_process, own_local_ports
+from tests.support import bounded_admission, connections_of_this_process
 
 pytestmark = pytest.mark.load
 

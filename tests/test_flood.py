@@ -18,11 +18,19 @@ import pytest
 import redis
 from dataservice_tools.loadtest.environment import seed_records
 from dataservice_tools.localservices import redis_reachable
+from dataservice_tools.testkit.flood import (
+    FLOODER,
+    SCOPE,
+    STEADY,
+    Flooders,
+    one_attempt,
+    run_phase,
+    write_config,
+)
+from dataservice_tools.testkit.openloop import summarize_flood, summarize_steady
+from dataservice_tools.testkit.replicas import Replicas
 from sqlalchemy import Engine
 
-from bench._fleet import Flooders, Replicas, run_phase
-from bench._openloop import summarize_flood, summarize_steady
-from bench.flood import FLOODER, SCOPE, STEADY, one_attempt, write_config
 from dataservice.client import Client
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
@@ -37,7 +45,7 @@ FACTOR = 10
 STEADY_RATE = 20.0
 SECONDS = 10.0
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.load]
 
 
 @pytest.fixture(scope="module")

@@ -1,21 +1,24 @@
-"""Freshness under load, at reduced size: ``bench/freshness.py`` runs the
-``cached`` loadtest scenario (reads ``ALLOW_CACHED``, writes through the
-service and by direct SQL, the change consumer running) with its checker:
-the consumer healthy, then paused mid-run, then absent with the guard off
-(the control, where the checker must find stale reads)."""
+"""Freshness under load, at reduced size: the run of ``bench/freshness.py``
+(:mod:`dataservice_tools.testkit.freshness`) is the ``cached`` loadtest
+scenario (reads ``ALLOW_CACHED``, writes through the service and by direct
+SQL, the change consumer running) with its checker: the consumer healthy, then
+paused mid-run, then absent with the guard off (the control, where the checker
+must find stale reads)."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pytest
 from dataservice_tools.localservices import redis_reachable
+from dataservice_tools.testkit import freshness
 
-from bench import freshness
-from tests.conftest import require
+from tests.conftest import SHIPPED_CONFIG, require
 
 REDIS_DB = 13
+
+# The consumer is stopped (SIGSTOP) mid-run on purpose.
+pytestmark = [pytest.mark.load, pytest.mark.fault]
 
 
 @pytest.mark.slow
@@ -24,7 +27,8 @@ def test_a_cached_reader_never_sees_a_revision_older_than_the_lag_bound_allows(
     tmp_path: Path,
 ) -> None:
     require(redis_reachable(f"redis://127.0.0.1:6379/{REDIS_DB}"), "Redis at 127.0.0.1:6379")
-    args = argparse.Namespace(
+    options = freshness.Options(
+        base_config=SHIPPED_CONFIG,
         # A lag bound of 3 s (bound 4 s with the controls' age) instead of the
         # shipped 5: the pause's thirds need only be past it by a second.
         duration=15.3,
@@ -33,12 +37,12 @@ def test_a_cached_reader_never_sees_a_revision_older_than_the_lag_bound_allows(
         records=100,
         rate=100.0,
         probes=20.0,
-        offsets=[0.0, 0.2],
+        offsets=(0.0, 0.2),
         redis_db=REDIS_DB,
         out=tmp_path,
         min_checks=30,
     )
-    result = freshness.run(args)
+    result = freshness.run(options)
 
     assert result["problems"] == [], result["problems"]
     stream, paused = result["with_change_stream"], result["stream_paused"]

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from dataservice_tools.testkit.sockets import own_local_ports
 
 from dataservice import ReadMode
 from dataservice.client.inbox import FIRST_LOOK_S, SLICE_S, Inbox, request_id_of
@@ -26,7 +27,6 @@ from tests.support import (
     blocked_clients_of_this_process,
     caller_key,
     now_ms,
-    own_local_ports,
     signed,
 )
 

@@ -1,5 +1,7 @@
 """The layout holds: no import cycle between the service's or the tooling's
-modules, and the tooling stays out of what the service's own commands load."""
+modules, the tooling stays out of what the service's own commands load, and
+the tests share their harness through the tooling's test kit, never through
+the benchmarks' scripts."""
 
 from __future__ import annotations
 
@@ -100,6 +102,31 @@ def test_the_service_does_not_import_the_tooling() -> None:
         if target.startswith("dataservice_tools")
     )
     assert offences == []
+
+
+def _imports_bench(source: Path) -> list[str]:
+    """The ``bench`` imports of ``source``: ``import bench...`` and ``from bench... import``."""
+    found = []
+    for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        found += [f"line {node.lineno}: {n}" for n in names if n.partition(".")[0] == "bench"]
+    return found
+
+
+def test_neither_the_tests_nor_the_tooling_import_the_benchmarks() -> None:
+    sources = [*(ROOT / "tests").rglob("*.py"), *PACKAGES["dataservice_tools"].rglob("*.py")]
+    assert len(sources) > 100
+    offences = {
+        str(source.relative_to(ROOT)): found
+        for source in sources
+        if (found := _imports_bench(source))
+    }
+    assert offences == {}
 
 
 def test_starting_a_worker_loads_none_of_the_tooling() -> None:

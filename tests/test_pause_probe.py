@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import redis
 from dataservice_tools.localservices import PrivateRedis
+from dataservice_tools.testkit.replicas import Replicas
 
-from bench._fleet import Replicas
 from dataservice import Client, DataServiceError
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
@@ -34,7 +34,7 @@ PAUSE_MS = 4000
 # The service must answer again within this long of the pause's end.
 RECOVERY_S = 2.0
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow, pytest.mark.fault]
 
 
 @dataclass

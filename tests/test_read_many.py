@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import redis
+from dataservice_tools.testkit.counting_database import CountingDatabase
+from dataservice_tools.testkit.replicas import Replicas, replicas, until_each_answers
 
-from bench._cachefleet import CountingDatabase, replicas, until_each_answers
-from bench._fleet import Replicas
 from dataservice import Client, NotFound, PermissionDenied, Record
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings

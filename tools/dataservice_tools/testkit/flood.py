@@ -1,10 +1,10 @@
-"""The processes of ``bench/flood.py`` (and ``tests/test_flood.py``): interactive
-worker replicas, the processes that send a flood, and one measured phase.
+"""A flood: one caller reading at many times its rate beside another that never
+nears its own, over interactive worker replicas.
 
-Replicas are :class:`dataservice.ops.processes.WorkerProcess` es (``dataservice
-worker --lane interactive`` with the run's settings, SIGTERMed if this process
-dies); they count as ready once each answers a Celery control ping. Flood
-processes are ``multiprocessing`` children (spawn).
+The two callers' policies go into a run's ``queues.yml`` (:func:`write_config`);
+:class:`Flooders` send the flood from processes of their own, and
+:func:`run_phase` measures one phase: the steady caller, with the flood or
+without it.
 """
 
 from __future__ import annotations
@@ -13,67 +13,57 @@ import contextlib
 import multiprocessing
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dataservice_tools.loadtest.openloop import RequestRecord
+import yaml
 
-from bench import _env
-from bench._openloop import open_loop
-from dataservice.broker.glue import celery_app
 from dataservice.client import Client
-from dataservice.config.model import Config
+from dataservice.config.model import ClientConfig, Config, RetryConfig, load_config
 from dataservice.config.settings import Settings
-from dataservice.enums import LaneName
-from dataservice.ops.processes import WorkerProcess, stop_all, wait_answering
+from dataservice_tools.loadtest.openloop import RequestRecord
+from dataservice_tools.testkit.cpu import process_cpu_s
+from dataservice_tools.testkit.openloop import open_loop
 
-# Worker replicas -------------------------------------------------------------------
-
-
-@dataclass
-class Replicas:
-    """Interactive worker processes, each ``dataservice worker --lane interactive``."""
-
-    settings: Settings
-    config: Config
-    count: int
-    log_dir: Path
-    workers: list[WorkerProcess] = field(default_factory=list)
-    # Replica n's own settings (a configuration of its own, say), where it has them.
-    settings_of: dict[int, Settings] = field(default_factory=dict)
-    # Replica n serves its counters on metrics_ports[n] (``--metrics-port``), if given.
-    metrics_ports: list[int] = field(default_factory=list)
-
-    def start(self, timeout_s: float = 60.0) -> float:
-        """Start them and wait until each answers a control ping; seconds it took."""
-        for n in range(self.count):
-            log = self.log_dir / f"interactive-{n}.log"
-            settings = self.settings_of.get(n, self.settings)
-            extra = ["--metrics-port", str(self.metrics_ports[n])] if self.metrics_ports else []
-            self.workers.append(
-                WorkerProcess.for_lane(settings, LaneName.INTERACTIVE, log, *extra).start()
-            )
-        control = _control_app(self.settings, self.config)
-        try:
-            return wait_answering(control, self.workers, timeout_s)
-        finally:
-            control.close()
-
-    def pids(self) -> list[int]:
-        return [w.pid for w in self.workers]
-
-    def check_alive(self) -> None:
-        for worker in self.workers:
-            worker.check_alive()
-
-    def stop(self) -> None:
-        stop_all(self.workers)
+FLOODER = "flooder"
+STEADY = "steady"
+SCOPE = "flood"
 
 
-def _control_app(settings: Settings, config: Config) -> Any:
+# Configuration -------------------------------------------------------------------------
 
-    return celery_app("flood-control", settings, config)
+
+def policies(flooder_rate: float, flooder_burst: int) -> dict[str, dict[str, Any]]:
+    """The two callers' entries for ``queues.yml``: only the flooder's rate binds."""
+    read_only = {"scopes": [SCOPE], "operations": ["read"], "lanes": ["interactive"]}
+    return {
+        FLOODER: {**read_only, "rate_per_s": flooder_rate, "burst": flooder_burst,
+                  "max_interactive": 256},
+        STEADY: {**read_only, "rate_per_s": 100_000, "burst": 10_000, "max_interactive": 10_000},
+    }  # fmt: skip
+
+
+def write_config(
+    document: dict[str, Any], path: Path, flooder_rate: float, flooder_burst: int
+) -> Config:
+    """``document`` (a parsed queues.yml) with the two callers added, written to ``path``."""
+    data = dict(document)
+    data["callers"] = {**document.get("callers", {}), **policies(flooder_rate, flooder_burst)}
+    path.write_text(
+        "# Written for one flood run.\n" + yaml.safe_dump(data, sort_keys=False),
+        encoding="utf-8",
+    )
+    return load_config(path)
+
+
+def one_attempt(config: Config) -> Config:
+    """The same configuration with client retries off: each refusal reaches the caller."""
+    retry = config.client.retry
+    single = RetryConfig(
+        max_attempts=1, backoff_base_ms=retry.backoff_base_ms, backoff_max_ms=retry.backoff_max_ms
+    )
+    return config.model_copy(update={"client": ClientConfig(retry=single)})
 
 
 # Flood processes ---------------------------------------------------------------------
@@ -178,7 +168,7 @@ class Phase:
 def _cpu(pids: dict[str, list[int]]) -> dict[str, float | None]:
     totals: dict[str, float | None] = {}
     for part, group in pids.items():
-        values = [_env.process_cpu_s(pid) for pid in group]
+        values = [process_cpu_s(pid) for pid in group]
         totals[part] = None if any(v is None for v in values) else sum(v or 0.0 for v in values)
     return totals
 

@@ -1,4 +1,4 @@
-"""Open-loop reads for ``bench/flood.py``, on the load harness's generator
+"""Open-loop reads for the flood runs, on the load harness's generator
 (:mod:`dataservice_tools.loadtest.openloop`), and the figures drawn from them.
 
 One caller's reads arrive at evenly spaced instants whatever the answers do,
@@ -12,12 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from dataservice.client import Client
+from dataservice.enums import LaneName
 from dataservice_tools.loadtest.openloop import LAG_TOLERANCE_S, OpenLoop, Outcome, RequestRecord
 from dataservice_tools.loadtest.report import percentile
 from dataservice_tools.loadtest.service import ServiceAdapter
-
-from dataservice.client import Client
-from dataservice.enums import LaneName
 
 TIMEOUT_S = 2.0
 LANE = LaneName.INTERACTIVE
