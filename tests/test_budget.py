@@ -43,7 +43,7 @@ def test_check_config_passes_on_the_shipped_file_and_prints_the_arithmetic() -> 
     result = _cli("check-config", config=SHIPPED_CONFIG)
     assert result.returncode == 0, result.stderr
     assert "120 active - 20 reserved = 100" in result.stdout
-    assert "10 replicas x 10 permits = 100 <= 100 ok" in result.stdout
+    assert "8 replicas x 12 statements = 96 <= 100 ok" in result.stdout
     assert "within budget" in result.stdout
 
 
@@ -53,8 +53,8 @@ def test_check_config_fails_naming_the_numbers_with_twenty_replicas(
     shipped["budget"]["max_replicas"] = 20
     result = _cli("check-config", config=_write(tmp_path, shipped))
     assert result.returncode == 1
-    assert "20 replicas x 10 permits = 200 exceeds 120 - 20 = 100" in result.stderr
-    assert "20 replicas x 10 connections = 200 exceeds budget.max_connections (150)" in (
+    assert "20 replicas x 12 statements = 240 exceeds 120 - 20 = 100" in result.stderr
+    assert "20 replicas x 12 connections = 240 exceeds budget.max_connections (150)" in (
         result.stderr
     )
 
@@ -64,7 +64,7 @@ def test_check_config_fails_naming_the_numbers_with_twenty_replicas(
     [
         (("lanes", "batch", "classes", "bounded_list"), 4, "lanes.batch.classes.bounded_list (4)"),
         (("budget", "reserved"), 120, "leaves nothing"),
-        (("lanes", "interactive", "permits"), 9, "10 replicas x 12 permits = 120 exceeds"),
+        (("lanes", "interactive", "permits"), 9, "8 replicas x 14 statements = 112 exceeds"),
     ],
 )
 def test_each_broken_bound_is_named(
@@ -82,8 +82,9 @@ def test_threads_beyond_the_permits_add_no_connection(shipped: dict[str, Any]) -
     shipped["lanes"]["interactive"]["concurrency"] = 40
     check = check_budget(parse_config(shipped))
     assert check.ok, check.problems
-    # The shipped pools: interactive 7 (its permits), batch 3 (its permits, for 6 threads).
-    assert "connections: interactive 7 + batch 3 = 10 per replica x 10 replicas = 100" in (
+    # The shipped pools: interactive 7 (its permits), batch 3 (its permits, for 8
+    # threads), each with its process's administrative connection.
+    assert "connections: interactive 7 + 1 + batch 3 + 1 = 12 per replica x 8 replicas = 96" in (
         "\n".join(check.lines)
     )
     require_within_budget(parse_config(shipped), LaneName.INTERACTIVE, 40)

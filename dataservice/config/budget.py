@@ -3,11 +3,15 @@
 The database sustains ``budget.database_active`` concurrently active short
 transactions; ``budget.reserved`` of them belong to maintenance and other
 callers. The service's replicas (``budget.max_replicas``, rolling-deploy
-overlap included) share the rest: each replica holds at most the sum of its
-lanes' permits. Connections are a separate bound: each replica's pools hold
-one connection per worker thread, never more than the lane's permits (a
-thread takes one only while it holds a permit; threads beyond the permits get
-the next request ready meanwhile), and all replicas together stay within
+overlap included) share the rest. A replica is one worker process per lane;
+each process holds at most its lane's permits, plus one administrative
+statement (:data:`ADMIN_STATEMENTS`): the process's own connection that
+confirms the server has let go of a statement the process gave up on
+(:mod:`dataservice.store.custody`). Connections are a separate bound: each
+process's pool holds one connection per worker thread, never more than the
+lane's permits (a thread takes one only while it holds a permit; threads
+beyond the permits get the next request ready meanwhile), plus the
+administrative one, and all replicas together stay within
 ``budget.max_connections``.
 """
 
@@ -15,9 +19,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dataservice.config.model import Config
+from dataservice.config.model import Config, LaneConfig
 from dataservice.enums import LaneName, OperationClass
 from dataservice.errors import ConfigError
+
+# Each worker process's administrative connection, and the one statement it
+# runs at a time (a KILL, or a look at the process list).
+ADMIN_CONNECTIONS = 1
+ADMIN_STATEMENTS = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +39,31 @@ class BudgetCheck:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessShare:
+    """What one worker process of a lane may hold in the database."""
+
+    permits: int
+    pool: int
+
+    @property
+    def active(self) -> int:
+        """Statements at once: its permits and its administrative statement."""
+        return self.permits + ADMIN_STATEMENTS
+
+    @property
+    def connections(self) -> int:
+        """Its pool and its administrative connection."""
+        return self.pool + ADMIN_CONNECTIONS
+
+
+def process_share(lane: LaneConfig, threads: int | None = None) -> ProcessShare:
+    """The share of one worker process of ``lane`` running ``threads`` threads
+    (default: the lane's concurrency)."""
+    threads = lane.concurrency if threads is None else threads
+    return ProcessShare(lane.permits, pool_size(threads, lane.permits))
 
 
 def _verdict(used: int, bound: int) -> str:
@@ -52,27 +86,32 @@ def check_budget(config: Config) -> BudgetCheck:
             f"budget.database_active ({budget.database_active})"
         )
 
-    lanes = [(lane, config.lanes[lane]) for lane in LaneName]
-    per_replica = sum(lane.permits for _, lane in lanes)
-    split = " + ".join(f"{name.value} {lane.permits}" for name, lane in lanes)
-    lines.append(f"permits per replica: {split} = {per_replica}")
+    lanes = [(name, config.lanes[name], process_share(config.lanes[name])) for name in LaneName]
+    per_replica = sum(share.active for _, _, share in lanes)
+    split = " + ".join(
+        f"{name.value} {share.permits} + {ADMIN_STATEMENTS}" for name, _, share in lanes
+    )
+    lines.append(
+        f"statements per replica: {split} = {per_replica} "
+        f"(each lane's permits + its process's administrative statement)"
+    )
     total = budget.max_replicas * per_replica
     lines.append(
-        f"all replicas: {budget.max_replicas} replicas x {per_replica} permits = {total} "
+        f"all replicas: {budget.max_replicas} replicas x {per_replica} statements = {total} "
         f"{_verdict(total, available)}"
     )
     if total > available:
         problems.append(
-            f"{budget.max_replicas} replicas x {per_replica} permits = {total} exceeds "
+            f"{budget.max_replicas} replicas x {per_replica} statements = {total} exceeds "
             f"{budget.database_active} - {budget.reserved} = {available}: lower "
             "budget.max_replicas or the lanes' permits"
         )
 
-    for name, lane in lanes:
+    for name, lane, share in lanes:
         classes = ", ".join(f"{c.value} {lane.classes[c]}" for c in OperationClass)
         lines.append(
             f"{name.value}: {lane.concurrency} threads, {lane.permits} permits, "
-            f"{pool_size(lane.concurrency, lane.permits)} connections; "
+            f"{share.pool} + {ADMIN_CONNECTIONS} connections; "
             f"classes {classes} (each <= {lane.permits})"
         )
         for op_class in OperationClass:
@@ -82,10 +121,10 @@ def check_budget(config: Config) -> BudgetCheck:
                     f"exceeds lanes.{name.value}.permits ({lane.permits})"
                 )
 
-    per_replica_conns = sum(pool_size(lane.concurrency, lane.permits) for _, lane in lanes)
+    per_replica_conns = sum(share.connections for _, _, share in lanes)
     conns = budget.max_replicas * per_replica_conns
     pools = " + ".join(
-        f"{name.value} {pool_size(lane.concurrency, lane.permits)}" for name, lane in lanes
+        f"{name.value} {share.pool} + {ADMIN_CONNECTIONS}" for name, _, share in lanes
     )
     lines.append(
         f"connections: {pools} = {per_replica_conns} per replica x {budget.max_replicas} "
@@ -100,9 +139,9 @@ def check_budget(config: Config) -> BudgetCheck:
 
 
 def pool_size(concurrency: int, permits: int) -> int:
-    """A replica's database connections: one per thread, but never more than
-    its permits (a thread takes a connection only while it holds a permit;
-    threads beyond the permits get a request ready meanwhile)."""
+    """A process's pooled database connections: one per thread, but never
+    more than its permits (a thread takes a connection only while it holds a
+    permit; threads beyond the permits get a request ready meanwhile)."""
     return min(concurrency, permits)
 
 
