@@ -38,6 +38,7 @@ from dataservice.proto import pb
 from dataservice.security.auth import Authenticator, sign
 from dataservice.security.callers import CallerKey, load_keyring
 from dataservice.store import RecordStore
+from dataservice.store.custody import custody_of
 from dataservice.worker import Database, RequestHandler, build_handler
 
 
@@ -79,6 +80,18 @@ def connection_ids(engine: Engine, user: str) -> set[int]:
     query = text("SELECT ID FROM information_schema.PROCESSLIST WHERE USER = :user")
     with engine.connect() as conn:
         return {int(r[0]) for r in conn.execute(query, {"user": user})}
+
+
+def admin_connection_id(store_engine: Engine, timeout_s: float = 5.0) -> int:
+    """The administrative connection of a store engine's process (opened in
+    the background after its first pooled connection)."""
+    custody = custody_of(store_engine)
+    assert custody is not None, "not a store engine"
+    until = time.monotonic() + timeout_s
+    while (found := custody.snapshot().admin_connection_id) is None:
+        assert time.monotonic() < until, "the administrative connection never opened"
+        time.sleep(0.01)
+    return found
 
 
 # The callers the tests sign as. "tests" may do anything; the others exist to
@@ -199,7 +212,8 @@ def handler_for(
     its way to the database (permits and recent durations), and the gate's client."""
     client = redis.Redis.from_url(settings.redis_url)
     authenticator = Authenticator(load_keyring(settings.callers_file), config, lane)
-    database = Database(LanePermits(config.lanes[lane]), config.database.pool_timeout_ms)
+    lane_config = config.lanes[lane]
+    database = Database(LanePermits(lane_config), lane_config.permit_wait_ms)
     gate = Gate(client, config)
     handler = build_handler(config, lane, store, database, authenticator, gate)
     return handler, database, client

@@ -3,9 +3,12 @@
 Each lane has ``permits`` per replica, and each operation class a cap within
 them (so, say, lists cannot take every permit from point reads). A permit is
 held from before the first statement until the database has stopped working
-for the request: the driver call has returned, or the connection has been
-discarded after the server-side statement timeout made sure the statement was
-gone. Release sits in ``finally``; nothing else can return a permit.
+for the request: the driver call has returned, or, when the connection was
+lost before the server answered, the server has confirmed that the statement
+is gone. In that case the permit is handed over (:meth:`Permit.hand_over`) to
+the store's custody (:mod:`dataservice.store.custody`), which gives it back
+on the server's word; otherwise release sits in ``finally``. Nothing else can
+return a permit.
 
 The gauge (:meth:`LanePermits.snapshot`) also names the database connection
 each permit is using, so an operator (or a test) can match permits against the
@@ -34,19 +37,36 @@ class PermitUnavailable(Refusal):
     """No permit became free within the wait the request could afford."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Permit:
     """One held permit; the store records which connection it runs on."""
 
     op_class: OperationClass
     acquired_at: float = field(default_factory=time.monotonic)
     connection_id: int | None = None
+    _give_back: Callable[[], None] | None = field(default=None, repr=False)
+    _handed_over: bool = field(default=False, repr=False)
+
+    @property
+    def handed_over(self) -> bool:
+        return self._handed_over
+
+    def hand_over(self) -> Callable[[], None]:
+        """Keep this permit taken after its block ends: the returned function
+        gives it back (once), when the database has let go of its statement."""
+        give_back = self._give_back
+        if give_back is None or self._handed_over:
+            raise RuntimeError("the permit is no longer held here")
+        self._handed_over = True
+        return give_back
 
 
 @dataclass(frozen=True, slots=True)
 class PermitSnapshot:
     capacity: int
     in_use: int
+    # Of those, held for a statement the database has not confirmed gone.
+    in_custody: int
     by_class: dict[str, int]
     connection_ids: list[int]
     acquired_total: int
@@ -79,17 +99,12 @@ class LanePermits:
         # occupies a lane permit while it waits.
         if not class_slot.acquire(timeout=max(wait_s, 0.0)):
             self._refuse(started)
-        try:
-            if not self._lane.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
-                self._refuse(started)
-            tracing.record(Stage.PERMIT_WAIT, time.monotonic() - started)
-            try:
-                with self._held(op_class) as permit:
-                    yield permit
-            finally:
-                self._lane.release()
-        finally:
+        if not self._lane.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
             class_slot.release()
+            self._refuse(started)
+        tracing.record(Stage.PERMIT_WAIT, time.monotonic() - started)
+        with self._held(op_class, class_slot) as permit:
+            yield permit
 
     @contextmanager
     def try_acquire(self, op_class: OperationClass) -> Iterator[Permit | None]:
@@ -100,32 +115,43 @@ class LanePermits:
         if not class_slot.acquire(blocking=False):
             yield None
             return
-        try:
-            if not self._lane.acquire(blocking=False):
-                yield None
-                return
-            try:
-                with self._held(op_class) as permit:
-                    yield permit
-            finally:
-                self._lane.release()
-        finally:
+        if not self._lane.acquire(blocking=False):
             class_slot.release()
+            yield None
+            return
+        with self._held(op_class, class_slot) as permit:
+            yield permit
 
     @contextmanager
-    def _held(self, op_class: OperationClass) -> Iterator[Permit]:
+    def _held(
+        self, op_class: OperationClass, class_slot: threading.BoundedSemaphore
+    ) -> Iterator[Permit]:
+        """The block of a permit whose lane and class slots are taken: they are
+        given back at its end, unless the permit was handed over."""
         permit = Permit(op_class)
         started = time.monotonic()
+        given = threading.Lock()
+
+        def give_back() -> None:
+            # Once, whoever calls: the block's end or the custody.
+            if not given.acquire(blocking=False):
+                return
+            with self._lock:
+                del self._holders[id(permit)]
+                self._released += 1
+            self._lane.release()
+            class_slot.release()
+            self.on_released(time.monotonic() - started)
+
+        permit._give_back = give_back
         with self._lock:
             self._acquired += 1
             self._holders[id(permit)] = permit
         try:
             yield permit
         finally:
-            with self._lock:
-                del self._holders[id(permit)]
-                self._released += 1
-            self.on_released(time.monotonic() - started)
+            if not permit.handed_over:
+                give_back()
 
     def _refuse(self, started: float) -> None:
         # A refused wait is a wait too: it is what saturation looks like.
@@ -144,6 +170,7 @@ class LanePermits:
         return PermitSnapshot(
             capacity=self.capacity,
             in_use=len(holders),
+            in_custody=sum(1 for p in holders if p.handed_over),
             by_class=by_class,
             connection_ids=sorted(p.connection_id for p in holders if p.connection_id is not None),
             acquired_total=acquired,

@@ -11,8 +11,13 @@
   token went to a request that then ran out of time, its new connection was
   discarded with the statement, and the pool never refilled: the reconnect
   loop of a proxy whose borrow wait equals its callers' timeout.
-- **Identity**: each connection learns its server-side id once, so permits can
-  name the connection they use and be matched against the process list.
+- **Gate**: no new connection while the process has a connection in custody
+  (:mod:`dataservice.store.custody`): one the pool let go of that the server
+  has not yet confirmed gone. A request waits for the gate, as for the ramp,
+  only until its ``CONNECT_BY``.
+- **Identity**: each connection learns its server-side id and the server's
+  boot time once, so permits can name the connection they use, be matched
+  against the process list, and a discarded connection can be confirmed gone.
 - **Statement timeout**: a statement runs with the time its request has left,
   enforced by the server (MariaDB ``SET STATEMENT max_statement_time=... FOR``,
   MySQL's ``MAX_EXECUTION_TIME`` hint on SELECTs). Neither leaves anything on
@@ -32,6 +37,7 @@ from sqlalchemy import Engine, event
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from dataservice.refusals import Refusal
+from dataservice.store.custody import SERVER_BOOT, Custody, attach, server_boot_s
 
 CONNECTION_ID = "dataservice.connection_id"
 DEADLINE_OPTION = "dataservice_deadline_ms"
@@ -63,6 +69,17 @@ class ConnectRateLimited(Refusal):
             retry_after_ms=max(1, int(retry_after * 1000)),
         )
         self.retry_after = retry_after
+
+
+class ConnectionsInDoubt(ConnectRateLimited):
+    """A new connection would stand beside one the server has not yet
+    confirmed gone (:mod:`dataservice.store.custody`): the process is
+    reconnecting, as when its ramp is exhausted."""
+
+    def __init__(self, retry_after: float = 0.25) -> None:
+        super().__init__(retry_after)
+        self.message = "connections in custody: the database has not confirmed they are gone"
+        self.args = (self.message,)
 
 
 class ConnectRamp:
@@ -104,22 +121,29 @@ class ConnectRamp:
         self._sleep(wait + random.uniform(0, min(0.5 / self.rate, max_wait_s - wait)))
 
 
-def install(engine: Engine, ramp: ConnectRamp, max_wait_s: float, max_statement_ms: int) -> None:
-    """Attach the ramp, the identity lookup and the statement timeout to ``engine``.
+def install(
+    engine: Engine, ramp: ConnectRamp, custody: Custody, max_wait_s: float, max_statement_ms: int
+) -> None:
+    """Attach the gate, the ramp, the identity lookup, custody of discarded
+    connections and the statement timeout to ``engine``.
 
     Each statement's timeout is computed when it is sent, from the request's
     absolute deadline (the ``DEADLINE_OPTION`` execution option), capped at
     ``max_statement_ms``; one that could no longer get ``MIN_STATEMENT_MS`` is
     not sent at all.
     """
+    attach(engine, custody)
 
     @event.listens_for(engine, "do_connect")
-    def _ramp(dialect: Any, record: Any, cargs: Any, cparams: Any) -> None:
+    def _gate_and_ramp(dialect: Any, record: Any, cargs: Any, cparams: Any) -> None:
         connect_by = CONNECT_BY.get()
-        if connect_by is None:
-            ramp.take(max_wait_s)
-        else:
-            ramp.take(max(0.0, min(max_wait_s, (connect_by - now_ms()) / 1000)))
+        wait_s = max_wait_s
+        if connect_by is not None:
+            wait_s = max(0.0, min(max_wait_s, (connect_by - now_ms()) / 1000))
+        started = time.monotonic()
+        if not custody.wait_clear(wait_s):
+            raise ConnectionsInDoubt
+        ramp.take(max(0.0, wait_s - (time.monotonic() - started)))
 
     @event.listens_for(engine, "connect")
     def _identify(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
@@ -129,6 +153,16 @@ def install(engine: Engine, ramp: ConnectRamp, max_wait_s: float, max_statement_
             record.info[CONNECTION_ID] = int(cursor.fetchone()[0])
         finally:
             cursor.close()
+        record.info[SERVER_BOOT] = server_boot_s(dbapi_connection)
+        custody.open_admin()
+
+    @event.listens_for(engine, "close")
+    def _discarded(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        custody.discarded(record.info.get(CONNECTION_ID), record.info.get(SERVER_BOOT))
+
+    @event.listens_for(engine, "engine_disposed")
+    def _disposed(engine: Engine) -> None:
+        custody.close()
 
     @event.listens_for(engine, "before_cursor_execute", retval=True)
     def _bound(

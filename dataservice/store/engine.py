@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import MySQLdb
@@ -31,8 +32,12 @@ from sqlalchemy.pool import ConnectionPoolEntry
 from dataservice.config.model import DatabaseConfig
 from dataservice.errors import ServiceSetupError
 from dataservice.store.connections import ConnectRamp, install
+from dataservice.store.custody import Custody, bound_by_tcp
 
 LIVENESS_IDLE_S = 1.0
+# The administrative connection waits its turn on the reconnect ramp however
+# long it takes: custody cannot confirm anything without it.
+_ADMIN_RAMP_WAIT_S = 3600.0
 _IDLE_SINCE = "dataservice.idle_since"
 
 
@@ -82,8 +87,29 @@ def create_store_engine(url: str, pool_size: int, config: DatabaseConfig) -> Eng
     event.listen(engine, "checkin", _on_checkin)
     event.listen(engine, "checkout", _on_checkout)
     ramp = ConnectRamp(config.connect_rate_per_s, config.connect_burst)
-    install(engine, ramp, config.pool_timeout_ms / 1000, config.max_statement_ms)
+    custody = Custody(_admin_connect(engine, config), lambda: ramp.take(_ADMIN_RAMP_WAIT_S))
+    install(engine, ramp, custody, config.pool_timeout_ms / 1000, config.max_statement_ms)
     return engine
+
+
+def _admin_connect(engine: Engine, config: DatabaseConfig) -> Callable[[], Any]:
+    """How the process opens its administrative connection: the pool's server
+    and account, outside the pool, with no read timeout (custody waits
+    through a stall; TCP bounds it, :func:`~dataservice.store.custody.bound_by_tcp`)."""
+    cargs, cparams = engine.dialect.create_connect_args(engine.url)
+    params = {
+        **cparams,
+        "connect_timeout": config.connect_timeout_s,
+        "charset": "utf8mb4",
+        "autocommit": True,
+    }
+
+    def connect() -> Any:
+        connection = engine.dialect.loaded_dbapi.connect(*cargs, **params)
+        bound_by_tcp(connection)
+        return connection
+
+    return connect
 
 
 def ensure_database(url: str, config: DatabaseConfig) -> bool:

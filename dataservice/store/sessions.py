@@ -1,9 +1,14 @@
 """Connections for one operation: bound to its permit and deadline, and
-discarded whenever anything went wrong on them."""
+discarded whenever anything went wrong on them.
+
+A connection lost before the server answered (a driver read timeout, a reset,
+a server gone away) may still be running its statement on the server: its
+permit goes into the process's custody (:mod:`dataservice.store.custody`)
+with it, and comes back when the server confirms the statement is gone.
+"""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,8 +27,8 @@ from dataservice.store.connections import (
     STATEMENT_TIMEOUT_CODES,
     StatementTimeout,
     bounded_statement,
-    now_ms,
 )
+from dataservice.store.custody import SERVER_BOOT, custody_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +43,6 @@ class Bounds:
 
 
 UNBOUNDED = Bounds()
-# Slack after the server-side bound before a lost statement is taken as gone.
-_SERVER_BOUND_SLACK_S = 0.1
 
 
 def _timed_out(exc: BaseException) -> bool:
@@ -71,6 +74,7 @@ class Sessions:
         injected_delay_table: str | None = None,
     ) -> None:
         self._engine = engine
+        self._custody = custody_of(engine)
         self._max_statement_ms = max_statement_ms
         self._sleep = injected_sleep(injected_delay_ms, injected_delay_table)
 
@@ -89,8 +93,10 @@ class Sessions:
             finally:
                 CONNECT_BY.reset(connect_by)
         with connection as conn:
+            # Read now: once a lost connection is invalidated, its info may be gone.
+            identity = _identity(conn.info)
             if bounds.permit is not None:
-                bounds.permit.connection_id = conn.info.get(CONNECTION_ID)
+                bounds.permit.connection_id = identity[0]
             if bounds.deadline_ms is not None:
                 conn.execution_options(**{DEADLINE_OPTION: bounds.deadline_ms})
             try:
@@ -99,11 +105,11 @@ class Sessions:
                         conn.exec_driver_sql(*self._sleep)
                     yield conn
             except BaseException as exc:
+                if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+                    self._abandon(identity, bounds)
                 conn.invalidate()
                 if _timed_out(exc):
                     raise StatementTimeout from None
-                if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-                    self._outlast_server_bound(bounds)
                 raise
 
     def fetch_one(self, bounds: Bounds, statement: str, params: tuple[Any, ...]) -> Any:
@@ -132,9 +138,10 @@ class Sessions:
             finally:
                 CONNECT_BY.reset(connect_by)
         sent = statement
+        identity = _identity(fairy.info)
         try:
             if bounds.permit is not None:
-                bounds.permit.connection_id = fairy.info.get(CONNECTION_ID)
+                bounds.permit.connection_id = identity[0]
             cursor = fairy.cursor()
             try:
                 with tracing.timed(Stage.SQL):
@@ -151,12 +158,12 @@ class Sessions:
             disconnected = isinstance(exc, dialect.loaded_dbapi.Error) and dialect.is_disconnect(
                 exc, fairy, None
             )
+            if disconnected:
+                self._abandon(identity, bounds)
             fairy.invalidate()
             if isinstance(exc, dialect.loaded_dbapi.Error):
                 if exc.args and exc.args[0] in STATEMENT_TIMEOUT_CODES:
                     raise StatementTimeout from None
-                if disconnected:
-                    self._outlast_server_bound(bounds)
                 raise DBAPIError.instance(
                     sent,
                     params,
@@ -178,17 +185,18 @@ class Sessions:
             statement, bounds.deadline_ms, self._max_statement_ms, mariadb=mariadb
         )
 
-    def _outlast_server_bound(self, bounds: Bounds) -> None:
-        """After losing a connection mid-statement, wait until the server has
-        certainly stopped the statement (its own timeout), so that the permit
-        is never released while the database still works for the request.
+    def _abandon(self, identity: _Identity, bounds: Bounds) -> None:
+        """The connection was lost before the server answered: its permit
+        stays taken until the server confirms the statement is gone."""
+        if self._custody is None:
+            return
+        release = bounds.permit.hand_over() if bounds.permit is not None else None
+        self._custody.abandon(*identity, release)
 
-        A statement started at t with timeout min(deadline - t, cap) is over by
-        min(deadline, now + cap): wait until then.
-        """
-        bound_ms = now_ms() + self._max_statement_ms
-        if bounds.deadline_ms is not None:
-            bound_ms = min(bound_ms, bounds.deadline_ms)
-        wait_s = (bound_ms - now_ms()) / 1000 + _SERVER_BOUND_SLACK_S
-        if wait_s > 0:
-            time.sleep(wait_s)
+
+_Identity = tuple[int | None, float | None]
+
+
+def _identity(info: dict[Any, Any]) -> _Identity:
+    """A pooled connection's server-side id and its server's boot time."""
+    return info.get(CONNECTION_ID), info.get(SERVER_BOOT)

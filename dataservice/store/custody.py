@@ -1,0 +1,407 @@
+"""Custody: a connection the process let go of counts until the server has too.
+
+A driver read timeout, a lost connection or a discarded connection ends the
+process's side of a connection at once, but not the server's: a stalled
+server resumes with the statement still running, and a connection closed by
+the client stays in the server's process list until the server reads the
+close. Freeing the statement's permit, or opening a new connection in the
+slot, on the client's word alone lets the service hold more than its share
+for as long as the server takes to notice (a stall longer than the read
+timeout ended with every replica's statements still running beside their
+replacements). So the server's word decides:
+
+- **Custody.** Every connection the pool closes, for whatever reason
+  (invalidated after an error, recycled, discarded at checkout), is taken
+  into custody by its server-side id (:meth:`Custody.discarded`). When a
+  statement may still be running on it (the connection was lost before the
+  server answered), the statement's permit goes into custody with it
+  (:meth:`Custody.abandon`): it stays taken.
+- **Confirmation.** A thread of the process's own confirms each one on the
+  process's **administrative connection** (one per process, counted in the
+  budget: :data:`dataservice.config.budget.ADMIN_CONNECTIONS`): ``KILL
+  CONNECTION`` for an abandoned statement, then the process list until the
+  id is gone. Only then is the permit given back.
+- **The gate.** While anything is in custody, the process opens no new
+  connection (:meth:`Custody.wait_clear`, before the reconnect ramp): the
+  server never holds a replacement beside what it replaces. A request waits
+  for the gate no longer than it could still use a connection
+  (``connections.CONNECT_BY``), then is refused
+  (:class:`~dataservice.store.connections.ConnectionsInDoubt`, answered as
+  the reconnect ramp's refusal is).
+
+The administrative connection has no read timeout: a KILL sent to a stopped
+server waits until the server runs again, then takes effect first. It is
+bounded instead by TCP itself (keepalive probes and ``TCP_USER_TIMEOUT``): a
+server host that is gone, or cut off, ends it with an error, and a new one
+is opened through the process's reconnect ramp. A server that restarted
+since a connection was made has ended that connection's statements itself;
+its thread ids are new and may repeat old ones, so each connection records
+the server's boot time (:func:`server_boot_s`), and a connection from an
+earlier boot is confirmed gone without a KILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from weakref import WeakKeyDictionary
+
+log = logging.getLogger(__name__)
+
+# A connection's server-side boot time, next to its id (connections.CONNECTION_ID).
+SERVER_BOOT = "dataservice.server_boot_s"
+# Uptime is reported in whole seconds: boot times within this are one boot.
+BOOT_TOLERANCE_S = 2.0
+# KILL takes effect at the killed thread's next check: ask again this long
+# after, and look at the process list in growing steps meanwhile.
+KILL_AGAIN_S = 1.0
+_FIRST_LOOK_S = 0.001
+_LONGEST_LOOK_S = 0.02
+# After a failed administrative connect: the first wait, doubling to the last.
+_RETRY_FIRST_S = 0.05
+_RETRY_LAST_S = 0.25
+# TCP's own bound on the administrative connection (no read timeout): an
+# idle connection is probed after KEEPIDLE s, every KEEPINTVL s, KEEPCNT
+# times; data unacknowledged for USER_TIMEOUT ms ends it.
+_KEEPIDLE_S = 5
+_KEEPINTVL_S = 1
+_KEEPCNT = 3
+_USER_TIMEOUT_MS = 10_000
+_UNKNOWN_THREAD = 1094
+_NOT_OWNER = 1095
+
+_UPTIME = "SHOW GLOBAL STATUS LIKE 'Uptime'"
+
+
+# Each store engine's custody (connections.install attaches it).
+_CUSTODY: WeakKeyDictionary[Any, Custody] = WeakKeyDictionary()
+
+
+def attach(engine: Any, custody: Custody) -> None:
+    _CUSTODY[engine] = custody
+
+
+def custody_of(engine: Any) -> Custody | None:
+    """The custody of a store engine (None for an engine made otherwise)."""
+    return _CUSTODY.get(engine)
+
+
+def server_boot_s(dbapi_connection: Any) -> float:
+    """When the server behind ``dbapi_connection`` started (Unix seconds)."""
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(_UPTIME)
+        row = cursor.fetchone()
+    finally:
+        cursor.close()
+    return time.time() - float(row[1])
+
+
+def bound_by_tcp(dbapi_connection: Any) -> None:
+    """Keepalive and a user timeout on the connection's socket (Linux)."""
+    sock = socket.socket(fileno=socket.dup(dbapi_connection.fileno()))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (
+            ("TCP_KEEPIDLE", _KEEPIDLE_S),
+            ("TCP_KEEPINTVL", _KEEPINTVL_S),
+            ("TCP_KEEPCNT", _KEEPCNT),
+            ("TCP_USER_TIMEOUT", _USER_TIMEOUT_MS),
+        ):
+            option = getattr(socket, name, None)
+            if option is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+    finally:
+        sock.close()
+
+
+@dataclass(slots=True)
+class _Held:
+    """One connection in custody, and the permits waiting on it."""
+
+    connection_id: int
+    boot_s: float | None
+    since: float = field(default_factory=time.monotonic)
+    releases: list[Callable[[], None]] = field(default_factory=list)
+    # True once a statement may be running on it: KILL it, do not wait for it.
+    abandoned: bool = False
+    killed_at: float | None = None
+    # The server refused the KILL (not the connection's owner): wait for it instead.
+    kill_refused: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CustodySnapshot:
+    held: int
+    permits_held: int
+    abandoned_total: int
+    discarded_total: int
+    confirmed_total: int
+    killed_total: int
+    admin_connects_total: int
+    # The administrative connection's server-side id (None: not connected).
+    admin_connection_id: int | None
+
+
+class Custody:
+    """One process's connections in custody, and the thread that confirms them.
+
+    ``connect`` opens the administrative connection (a DB-API connection
+    without a read timeout); ``before_connect`` is called before each attempt
+    (the process's reconnect ramp, which may wait)."""
+
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        before_connect: Callable[[], None],
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._connect = connect
+        self._before_connect = before_connect
+        self._sleep = sleep
+        self._cond = threading.Condition()
+        self._held: dict[int, _Held] = {}
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._admin: Any = None
+        self._want_admin = False
+        self._admin_boot_s: float | None = None
+        self._admin_id: int | None = None
+        self._abandoned = 0
+        self._discarded = 0
+        self._confirmed = 0
+        self._killed = 0
+        self._admin_connects = 0
+
+    # -- what the pool and the sessions tell it --------------------------------
+
+    def abandon(
+        self, connection_id: int | None, boot_s: float | None, release: Callable[[], None] | None
+    ) -> None:
+        """A statement may still run on this connection: KILL it, and give the
+        permit back (``release``) once the server confirms it is gone."""
+        with self._cond:
+            if connection_id is None or self._closed:
+                # Never identified (no request's statement was sent on it), or
+                # the engine is disposed: nothing to wait for.
+                taken = False
+            else:
+                taken = True
+                self._abandoned += 1
+                held = self._take(connection_id, boot_s)
+                held.abandoned = True
+                if release is not None:
+                    held.releases.append(release)
+        if not taken and release is not None:
+            release()
+
+    def discarded(self, connection_id: int | None, boot_s: float | None) -> None:
+        """The pool closed this connection: it counts until the server agrees."""
+        with self._cond:
+            if connection_id is None or self._closed:
+                return
+            self._discarded += 1
+            self._take(connection_id, boot_s)
+
+    def _take(self, connection_id: int, boot_s: float | None) -> _Held:
+        held = self._held.get(connection_id)
+        if held is None:
+            held = self._held[connection_id] = _Held(connection_id, boot_s)
+            self._cond.notify_all()
+            self._ensure_thread()
+        return held
+
+    # -- the gate ----------------------------------------------------------------
+
+    def wait_clear(self, timeout_s: float) -> bool:
+        """Wait until nothing is in custody, at most ``timeout_s``; True if so."""
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        with self._cond:
+            while self._held:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+    def snapshot(self) -> CustodySnapshot:
+        with self._cond:
+            return CustodySnapshot(
+                held=len(self._held),
+                permits_held=sum(len(h.releases) for h in self._held.values()),
+                abandoned_total=self._abandoned,
+                discarded_total=self._discarded,
+                confirmed_total=self._confirmed,
+                killed_total=self._killed,
+                admin_connects_total=self._admin_connects,
+                admin_connection_id=self._admin_id,
+            )
+
+    def open_admin(self) -> None:
+        """Open the administrative connection now, in the background, so that
+        it is there before it is needed (when the server may not answer)."""
+        with self._cond:
+            if self._admin is None and not self._want_admin and not self._closed:
+                self._want_admin = True
+                self._ensure_thread()
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        """End custody (the engine is disposed): what it holds is given back,
+        and its thread closes the administrative connection and ends."""
+        with self._cond:
+            self._closed = True
+            held, self._held = list(self._held.values()), {}
+            self._cond.notify_all()
+        for item in held:
+            for release in item.releases:
+                release()
+
+    # -- the confirming thread -----------------------------------------------------
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None and not self._closed:
+            self._thread = threading.Thread(
+                target=self._run, name="dataservice-custody", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self) -> None:
+        retry_s = _RETRY_FIRST_S
+        while True:
+            with self._cond:
+                while not (
+                    self._closed or self._held or (self._want_admin and self._admin is None)
+                ):
+                    self._cond.wait()
+                if self._closed:
+                    break
+            try:
+                admin = self._admin_connection()
+                retry_s = _RETRY_FIRST_S
+                self._confirm(admin)
+            except Exception as exc:  # any failure: a new administrative connection
+                log.warning("custody: administrative connection failed (%s)", type(exc).__name__)
+                self._drop_admin()
+                with self._cond:
+                    # Nothing waits on it: open it again when next asked.
+                    if not self._held:
+                        self._want_admin = False
+                self._sleep(retry_s)
+                retry_s = min(retry_s * 2, _RETRY_LAST_S)
+        self._drop_admin()
+
+    def _admin_wanted(self) -> bool:
+        return self._want_admin and self._admin is None
+
+    def _admin_connection(self) -> Any:
+        if self._admin is None:
+            self._before_connect()
+            admin = self._connect()
+            try:
+                self._admin_boot_s = server_boot_s(admin)
+            except BaseException:
+                admin.close()
+                raise
+            self._admin = admin
+            self._admin_id = int(admin.thread_id())
+            self._admin_connects += 1
+        return self._admin
+
+    def _drop_admin(self) -> None:
+        admin, self._admin = self._admin, None
+        self._admin_id = None
+        if admin is not None:
+            # It is gone either way.
+            with contextlib.suppress(Exception):
+                admin.close()
+
+    def _confirm(self, admin: Any) -> None:
+        """Confirm what is in custody now, until none of it is left."""
+        look_s = _FIRST_LOOK_S
+        while True:
+            with self._cond:
+                pending = list(self._held.values())
+            if not pending:
+                return
+            now = time.monotonic()
+            gone = [h for h in pending if self._from_earlier_boot(h)]
+            live = [h for h in pending if h not in gone]
+            for held in live:
+                due = held.killed_at is None or now - held.killed_at > KILL_AGAIN_S
+                if held.abandoned and not held.kill_refused and due and not self._kill(admin, held):
+                    gone.append(held)
+            still = self._still_listed(admin, [h for h in live if h not in gone])
+            gone.extend(h for h in live if h not in gone and h.connection_id not in still)
+            self._release(gone)
+            if len(gone) == len(pending):
+                look_s = _FIRST_LOOK_S
+                continue
+            # A closed connection leaves the list as soon as the server reads the
+            # close; one that has not by now may be stuck: KILL it too.
+            for held in live:
+                if held.connection_id in still and time.monotonic() - held.since > KILL_AGAIN_S:
+                    held.abandoned = True
+            self._sleep(look_s)
+            look_s = min(look_s * 2, _LONGEST_LOOK_S)
+
+    def _from_earlier_boot(self, held: _Held) -> bool:
+        if held.boot_s is None or self._admin_boot_s is None:
+            return False
+        return abs(held.boot_s - self._admin_boot_s) > BOOT_TOLERANCE_S
+
+    def _kill(self, admin: Any, held: _Held) -> bool:
+        """KILL the connection; False if the server no longer knows it."""
+        cursor = admin.cursor()
+        try:
+            cursor.execute(f"KILL CONNECTION {int(held.connection_id)}")
+        except Exception as exc:
+            code = exc.args[0] if exc.args else None
+            if code == _UNKNOWN_THREAD:
+                return False
+            if code != _NOT_OWNER:
+                raise
+            log.error(
+                "custody: the server refused to KILL connection %d; waiting for it to end",
+                held.connection_id,
+            )
+            held.kill_refused = True
+            return True
+        finally:
+            cursor.close()
+        held.killed_at = time.monotonic()
+        with self._cond:
+            self._killed += 1
+        return True
+
+    @staticmethod
+    def _still_listed(admin: Any, held: list[_Held]) -> set[int]:
+        if not held:
+            return set()
+        ids = ",".join(str(int(h.connection_id)) for h in held)
+        cursor = admin.cursor()
+        try:
+            cursor.execute(f"SELECT ID FROM information_schema.PROCESSLIST WHERE ID IN ({ids})")
+            return {int(row[0]) for row in cursor.fetchall()}
+        finally:
+            cursor.close()
+
+    def _release(self, gone: list[_Held]) -> None:
+        if not gone:
+            return
+        releases: list[Callable[[], None]] = []
+        with self._cond:
+            for held in gone:
+                if self._held.pop(held.connection_id, None) is not None:
+                    self._confirmed += 1
+                    releases.extend(held.releases)
+            self._cond.notify_all()
+        for release in releases:
+            release()
