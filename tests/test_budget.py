@@ -105,3 +105,11 @@ def test_within_budget_start_up_check_accepts_any_thread_count(shipped: dict[str
     require_within_budget(config, LaneName.BATCH, 12)
     with pytest.raises(ConfigError, match="at least one thread"):
         require_within_budget(config, LaneName.BATCH, 0)
+
+
+def test_the_operations_guide_shows_what_check_config_prints_for_the_shipped_file() -> None:
+    guide = (SHIPPED_CONFIG.parent / "docs" / "operations.md").read_text()
+    block = guide.split("$ dataservice check-config\n", 1)[1].split("```", 1)[0]
+    printed = _cli("check-config", config=SHIPPED_CONFIG).stdout
+    # The guide names the file as an operator would; the test passes its path.
+    assert block.splitlines()[1:] == printed.splitlines()[1:]

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dataservice.config.budget import check_budget, pool_size
+from dataservice.config.budget import check_budget, pool_size, process_share
 from dataservice.config.model import Config
 from dataservice.enums import LaneName
 from tests.compose_file import (
@@ -88,9 +88,10 @@ def test_each_lanes_replicas_with_a_rolling_overlap_stay_within_budget_max_repli
 def test_the_permits_all_replicas_hold_during_a_rolling_deploy_fit_the_service_share() -> None:
     config = _config()
     budget = config.budget
+    # A process's permits and its administrative statement.
     held = sum(
-        replicas(service) * ROLLING_OVERLAP * config.lanes[lane].permits
-        for _, service, lane, _ in _workers()
+        replicas(service) * ROLLING_OVERLAP * process_share(config.lanes[lane], threads).active
+        for _, service, lane, threads in _workers()
     )
     share = budget.database_active - budget.reserved
     assert held <= share, f"{held} permits > {budget.database_active} - {budget.reserved}"
@@ -105,15 +106,17 @@ def test_every_pool_connects_within_its_lanes_permits() -> None:
 
 
 def _connections(lane: LaneName, threads: int) -> int:
-    """A replica's database connections: one per thread, up to its lane's permits."""
-    return pool_size(threads, _config().lanes[lane].permits)
+    """A replica's database connections: one per thread, up to its lane's
+    permits, and its administrative connection."""
+    return process_share(_config().lanes[lane], threads).connections
 
 
 def test_connections_with_a_rolling_overlap_plus_the_reserve_fit_mariadb_max_connections() -> None:
     used = 0
     breakdown = []
     for name, service, lane, threads in _workers():
-        # The pool never overflows: one connection per thread, up to the permits.
+        # The pool never overflows (one connection per thread, up to the
+        # permits), and the administrative connection.
         conns = _connections(lane, threads)
         used += replicas(service) * ROLLING_OVERLAP * conns
         breakdown.append(f"{name}: {replicas(service)} x {ROLLING_OVERLAP} x {conns}")

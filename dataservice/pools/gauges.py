@@ -15,6 +15,7 @@ from dataservice.cache.controls import RolloutControls
 from dataservice.config.model import Config
 from dataservice.enums import LaneName
 from dataservice.limits.permits import LanePermits
+from dataservice.store.custody import custody_of
 from dataservice.observe.metrics import (
     CACHE_BYPASS,
     CACHE_GENERATION,
@@ -23,6 +24,7 @@ from dataservice.observe.metrics import (
     DB_CONNECTIONS,
     PERMITS_CAPACITY,
     PERMITS_HELD,
+    PERMITS_IN_CUSTODY,
     PERMITS_IN_USE,
     QUEUES,
     QueueWatch,
@@ -48,12 +50,16 @@ class LaneGauges:
         ``depths`` counts the queues when they are not its lists."""
         name = lane.value
         PERMITS_IN_USE.labels(name).set_function(lambda: permits.snapshot().in_use)
+        PERMITS_IN_CUSTODY.labels(name).set_function(lambda: permits.snapshot().in_custody)
         permits.on_released = PERMITS_HELD.labels(name).inc
         PERMITS_CAPACITY.labels(name).set(permits.capacity)
         pool = engine.pool
         if isinstance(pool, QueuePool):
             DB_CONNECTIONS.labels(name, "held").set_function(pool.checkedout)
             DB_CONNECTIONS.labels(name, "idle").set_function(pool.checkedin)
+        custody = custody_of(engine)
+        if custody is not None:
+            DB_CONNECTIONS.labels(name, "custody").set_function(lambda: custody.snapshot().held)
         opened = CONNECTIONS_OPENED.labels(name)
 
         def _opened(dbapi_connection: Any, record: Any) -> None:

@@ -36,6 +36,13 @@ PERMITS_IN_USE = Gauge(
     ["lane"],
     registry=REGISTRY,
 )
+PERMITS_IN_CUSTODY = Gauge(
+    "dataservice_permits_in_custody",
+    "Of the permits in use, those held for a statement the database has not yet "
+    "confirmed gone (its connection was lost before the server answered).",
+    ["lane"],
+    registry=REGISTRY,
+)
 PERMITS_HELD = Counter(
     "dataservice_permits_held_seconds",
     "Seconds database permits were held in this process, summed over permits "
@@ -51,7 +58,8 @@ PERMITS_CAPACITY = Gauge(
 )
 DB_CONNECTIONS = Gauge(
     "dataservice_db_connections",
-    "Database connections of this process's pool: held by an operation, or idle in the pool.",
+    "Database connections of this process's pool: held by an operation, idle in the pool, "
+    "or let go of and in custody until the server confirms them gone.",
     ["lane", "state"],
     registry=REGISTRY,
 )
