@@ -130,14 +130,12 @@ class LanePermits:
         given back at its end, unless the permit was handed over."""
         permit = Permit(op_class)
         started = time.monotonic()
-        given = threading.Lock()
 
         def give_back() -> None:
             # Once, whoever calls: the block's end or the custody.
-            if not given.acquire(blocking=False):
-                return
             with self._lock:
-                del self._holders[id(permit)]
+                if self._holders.pop(id(permit), None) is None:
+                    return
                 self._released += 1
             self._lane.release()
             class_slot.release()
