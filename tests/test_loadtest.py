@@ -23,9 +23,11 @@ from dataservice_tools.loadtest.report import write_json
 from dataservice_tools.loadtest.sampler import Sample
 from dataservice_tools.localservices import mysql_reachable, redis_reachable
 
+from dataservice.config.budget import process_share
+from dataservice.config.model import load_config
 from dataservice.enums import LaneName
 from dataservice.errors import BinlogSetupError
-from tests.conftest import require
+from tests.conftest import SHIPPED_CONFIG, require
 from tests.loadtest_support import run_scenario
 
 TEST_TARGET = env.Target(
@@ -35,6 +37,11 @@ NAIVE_TEST_TARGET = env.Target("naive", "ds_naive_t", "ds-naive-t-pw", "dataserv
 DELAY_MS = 200
 # Three replicas x 7 interactive permits, each statement at least DELAY_MS long.
 RATE = 3 * 7 * 1000 / DELAY_MS
+LANES = load_config(SHIPPED_CONFIG).lanes
+# What one replica (a worker process per lane) may hold by the budget: its
+# permits and pools, and each process's administrative statement and connection.
+PERMITS = sum(LANES[lane].permits for lane in LaneName)
+SHARE = sum(process_share(LANES[lane]).active for lane in LaneName)
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.load]
 
@@ -72,8 +79,8 @@ def test_overload_three_replicas_stay_within_their_share(tmp_path: Path) -> None
     report, samples = run("overload", tmp_path)
     assert_within_share(report, samples)
     # Saturated: the database did see (nearly) every permit in use, so the bound was tested.
-    assert max(s.active for s in samples) >= 0.8 * 3 * (7 + 3)
-    assert max(s.share_active for s in samples) == 3 * (7 + 3)
+    assert max(s.active for s in samples) >= 0.8 * 3 * PERMITS
+    assert max(s.share_active for s in samples) == 3 * SHARE
     assert report["lanes"][LaneName.INTERACTIVE.value]["attempts"] > 0
 
 
@@ -84,7 +91,7 @@ def test_rolling_deploy_overlap_stays_within_the_share_of_live_replicas(tmp_path
     # at a full 2x it took longer than the run; with two at the drain, 16 s on
     # a slow day. The old generation gets SIGTERM at two thirds of the run or
     # once the new one is ready; a warm shutdown takes 3.5-4 s here.
-    replicas, share = 1, 7 + 3
+    replicas, share = 1, SHARE
     report, samples = run(
         "overlap", tmp_path, replicas=replicas, rate=0.5 * replicas * 7 * 1000 / DELAY_MS,
         duration_s=21.0,
@@ -94,7 +101,7 @@ def test_rolling_deploy_overlap_stays_within_the_share_of_live_replicas(tmp_path
     assert max(s.share_active for s in samples) == 2 * replicas * share
     assert samples[-1].share_active == replicas * share, report["events"]
     overlap = [s for s in samples if s.share_active == 2 * replicas * share]
-    assert max(s.active for s in overlap) > replicas * share * 0.5
+    assert max(s.active for s in overlap) > replicas * PERMITS * 0.5
 
 
 def test_reconnect_burst_follows_the_connection_ramp_and_recovers(tmp_path: Path) -> None:
@@ -139,7 +146,7 @@ def test_report_and_chart_are_written(tmp_path: Path) -> None:
 
 
 def test_naive_baseline_runs_from_the_package(tmp_path: Path) -> None:
-    report, _ = run(
+    report, samples = run(
         "steady", tmp_path, replicas=1, duration_s=3.0, rate=20.0, db_delay_ms=0,
         system="naive", target=NAIVE_TEST_TARGET,
     )  # fmt: skip
@@ -148,6 +155,22 @@ def test_naive_baseline_runs_from_the_package(tmp_path: Path) -> None:
         stats = report["lanes"][lane]
         assert stats["ok"] > 0, stats
         assert stats["error"] == 0, stats
+    assert report["verdicts"]["baseline_within_share"], report["database"]
+    assert_within_share(report, samples)
+
+
+def test_naive_baseline_under_overload_stays_within_the_share(tmp_path: Path) -> None:
+    # Three times what one replica per lane serves: every thread of the
+    # baseline busy, so its threads, not its load, bound its statements.
+    report, samples = run(
+        "overload", tmp_path, replicas=1, duration_s=6.0, rate=7 * 1000 / DELAY_MS,
+        system="naive", target=NAIVE_TEST_TARGET,
+    )  # fmt: skip
+    assert report["verdicts"]["baseline_within_share"], report["database"]
+    assert_within_share(report, samples)
+    assert max(s.share_active for s in samples) == SHARE
+    # Saturated: the bound was tested where it binds.
+    assert max(s.active for s in samples) >= 0.8 * PERMITS, report["database"]
 
 
 def test_the_cached_scenario_refuses_a_server_without_a_binlog_and_says_what_to_do(

@@ -140,6 +140,11 @@ def run_loadtest(
         console.print(f"{name} liveness and recovery: {_incident_line(report)}")
         if "changes" in report:
             console.print(f"{name} cache and change stream: {_changes_line(report)}")
+        if report["verdicts"].get("baseline_within_share") is False:
+            console.print(
+                f"{name}: the baseline went over the database share: "
+                "its figures are not comparable with the service's"
+            )
     return 0
 
 

@@ -13,7 +13,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from celery import Celery
 from sqlalchemy import create_engine, func, insert, text
 from sqlalchemy.engine import URL, make_url
 
+from dataservice.config.budget import process_share
 from dataservice.config.model import Config, load_config
 from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
@@ -231,6 +232,8 @@ class Fleet:
     spawn: Spawn
     log_dir: Path
     config: Config
+    # Each lane's worker threads per process, which size its pool.
+    threads: Mapping[LaneName, int]
     # Where the replicas' alive files are (None: they have none).
     alive_dir: Path | None = None
     replicas: list[Replica] = field(default_factory=list)
@@ -286,9 +289,14 @@ class Fleet:
             ]
 
     def share(self, now: float) -> tuple[int, int]:
-        """(active statements, connections) the live replicas may hold by the budget."""
-        lanes = [self.config.lanes[r.lane] for r in self.holding(now)]
-        return sum(lane.permits for lane in lanes), sum(lane.concurrency for lane in lanes)
+        """(active statements, connections) the live replicas may hold by the
+        budget: each process's permits and pool, and its administrative
+        statement and connection, as ``check-config`` counts them."""
+        shares = [
+            process_share(self.config.lanes[r.lane], self.threads[r.lane])
+            for r in self.holding(now)
+        ]
+        return sum(s.active for s in shares), sum(s.connections for s in shares)
 
     def alive_files(self, now: float) -> list[Path]:
         """The alive files that ought to be fresh at ``now``: every replica not

@@ -220,6 +220,12 @@ def _verdicts(
         "within_service_share": db.get("peak_active", 0) <= whole
         and db.get("peak_connections", 0) <= config.budget.max_connections,
     }
+    if o.system == "naive":
+        # A baseline over the share is not compared on the same budget
+        # (dataservice_tools.loadtest.naive): the comparison would say nothing.
+        verdicts["baseline_within_share"] = (
+            db.get("samples", 0) > 0 and verdicts["within_run_share"]
+        )
     interactive = LaneName.INTERACTIVE.value
     deadline_ms = run.timeouts[LaneName.INTERACTIVE] * 1000
     p99 = lanes[interactive]["p99_ms"]

@@ -8,10 +8,21 @@ What a team would write first, with library defaults:
 - one SQLAlchemy engine per worker process with ``create_engine`` defaults
   (``QueuePool``: 5 connections plus 10 overflow, a transaction per call);
 - Celery's default worker options (prefetch multiplier 4, early
-  acknowledgement), the threads pool with the same thread count as the
-  service's lane so both have the same raw parallelism;
+  acknowledgement), the threads pool with as many threads as the lane has
+  permits (:func:`threads`);
 - no deadline on the message, no admission, no permits, no connection-rate
   limit.
+
+Its threads are the lane's permits, not the lane's thread count: a thread
+here holds a connection and runs its statements for its whole task, so its
+threads are its statements at once, while the service's threads beyond its
+permits only get the next message ready. With the lane's threads (8 on the
+batch lane for 3 permits) the baseline ran 45 statements at once in overload
+where three replicas' permits are 30, and its goodput counted database work
+no budget allows: a comparison with a system that keeps to the budget then
+says nothing. With its permits it stays within the share the harness holds
+the service's replicas to (its ``baseline_within_share`` verdict), and the
+two are compared on the same database budget.
 
 ``--delay-ms`` runs ``SELECT SLEEP`` on the same connection before each
 operation, as the service's slow-db hook does, so both systems face the same
@@ -42,7 +53,7 @@ from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.dialects.mysql import insert
 
 from dataservice.compat.celery import PER_TASK_LOGGERS
-from dataservice.config.model import Config
+from dataservice.config.model import Config, LaneConfig
 from dataservice.enums import LaneName
 from dataservice.errors import DeadlineExceeded
 from dataservice.identifiers import TABLE
@@ -131,6 +142,11 @@ def make_app(url: str) -> Celery:
     return app
 
 
+def threads(lane: LaneConfig) -> int:
+    """A baseline worker's threads on ``lane``: its permits."""
+    return lane.permits
+
+
 def worker(
     config: Config,
     redis_url: str,
@@ -139,14 +155,14 @@ def worker(
     lane: LaneName,
     log_path: Path,
 ) -> WorkerProcess:
-    """A baseline worker for ``lane``'s queue, with the lane's thread count and
+    """A baseline worker for ``lane``'s queue, with :func:`threads` threads and
     ``config``'s injected delay, fixed or from its table (not started)."""
     lane_config = config.lanes[lane]
     table = config.database.injected_delay_table
     argv = [
         sys.executable, "-m", "dataservice_tools.loadtest.naive",
         "--url", redis_url, "--database-url", database_url, "--queue", lane_config.queue,
-        "--concurrency", str(lane_config.concurrency), "--delay-ms", str(delay_ms),
+        "--concurrency", str(threads(lane_config)), "--delay-ms", str(delay_ms),
         *(("--delay-table", table) if table else ()),
     ]  # fmt: skip
     return WorkerProcess(argv, worker_environ(), log_path, f"naive-{lane.value}")

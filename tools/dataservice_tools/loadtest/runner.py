@@ -166,13 +166,15 @@ class Run:
         self.alive_dir: Path | None = None
         if options.system == "service":
             spawn = self._service_replica
+            threads = {lane: self.config.lanes[lane].concurrency for lane in LaneName}
             self.alive_dir = options.out / "alive"
             self.control = celery_app("loadtest-control", self.settings, self.config)
         else:
             url = self.target.database_url(options.root_url)
             spawn = partial(naive.worker, self.config, self.target.redis_url, url, delay)
+            threads = {lane: naive.threads(self.config.lanes[lane]) for lane in LaneName}
             self.control = naive.make_app(self.target.redis_url)
-        self.fleet = env.Fleet(spawn, options.out / "logs", self.config, self.alive_dir)
+        self.fleet = env.Fleet(spawn, options.out / "logs", self.config, threads, self.alive_dir)
 
     def expected_callers(self, capacity: dict[LaneName, float] | None = None) -> int:
         """Callers the schedule keeps busy if every request waits up to a second."""
