@@ -9,7 +9,8 @@ Modules: :mod:`.scenarios` (what each scenario offers and does), :mod:`.changes`
 :mod:`.streamwatch` (the change consumer, direct writes, lag and cache hits of a
 scenario that reads through the cache),
 :mod:`.environment` (database, Redis, replica processes), :mod:`.sampler`
-(the database's view), :mod:`.liveness` (the replicas' health check over the
+and :mod:`.probe` (the database's view, sampled by a process of its own),
+:mod:`.liveness` (the replicas' health check over the
 run), :mod:`.openloop` (the open-loop generator and the outcome of each
 request), :mod:`.service` and :mod:`.naive` (the two systems under test: how
 to call them; the baseline's workers too), :mod:`.incidents` and :mod:`.delay`

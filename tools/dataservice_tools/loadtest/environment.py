@@ -281,11 +281,14 @@ class Fleet:
                     replica.ended_at = now
 
     def holding(self, now: float) -> list[Replica]:
-        """Replicas that may hold database connections at ``now``."""
+        """Replicas that may hold database connections at ``now`` (a moment
+        ago, too: the sampler's samples are read after they are taken)."""
         self.refresh()
         with self._lock:
             return [
-                r for r in self.replicas if r.ended_at is None or now - r.ended_at < EXIT_GRACE_S
+                r
+                for r in self.replicas
+                if r.started_at <= now and (r.ended_at is None or now - r.ended_at < EXIT_GRACE_S)
             ]
 
     def share(self, now: float) -> tuple[int, int]:

@@ -20,9 +20,9 @@ from dataservice_tools.loadtest.recovery import recovery_report
 from dataservice_tools.loadtest.sampler import Sampler
 from dataservice_tools.loadtest.scenarios import KILL, Scenario
 
-# Slack on the connection-ramp bound: a sample's time is taken before its two
-# queries run (a few ms), so its count can include connections from a moment
-# the bound has not yet credited: 6 processes x 20/s x 5 ms is under one.
+# Slack on the connection-ramp bound: a sample's time is when its answer
+# arrived, but the server counted a moment before (a few ms on a busy
+# machine), and the bound credits each process 20/s: 6 x 20/s x 5 ms is under one.
 RAMP_TOLERANCE = 2
 # Overload that fails fast: at most this share of interactive attempts time out,
 # and refused callers hear so within this long (p99).
