@@ -167,7 +167,7 @@ class JsonLane:
             create_store_engine(settings.database_url, threads, config.database),
             max_statement_ms=config.database.max_statement_ms,
         )
-        database = Database(LanePermits(lane), config.database.pool_timeout_ms)
+        database = Database(LanePermits(lane), lane.permit_wait_ms)
         self.cache = CacheRuntime(
             settings, config, LaneName.INTERACTIVE.value, database, store, threads
         )

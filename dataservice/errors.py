@@ -112,7 +112,8 @@ class RequestError(DataServiceError):
         super().__init__(message)
         self.message = message
         self.request_id = request_id
-        # Why the service refused it before any work ("rate_limited", ...); "" otherwise.
+        # Why the service refused it ("rate_limited", "no_permit", ...): every
+        # retryable answer the service gives names one; "" otherwise.
         self.reason = reason
 
     def __str__(self) -> str:

@@ -1,8 +1,11 @@
 """Why a request was not served: the reasons, and the root of internal refusals.
 
-:class:`Reason` names the check that refused a request before any work; it
-is the ``reason`` of an answer's ``Status``, of :class:`RequestError`, and the
-label of the rejection counter. The Lua scripts return these same strings.
+:class:`Reason` names what refused a request: a check before any work, or a
+bound on its way to the database that a retry may find free (every refusal
+answered ``RESOURCE_EXHAUSTED`` or ``UNAVAILABLE`` has one, so a caller and
+the rejection counter always learn why). It is the ``reason`` of an answer's
+``Status``, of :class:`RequestError`, and the label of the rejection counter.
+The Lua scripts return these same strings.
 
 :class:`Refusal` is the root of every internal refusal or failure on the
 request path (kombu's ``OperationalError`` is the model): a permit or pool
@@ -50,6 +53,13 @@ class Reason(StrEnum):
     # One read of a read_many whose record did not fit in the answer
     # (limits.max_response_bytes): asked again, it comes in the next one.
     RESPONSE_FULL = "response_full"
+    # On the way to the database, after every check (dataservice.worker.failures).
+    NO_PERMIT = "no_permit"
+    RECONNECTING = "reconnecting"
+    DATABASE_BUSY = "database_busy"
+    DATABASE_UNAVAILABLE = "database_unavailable"
+    COALESCING = "coalescing"
+    RECORDS_CHANGING = "records_changing"
 
 
 # What admission at publish may answer (``dataservice/limits/admit.lua``).

@@ -10,7 +10,7 @@ import yaml
 from pydantic import ValidationError
 
 from dataservice import ConfigError, LaneName, Settings, load_config
-from dataservice.config.model import parse_config
+from dataservice.config.model import UNTIL_DEADLINE, parse_config
 from tests.conftest import SHIPPED_CONFIG
 from tests.support import changed
 
@@ -45,6 +45,10 @@ def test_configuration_is_frozen(shipped: dict[str, Any]) -> None:
         (("limits", "max_payload_bytes"), 1 << 30, "limits.max_payload_bytes"),
         (("lanes", "interactive", "queue"), "Bad Queue!", "lanes.interactive.queue"),
         (("results", "grace_ms"), -1, "results.grace_ms"),
+        (("lanes", "batch", "permit_wait_ms"), "forever", "lanes.batch.permit_wait_ms"),
+        (("lanes", "batch", "permit_wait_ms"), "500", "lanes.batch.permit_wait_ms"),
+        (("lanes", "interactive", "permit_wait_ms"), 0, "lanes.interactive.permit_wait_ms"),
+        (("lanes", "interactive", "permit_wait_ms"), None, "lanes.interactive.permit_wait_ms"),
     ],
 )
 def test_bad_key_or_value_is_an_error_naming_it(
@@ -62,6 +66,7 @@ def test_bad_key_or_value_is_an_error_naming_it(
         (("lanes", "batch", "queue"), "interactive", "different queues"),
         (("limits", "max_request_bytes"), 65_536, "max_request_bytes"),
         (("lanes", "batch", "admission", "max_bytes"), 1_000, "admission.max_bytes"),
+        (("lanes", "interactive", "permit_wait_ms"), 2_000, "permit_wait_ms"),
     ],
 )
 def test_inconsistent_numbers_are_rejected(
@@ -69,6 +74,15 @@ def test_inconsistent_numbers_are_rejected(
 ) -> None:
     with pytest.raises(ConfigError, match=named):
         parse_config(changed(shipped, path, value))
+
+
+def test_each_lane_says_how_long_its_requests_wait_for_a_permit(shipped: dict[str, Any]) -> None:
+    config = parse_config(shipped)
+    assert config.lanes.interactive.permit_wait_ms == 500
+    assert config.lanes.batch.permit_wait_ms == UNTIL_DEADLINE
+    del shipped["lanes"]["batch"]["permit_wait_ms"]
+    with pytest.raises(ConfigError, match=r"lanes\.batch\.permit_wait_ms: Field required"):
+        parse_config(shipped)
 
 
 def test_unreadable_or_malformed_file_is_a_config_error(tmp_path: Path) -> None:

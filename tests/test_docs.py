@@ -226,7 +226,8 @@ def test_status_code_table_marks_exactly_the_retryable_codes() -> None:
 
 def test_status_code_table_states_every_fixed_retry_after() -> None:
     fixed: dict[StatusCode, set[int]] = defaultdict(set)
-    for code, _message, retry_after_ms in failures._TABLE.values():
+    for answer, _message, retry_after_ms in failures._TABLE.values():
+        code = REASON_CODES[answer] if isinstance(answer, Reason) else answer
         if code is not None and retry_after_ms:
             fixed[code].add(retry_after_ms)
     # The caller limits' own figures, answered with their reasons' codes.
@@ -248,13 +249,15 @@ def test_status_code_table_states_every_fixed_retry_after() -> None:
 # 2. Refusal reasons -----------------------------------------------------------
 
 
-def _check_tables() -> tuple[Table, Table]:
-    """protocol.md's refusal tables: admission at publish, then the workers' checks."""
+def _check_tables() -> tuple[Table, Table, Table]:
+    """protocol.md's refusal tables: admission at publish, the workers' checks,
+    and the bounds on the way to the database."""
     checks = [t for t in tables(PROTOCOL) if t.header[0] == "check"]
     assert len(checks) == 2, "docs/protocol.md: admission's and the workers' checks, in two tables"
     admission, workers = checks
     assert "counted as" in workers.header[2], f"{workers.where}: the workers' checks come second"
-    return admission, workers
+    bounds = table(PROTOCOL, "bound", "refusal")
+    return admission, workers, bounds
 
 
 def test_refusal_tables_name_every_reason_with_its_status_code() -> None:
@@ -287,8 +290,13 @@ def test_status_code_table_puts_each_reason_it_names_under_its_code() -> None:
 
 
 def test_metrics_table_labels_are_the_closed_sets_the_workers_count() -> None:
-    _admission, workers = _check_tables()
-    counted = {reason for row in workers.rows for reason in _reasons(row[workers.header[2]])}
+    _admission, *workers = _check_tables()
+    counted = {
+        reason
+        for checks in workers
+        for row in checks.rows
+        for reason in _reasons(row[checks.header[2]])
+    }
     counters = {_unquote(row["counter"]): row for row in table(OPERATIONS, "counter").rows}
     for counter, labels in (
         ("dataservice_rejections_total", counted),

@@ -7,12 +7,14 @@ import importlib
 import inspect
 import pkgutil
 import re
+import typing
 
 import dataservice_tools
 
 import dataservice
+from dataservice.enums import StatusCode
 from dataservice.errors import DataServiceError
-from dataservice.refusals import Refusal
+from dataservice.refusals import Reason, Refusal
 
 
 def _modules() -> list[str]:
@@ -65,3 +67,21 @@ def test_every_refusal_has_a_row_in_the_failures_table() -> None:
     assert not unmapped, f"refusals the failures table does not answer: {unmapped}"
     # And every refusal reason has a code.
     assert set(failures.REASON_CODES) == set(dataservice.refusals.Reason)
+
+
+def test_every_retryable_refusal_is_answered_with_a_reason() -> None:
+    """A caller told to come back is told why, and the rejection counter
+    counts it under a reason: a retryable row names its reason, or takes the
+    refusal's own, which the refusal's type then requires."""
+    from dataservice.worker import failures
+
+    unsaid = []
+    for kind, (answer, _message, _retry_after_ms) in failures._TABLE.items():
+        if isinstance(answer, StatusCode):
+            if answer.retryable:
+                unsaid.append(f"{kind.__name__} is answered {answer.name} without a reason")
+        elif answer is None and typing.get_type_hints(kind).get("reason") is not Reason:
+            unsaid.append(f"{kind.__name__} takes its own reason, which it may not have")
+    assert not unsaid, unsaid
+    for reason in {a for a, _, _ in failures._TABLE.values() if isinstance(a, Reason)}:
+        assert failures.REASON_CODES[reason].retryable, f"{reason} answers a final code"

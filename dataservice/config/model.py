@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
 from dataservice import identifiers
 from dataservice.cache.config import CacheConfig
@@ -57,11 +57,38 @@ class AdmissionConfig(FrozenModel):
     target_wait_ms: Annotated[int, Field(gt=0, le=3_600_000)] | None = None
 
 
+# A lane whose requests wait for a database permit as long as each one's
+# deadline allows (less what its operation needs in the database).
+UNTIL_DEADLINE: Final = "deadline"
+LONGEST_PERMIT_WAIT_MS = 60_000
+
+
+def _permit_wait(value: object) -> object:
+    # One message for either form, rather than one per branch of the union.
+    if value == UNTIL_DEADLINE or (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and 0 < value <= LONGEST_PERMIT_WAIT_MS
+    ):
+        return value
+    raise ValueError(
+        f"expected milliseconds (1 to {LONGEST_PERMIT_WAIT_MS}) or {UNTIL_DEADLINE!r}, "
+        f"got {value!r}"
+    )
+
+
+PermitWait = Annotated[int | Literal["deadline"], BeforeValidator(_permit_wait)]
+
+
 class LaneConfig(FrozenModel):
     queue: str = Field(pattern=identifiers.anchored(identifiers.QUEUE))
     permits: Annotated[int, Field(gt=0, le=256)]
     concurrency: Annotated[int, Field(gt=0, le=256)]
     classes: ClassPermits
+    # How long a request waits for a database permit: so many ms, then it is
+    # refused (reason no_permit, retryable: fail fast), or UNTIL_DEADLINE,
+    # then it is out of time; never refused for want of one.
+    permit_wait_ms: PermitWait
     admission: AdmissionConfig
     default_deadline_ms: PositiveInt
     max_deadline_ms: PositiveInt
@@ -82,6 +109,17 @@ class LaneConfig(FrozenModel):
             raise ValueError(
                 f"default_deadline_ms ({self.default_deadline_ms}) exceeds "
                 f"max_deadline_ms ({self.max_deadline_ms})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _permit_wait_below_deadline(self) -> LaneConfig:
+        # A wait as long as the caller's own leaves no time to run once it ends.
+        wait = self.permit_wait_ms
+        if isinstance(wait, int) and wait >= self.default_deadline_ms:
+            raise ValueError(
+                f"permit_wait_ms ({wait}) must be shorter than default_deadline_ms "
+                f"({self.default_deadline_ms}), or {UNTIL_DEADLINE!r}"
             )
         return self
 

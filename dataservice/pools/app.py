@@ -97,7 +97,7 @@ class LaneRuntime:
             config,
             on_fallback=DEPENDENCY_FAILURES.labels(lane.value, Dependency.LIMITS.value).inc,
         )
-        database = Database(self.permits, config.database.pool_timeout_ms)
+        database = Database(self.permits, lane_config.permit_wait_ms)
         self.cache = CacheRuntime(settings, config, lane.value, database, store, threads)
         self.handler = build_handler(
             config,

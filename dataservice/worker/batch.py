@@ -160,12 +160,15 @@ class Batch:
     ) -> None:
         """One group, one transaction under one permit; each operation's answer."""
         deadline_ms = min(operation.deadline_unix_ms for operation, _ in group)
-        # The transaction's time bound: its last statement is sent before it.
-        bound_ms = min(deadline_ms, self._clock() + self._transaction_ms)
         mutations = [mutation for _, mutation in group]
         try:
+            # The transaction's time bound, from its permit on: its last
+            # statement is sent before it.
             outcomes: list[Recorded | None] = self._database.run(
-                self.op_class, bound_ms, lambda bounds: self._store.apply_group(mutations, bounds)
+                self.op_class,
+                deadline_ms,
+                lambda bounds: self._store.apply_group(mutations, bounds),
+                hold_ms=self._transaction_ms,
             )
         except Refusal as refusal:
             for operation, _ in group:

@@ -5,12 +5,18 @@ Two steps, httpx's ``map_exceptions`` being the model:
 1. :func:`database_errors` turns the database driver's exceptions into the
    service's own :class:`~dataservice.refusals.Refusal` kinds, by MySQL error
    number, according to whether a retry is safe.
-2. :func:`verdict` looks a refusal up in ``_TABLE``: its status code, the
-   message the caller reads, its retry-after, and which counter it feeds.
+2. :func:`verdict` looks a refusal up in ``_TABLE``: its status code or
+   reason, the message the caller reads, its retry-after, and which counter
+   it feeds.
+
+Every retryable refusal (``RESOURCE_EXHAUSTED``, ``UNAVAILABLE``) is answered
+through a :class:`~dataservice.refusals.Reason`, whose code ``REASON_CODES``
+gives: a caller told to come back is always told why, and the rejection
+counter never counts one without a reason (a test holds every row to it).
 
 A refusal the table does not know is a bug; it is answered ``INTERNAL``.
-``docs/protocol.md`` ("Status codes") describes the same table, and a test
-keeps the two in step.
+``docs/protocol.md`` ("Status codes", and the refusal tables of "The workers'
+checks") describes the same table, and a test keeps the two in step.
 """
 
 from __future__ import annotations
@@ -62,6 +68,8 @@ class RecordMissing(Refusal):
 
 class ResponseFull(Refusal):
     """One read of a read_many: the answer had no room left for its record."""
+
+    reason: Reason
 
     def __init__(self) -> None:
         super().__init__(LIMIT_MESSAGES[Reason.RESPONSE_FULL], reason=Reason.RESPONSE_FULL)
@@ -132,36 +140,39 @@ def _revision(exc: Refusal) -> str:
     return f"the record is at revision {current}"
 
 
-# Refusal kind -> status code (None: by its reason, REASON_CODES), what the
-# caller reads (None: the refusal's own message, written for the caller), and
-# the retry-after (None: the refusal's own, from the rate, ramp or queue).
-_Row = tuple[StatusCode | None, str | Callable[[Refusal], str] | None, int | None]
+# Refusal kind -> how it is answered: a status code (for a refusal that names
+# no reason: never a retryable one), a Reason (answered with REASON_CODES'
+# code), or None (the refusal's own reason, set by the check that refused);
+# what the caller reads (None: the refusal's own message, written for the
+# caller); and the retry-after (None: the refusal's own, from the rate, ramp
+# or queue).
+_Row = tuple[StatusCode | Reason | None, str | Callable[[Refusal], str] | None, int | None]
 _TABLE: dict[type[Refusal], _Row] = {
     Rejected: (None, None, None),
     AdmissionRefused: (None, None, None),
     PermitUnavailable: (
-        StatusCode.RESOURCE_EXHAUSTED,
+        Reason.NO_PERMIT,
         "the service is at its database budget",
         RETRY_POOL_BUSY_MS,
     ),
     DatabaseBusy: (
-        StatusCode.RESOURCE_EXHAUSTED,
+        Reason.DATABASE_BUSY,
         "the database has no connection to spare",
         RETRY_DB_UNAVAILABLE_MS,
     ),
     ConnectRateLimited: (
-        StatusCode.UNAVAILABLE,
+        Reason.RECONNECTING,
         "the service is reconnecting to the database",
         None,
     ),
     DatabaseUnavailable: (
-        StatusCode.UNAVAILABLE,
+        Reason.DATABASE_UNAVAILABLE,
         "the database is unavailable",
         RETRY_DB_UNAVAILABLE_MS,
     ),
     TooLittleTime: (StatusCode.DEADLINE_EXCEEDED, "too little time left to run", 0),
     CoalescedWaitExpired: (
-        StatusCode.UNAVAILABLE,
+        Reason.COALESCING,
         "the record is being read for another request",
         RETRY_COALESCED_MS,
     ),
@@ -176,7 +187,7 @@ _TABLE: dict[type[Refusal], _Row] = {
     DeleteRaced: (StatusCode.CONFLICT, "the record changed while it was being deleted", 0),
     # Nothing applied: sent again under the same keys, the batch goes through.
     GroupRaced: (
-        StatusCode.UNAVAILABLE,
+        Reason.RECORDS_CHANGING,
         "the records changed while they were being written",
         RETRY_DB_UNAVAILABLE_MS,
     ),
@@ -207,6 +218,13 @@ REASON_CODES: dict[Reason, StatusCode] = {
     # The client's own (never sent): the code a caller sees is the same.
     Reason.THROTTLED: StatusCode.RESOURCE_EXHAUSTED,
     Reason.RESPONSE_FULL: StatusCode.RESOURCE_EXHAUSTED,
+    # On the way to the database (_TABLE).
+    Reason.NO_PERMIT: StatusCode.RESOURCE_EXHAUSTED,
+    Reason.DATABASE_BUSY: StatusCode.RESOURCE_EXHAUSTED,
+    Reason.RECONNECTING: StatusCode.UNAVAILABLE,
+    Reason.DATABASE_UNAVAILABLE: StatusCode.UNAVAILABLE,
+    Reason.COALESCING: StatusCode.UNAVAILABLE,
+    Reason.RECORDS_CHANGING: StatusCode.UNAVAILABLE,
 }
 
 _STAGES: dict[type[Refusal], TimeoutStage] = {
@@ -225,9 +243,12 @@ def verdict(exc: Refusal) -> Verdict:
     if kind is None:
         log.error("no verdict for %s", type(exc).__name__)
         return INTERNAL
-    code, message, retry_after_ms = _TABLE[kind]
-    if code is None:
-        code = REASON_CODES[exc.reason] if exc.reason is not None else StatusCode.INTERNAL
+    answer, message, retry_after_ms = _TABLE[kind]
+    reason = answer if isinstance(answer, Reason) else exc.reason
+    if isinstance(answer, StatusCode):
+        code = answer
+    else:
+        code = REASON_CODES[reason] if reason is not None else StatusCode.INTERNAL
     if message is None:
         message = exc.message
     elif callable(message):
@@ -236,7 +257,7 @@ def verdict(exc: Refusal) -> Verdict:
         code,
         message,
         exc.retry_after_ms if retry_after_ms is None else retry_after_ms,
-        exc.reason,
+        reason,
         _STAGES.get(kind),
         Dependency.DATABASE if kind in _DEPENDENCIES else None,
     )

@@ -25,8 +25,19 @@ from dataservice.worker.steps import Reply
 
 log = logging.getLogger("dataservice.worker.handler")
 
-# Limits refuse by the hundred under a flood; the counter tells the story.
-_ROUTINE_REFUSALS = frozenset({Reason.RATE_LIMITED, Reason.CONCURRENCY_LIMITED})
+# Limits and the way to the database refuse by the hundred under a flood or
+# a reconnect; the counter tells the story. (A dependency that failed is
+# logged as a warning, whatever its reason.)
+_ROUTINE_REFUSALS = frozenset(
+    {
+        Reason.RATE_LIMITED,
+        Reason.CONCURRENCY_LIMITED,
+        Reason.NO_PERMIT,
+        Reason.RECONNECTING,
+        Reason.COALESCING,
+        Reason.RECORDS_CHANGING,
+    }
+)
 
 
 def ok_reply(caller: str, task_id: str, response: pb.ResponseEnvelope, expires_at_ms: int) -> Reply:
@@ -63,6 +74,10 @@ class Replies:
         answer = verdict(refusal)
         if answer.reason is not None:
             REJECTIONS.labels(self._lane, answer.reason.value).inc()
+        if answer.dependency is not None:
+            DEPENDENCY_FAILURES.labels(self._lane, answer.dependency.value).inc()
+            log.warning("request %s: %s", task_id, refusal.message)
+        elif answer.reason is not None:
             routine = answer.reason in _ROUTINE_REFUSALS
             log.log(
                 logging.DEBUG if routine else logging.INFO,
@@ -70,9 +85,6 @@ class Replies:
                 task_id,
                 answer.reason.value,
             )
-        elif answer.dependency is not None:
-            DEPENDENCY_FAILURES.labels(self._lane, answer.dependency.value).inc()
-            log.warning("request %s: %s", task_id, refusal.message)
         else:
             log.debug("request %s: %s", task_id, type(refusal).__name__)
         if answer.stage is not None:

@@ -82,7 +82,7 @@ REQUESTS = Counter(
 )
 REJECTIONS = Counter(
     "dataservice_rejections",
-    "Requests refused before any cache or database work, by reason.",
+    "Requests refused by a check, or retryably on the way to the database, by reason.",
     ["lane", "reason"],
     registry=REGISTRY,
 )
