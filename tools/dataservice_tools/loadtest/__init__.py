@@ -10,7 +10,8 @@ Modules: :mod:`.scenarios` (what each scenario offers and does), :mod:`.changes`
 scenario that reads through the cache),
 :mod:`.environment` (database, Redis, replica processes), :mod:`.sampler`
 and :mod:`.probe` (the database's view, sampled by a process of its own),
-:mod:`.liveness` (the replicas' health check over the
+:mod:`.faults` and :mod:`.invariants` (the faults injected and what a fault
+run must show), :mod:`.liveness` (the replicas' health check over the
 run), :mod:`.openloop` (the open-loop generator and the outcome of each
 request), :mod:`.service` and :mod:`.naive` (the two systems under test: how
 to call them; the baseline's workers too), :mod:`.incidents` and :mod:`.delay`

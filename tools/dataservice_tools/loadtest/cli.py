@@ -140,6 +140,9 @@ def run_loadtest(
         console.print(f"{name} liveness and recovery: {_incident_line(report)}")
         if "changes" in report:
             console.print(f"{name} cache and change stream: {_changes_line(report)}")
+        watched = report.get("fault", {}).get("watched_end")
+        if watched is not None:
+            console.print(f"{name} {report['fault']['fault']}: {_watched_line(report, watched)}")
         if report["verdicts"].get("baseline_within_share") is False:
             console.print(
                 f"{name}: the baseline went over the database share: "
@@ -188,6 +191,27 @@ def _changes_line(report: dict[str, Any]) -> str:
             f"database operations peak {refill['database_peak_per_s']}/s",
         ]
     return ", ".join(parts)
+
+
+def _watched_line(report: dict[str, Any], w: dict[str, Any]) -> str:
+    """The database and the goodput from the stall to the end of its watch."""
+    fault = report["fault"]
+    back = w["interactive_back_to_capacity_s"]
+    return ", ".join(
+        [
+            f"stopped {fault['began_s']:.2f}-{fault['ended_s']:.2f} s",
+            f"{w['samples']} samples at {w['sample_hz_after_end']} Hz after it "
+            f"(first {w['first_sample_after_end_ms']} ms after, "
+            f"longest gap {w['longest_gap_after_end_ms']} ms)",
+            f"over the active share {w['samples_over_active_share']}, "
+            f"over the connection share {w['samples_over_connection_share']}",
+            f"peak active {w['peak_active']} of {w['share_active']}, "
+            f"connections {w['peak_connections']} of {w['share_connections']}",
+            f"new connections {w['new_connections_first_s_after_end']} in the first second",
+            "interactive "
+            + ("never back" if back is None else f"back to 0.9 of capacity in {back} s"),
+        ]
+    )
 
 
 def _verdict_line(verdicts: dict[str, Any]) -> str:

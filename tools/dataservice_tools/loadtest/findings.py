@@ -12,9 +12,9 @@ from dataservice.config.model import Config
 from dataservice.enums import LaneName
 from dataservice.store.engine import driver_read_timeout_s
 from dataservice_tools.loadtest import report as rep
-from dataservice_tools.loadtest.faults import Fault
+from dataservice_tools.loadtest.faults import FAULT_ENDS, Fault
 from dataservice_tools.loadtest.incidents import Capacity, SlowDown
-from dataservice_tools.loadtest.invariants import fault_report
+from dataservice_tools.loadtest.invariants import fault_report, watched_end
 from dataservice_tools.loadtest.openloop import OpenLoop
 from dataservice_tools.loadtest.recovery import recovery_report
 from dataservice_tools.loadtest.sampler import Sampler
@@ -98,6 +98,8 @@ class Measured(Protocol):
     def changes(self) -> dict[str, Any] | None: ...
     @property
     def aftermath(self) -> dict[str, Any] | None: ...
+    @property
+    def lengthened_from_s(self) -> float | None: ...
 
 
 def build_report(
@@ -116,6 +118,8 @@ def build_report(
         "system": o.system,
         "config": {
             "duration_s": o.duration_s,
+            # The --duration asked for, when the fault needed a longer run to show.
+            **({"duration_asked_s": run.lengthened_from_s} if run.lengthened_from_s else {}),
             "replicas_per_lane": o.replicas,
             "records": o.records,
             "injected_delay_ms": run.delay_ms,
@@ -185,6 +189,17 @@ def build_report(
             verdicts["acknowledged_writes_kept_once"] = run.aftermath["writes"]["verdict"]
             verdicts["admission_counts_at_rest"] = run.aftermath["admission"]["verdict"]
             verdicts["limits_and_controls_sane"] = run.aftermath["limits"]["verdict"]
+        if o.fault.watch_after_s and FAULT_ENDS in run.events:
+            watched = watched_end(
+                sampler.samples,
+                run.events,
+                o.fault.watch_after_s,
+                config.budget.max_connections,
+                series,
+                capacity[LaneName.INTERACTIVE],
+            )
+            report["fault"]["watched_end"] = watched
+            report["fault"]["verdicts"].update(watched["verdicts"])
         report["verdicts"].update(report["fault"]["verdicts"])
     return report
 

@@ -7,21 +7,38 @@
   there (its mean from then to the end of the load, not one lucky second).
 
 (The database share is the run's own verdict, sampled from PROCESSLIST.)
+
+A fault watched after its end (``db-stall-long``, :attr:`Fault.watch_after_s`)
+adds two, from the moment the server stopped until ``watch_after_s`` after it
+continued (:func:`watched_end`):
+
+- **The budget held**: no sample above the active-statement share nor above
+  the connection share of the replicas alive, none above
+  ``budget.max_connections``; with the sampler's figures that say whether it
+  looked closely enough (its rate, its first sample after the stall, its
+  longest gap), and the connections opened after it.
+- **Back to capacity**: a whole second's interactive goodput at ``HELD_SHARE``
+  of the lane's capacity within ``RECOVERY_BOUND_S`` of the end (the capacity
+  probed before the run, not the seconds before the stall).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dataservice.enums import LaneName
 from dataservice_tools.loadtest.faults import FAULT_BEGINS, FAULT_ENDS
 from dataservice_tools.loadtest.openloop import RequestRecord
-from dataservice_tools.loadtest.report import recovery_s
+from dataservice_tools.loadtest.report import recovery_s, sample_hz
+from dataservice_tools.loadtest.sampler import Sample
 
 CALLER_MARGIN_S = 0.1
 RECOVERY_BOUND_S = 5.0
 HELD_SHARE = 0.9
+# The samples over a share the report lists, of those after a watched fault.
+LISTED = 10
 
 
 def _held(series: dict[str, Any], began: float, recovered_at: float, end: float) -> float | None:
@@ -99,3 +116,83 @@ def fault_report(
             and held >= HELD_SHARE,
         },
     }
+
+
+def watched_end(
+    samples: Sequence[Sample],
+    events: Mapping[str, float],
+    watch_after_s: float,
+    max_connections: int,
+    series: dict[str, Any],
+    capacity: float,
+) -> dict[str, Any]:
+    """The database's view from the fault's start to ``watch_after_s`` after
+    its end, against the share of the replicas alive and ``max_connections``;
+    interactive goodput against ``capacity`` after the end. Verdicts:
+    ``within_share_through_stall_and_after``, ``interactive_back_to_capacity``."""
+    began, ended = events[FAULT_BEGINS], events[FAULT_ENDS]
+    until = ended + watch_after_s
+    window = [s for s in samples if began <= s.t <= until]
+    after = [s for s in window if s.t >= ended]
+    before = [s for s in samples if s.t < began]
+    opened_before = before[-1].opened_total if before else 0
+    over = [s for s in window if s.active > s.share_active or s.connections > s.share_connections]
+    times = [ended, *(s.t for s in after)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    first_s = next((s for s in after if s.t >= ended + 1.0), after[-1] if after else None)
+    figures: dict[str, Any] = {
+        "window_s": [round(began, 3), round(until, 3)],
+        "samples": len(window),
+        "sample_hz_after_end": sample_hz(len(after), after[-1].t - after[0].t) if after else 0.0,
+        "first_sample_after_end_ms": round((after[0].t - ended) * 1000, 1) if after else None,
+        "longest_gap_after_end_ms": round(max(gaps) * 1000, 1) if after else None,
+        "peak_active": max((s.active for s in window), default=None),
+        "peak_connections": max((s.connections for s in window), default=None),
+        "share_active": max((s.share_active for s in window), default=None),
+        "share_connections": max((s.share_connections for s in window), default=None),
+        "max_connections": max_connections,
+        "samples_over_active_share": sum(1 for s in window if s.active > s.share_active),
+        "samples_over_connection_share": sum(
+            1 for s in window if s.connections > s.share_connections
+        ),
+        "over_share": [_listed(s) for s in over[:LISTED]],
+        "new_connections_first_s_after_end": (
+            None if first_s is None else first_s.opened_total - opened_before
+        ),
+        "new_connections_after_end": after[-1].opened_total - opened_before if after else None,
+    }
+    within = bool(after) and not over and max(s.connections for s in window) <= max_connections
+    back = back_to_capacity_s(series, capacity, ended)
+    return {
+        **figures,
+        "interactive_capacity_per_s": round(capacity, 1),
+        "interactive_goodput_after_end": series[LaneName.INTERACTIVE.value]["goodput"][
+            int(ended) : int(until) + 1
+        ],
+        "interactive_back_to_capacity_s": back,
+        "verdicts": {
+            "within_share_through_stall_and_after": within,
+            "interactive_back_to_capacity": back is not None and back <= RECOVERY_BOUND_S,
+        },
+    }
+
+
+def _listed(s: Sample) -> dict[str, Any]:
+    return {
+        "t": round(s.t, 3),
+        "active": s.active,
+        "share_active": s.share_active,
+        "connections": s.connections,
+        "share_connections": s.share_connections,
+    }
+
+
+def back_to_capacity_s(series: dict[str, Any], capacity: float, ended: float) -> float | None:
+    """Seconds from ``ended`` to the end of the first whole second whose
+    interactive goodput is ``HELD_SHARE`` of ``capacity`` (the second the
+    fault ended in counts: it cannot reach the mark on what came before)."""
+    goodput = series[LaneName.INTERACTIVE.value]["goodput"]
+    for t in range(int(ended), len(goodput)):
+        if goodput[t] >= HELD_SHARE * capacity:
+            return round(t + 1 - ended, 2)
+    return None

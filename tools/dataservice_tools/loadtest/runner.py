@@ -25,6 +25,7 @@ from dataservice.cache.controls import RolloutControls
 from dataservice.config.model import Config
 from dataservice.enums import LaneName, ReadMode
 from dataservice.ops.processes import WorkerProcess
+from dataservice.store.engine import driver_read_timeout_s
 from dataservice_tools.loadtest import changes as ch
 from dataservice_tools.loadtest import environment as env
 from dataservice_tools.loadtest import naive
@@ -139,6 +140,14 @@ class Run:
         self.config_path, self.config = env.scenario_config(
             options.base_config, options.out, delay, table, options.coalesce
         )
+        self.read_timeout_s = driver_read_timeout_s(self.config.database)
+        # A fault watched after its end lengthens a run too short to show it.
+        self.lengthened_from_s: float | None = None
+        if options.fault is not None:
+            run_s = options.fault.run_s(options.duration_s, self.read_timeout_s)
+            if run_s != options.duration_s:
+                self.lengthened_from_s = options.duration_s
+                self.o = options = dataclasses.replace(options, duration_s=run_s)
         self.settings = env.service_settings(
             self.target,
             self.config_path,
@@ -271,7 +280,7 @@ class Run:
         scenario's duration; then the report."""
         o, scenario = self.o, self.o.scenario
         t0 = time.monotonic() + 0.5
-        sampler = Sampler(o.root_url, self.target.user, t0, self.fleet.share)
+        sampler = self._sampler(t0)
         self.samples = sampler.samples
         watch = None
         if self.alive_dir is not None:
@@ -287,7 +296,7 @@ class Run:
             o.max_callers,
             **({"read_share": scenario.read_share} if scenario.read_share else {}),
         )
-        faults = {} if o.fault is None else o.fault.events(o.duration_s)
+        faults = {} if o.fault is None else o.fault.events(o.duration_s, self.read_timeout_s)
         pending = scenario.events(o.duration_s) | faults
         database_url = env.direct_url(o.root_url, self.target.database)
         # Only a fault run checks its writes: nothing but the service writes its records then.
@@ -323,8 +332,10 @@ class Run:
                 elapsed = time.monotonic() - t0
                 for name, at in list(pending.items()):
                     if elapsed >= at and self.may_perform(name):
+                        # As it is done, to the ms: a 10 ms sampler's samples are placed
+                        # against it.
+                        self.events[name] = round(time.monotonic() - t0, 3)
                         self.perform(name)
-                        self.events[name] = round(elapsed, 2)
                         del pending[name]
                 ticks += 1
                 # The display costs the generator's CPU: twice a second is enough.
@@ -345,6 +356,15 @@ class Run:
         # The generator shares the machine with the service: its CPU goes in the report.
         self.harness_cpu_s = time.process_time() - cpu_before
         return build_report(self, loop, sampler, capacity)
+
+    def _sampler(self, t0: float) -> Sampler:
+        """The database sampler, at the pace and patience the run's fault asks for."""
+        sampler = Sampler(self.o.root_url, self.target.user, t0, self.fleet.share)
+        fault = self.o.fault
+        sampling = None if fault is None else fault.sampling(self.read_timeout_s)
+        if sampling is not None:
+            sampler.interval_s, sampler.read_timeout_s = sampling
+        return sampler
 
     def _table(self, loop: OpenLoop, sampler: Sampler) -> Table:
         title = f"{self.o.system} / {self.o.scenario.name}"
