@@ -200,6 +200,34 @@ def test_a_request_that_could_start_but_not_be_served_in_time_is_refused(
     assert depth(settings, config.lanes.batch.queue) == 13
 
 
+def test_what_the_workers_hold_beyond_what_they_serve_counts_as_waiting(
+    on_either: tuple[Settings, Config, redis.Redis],
+) -> None:
+    """A batch worker has more threads than permits: the messages it holds
+    while they wait for a permit wait as much as the queue does. Taken for
+    running (by the p90 of the time once dequeued, which their wait is part
+    of), they would leave a request that cannot be served in time admitted."""
+    settings, config, broker = on_either
+    queue = config.lanes.batch.queue
+    key = admission_key(queue)
+    with Client("tests", settings, config) as client:
+        client.submit_many([ReadOp("s", f"held{n}") for n in range(10)], timeout=600)
+        if not settings.broker_is_amqp:
+            for _ in range(8):  # in the workers' hands, as their prefetch takes them
+                broker.rpop(queue)
+        now = _deadline(0)
+        broker.hset(key, mapping={"rate": 5, "rate_at": now, "busy_at": now})
+        # In hand: 5 a second for 1 s on average (running, or waiting for a
+        # permit); so 5 of the 10 still wait, 1 s at 5 a second, and the
+        # read's own p90 of 2 s after its dequeue: 3 s.
+        publish_service_times(broker, key, {"read": 2000.0}, {"read": 1000.0})
+        with pytest.raises(ResourceExhausted) as caught:
+            client.submit(ReadOp("s", "too-soon"), timeout=2.6)
+        assert caught.value.reason == "queue_too_long"
+        client.submit(ReadOp("s", "in-time"), timeout=3.5)
+    assert broker.zcard(held_key(queue)) == 11
+
+
 @pytest.mark.usefixtures("interactive_worker")
 def test_workers_say_how_long_answered_requests_take(
     client: Client, redis_client: redis.Redis, config: Config
@@ -216,6 +244,8 @@ def test_workers_say_how_long_answered_requests_take(
         time.sleep(0.05)
     read_ms = float(redis_client.hget(key, "service:read") or -1)
     assert 0 < read_ms < 1000
+    # And their mean, which says how many the workers hold at once.
+    assert 0 < float(redis_client.hget(key, "mean:read") or -1) <= read_ms
     assert float(redis_client.hget(key, "service:write") or -1) > 0
     said_at = int(redis_client.hget(key, "service_at") or 0)
     assert abs(said_at - time.time() * 1000) < 5000
@@ -527,6 +557,27 @@ def test_the_first_measuring_window_opens_at_the_first_completion(
         # A second completion leaves the window where it opened.
         ResultStore(broker).complete(Completion(key, (held, "gone:1"), 1))
         assert broker.hmget(key, ["rate_at", "done_at"]) == opened
+
+
+def test_an_answer_to_a_request_admitted_before_a_restart_opens_no_window(
+    targeted: tuple[Settings, Config, redis.Redis],
+) -> None:
+    """The pool threads that held requests through a restart answer them as
+    soon as Redis is back, before the workers' consumers have reconnected: a
+    window opened by such an answer would measure the consumers' absence as a
+    slow lane. Only a request this Redis admitted, once done, opens it."""
+    settings, config, broker = targeted
+    queue = config.lanes.batch.queue
+    key, held = admission_key(queue), held_key(queue)
+    with Client("tests", settings, config) as client:
+        client.submit(ReadOp("s", "after-the-restart"), timeout=60)
+        ResultStore(broker).complete(Completion(key, (held, "before-the-restart:1"), 1))
+        assert broker.hget(key, "rate_at") is None
+        [member] = broker.zrange(held, 0, -1)
+        size = int(member.rsplit(b":", 1)[1])
+        ResultStore(broker).complete(Completion(key, (held, member.decode()), size))
+        assert broker.hmget(key, ["done", "done_at"]) == [b"2", b"2"]
+        assert broker.hget(key, "rate_at") is not None
 
 
 def test_without_measurements_the_bounds_alone_decide_as_before(
