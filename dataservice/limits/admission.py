@@ -20,8 +20,11 @@ relied on, and without one the queue alone decides, as at a cold start. The
 drain rate refuses only once a window measured the lane busy (messages waiting
 in the list): what a quiet lane drained is a floor, not what it can drain.
 
-What waits is the lane's admitted requests not yet done, less those running
-(drain rate x service time): the workers' prefetch waits as much as the list.
+What waits is the lane's admitted requests not yet done, less those the
+workers have in hand (drain rate x mean service time): the workers' prefetch
+waits as much as the list, and a message a worker holds while it waits for a
+permit (more threads than permits: the batch lane) is in hand, its wait part
+of the service time that the p90 adds for the request itself.
 A queue that stands is also held to a target wait (``admission.target_wait_ms``,
 controlled delay): once no publish has found nothing waiting for
 ``STANDING_AFTER_MS``, in a lane measured busy lately, a request is admitted
@@ -73,6 +76,7 @@ SERVICE_STALE_MS = 5000
 # but arrivals outrunning the drain (controlled delay's interval).
 STANDING_AFTER_MS = 100
 SERVICE_PREFIX = "service:"
+MEAN_PREFIX = "mean:"
 
 ADMIT = LuaScript("admit.lua", __package__)
 _WITHDRAW = LuaScript("withdraw.lua", __package__)
@@ -266,7 +270,8 @@ def admit_call(
         args += [rate.interval_us, rate.burst]
     else:
         args += [0, 0]
-    args += [ops, "1" if elsewhere else ""]
+    mean = MEAN_PREFIX + operation if operation in OPERATIONS else ""
+    args += [ops, "1" if elsewhere else "", mean]
     return keys, args
 
 
@@ -305,12 +310,21 @@ def admitted(answer: Any) -> str:
     return answer[1].decode() if isinstance(answer[1], bytes) else str(answer[1])
 
 
-def publish_service_times(client: redis.Redis, stats_key: str, p90_ms: dict[str, float]) -> None:
-    """Say how long each operation's answered requests take once dequeued
-    (``service.lua``, stamped with Redis's clock)."""
+def publish_service_times(
+    client: redis.Redis,
+    stats_key: str,
+    p90_ms: dict[str, float],
+    mean_ms: dict[str, float] | None = None,
+) -> None:
+    """Say how long each operation's answered requests take once dequeued:
+    the p90 (``p90_ms``), and the mean (``mean_ms``; without it, admission
+    takes the p90 for it too) (``service.lua``, stamped with Redis's clock)."""
     pairs: list[Any] = []
     for operation, ms in sorted(p90_ms.items()):
         if operation in OPERATIONS:
             pairs += [SERVICE_PREFIX + operation, round(ms, 1)]
+    for operation, ms in sorted((mean_ms or {}).items()):
+        if operation in OPERATIONS:
+            pairs += [MEAN_PREFIX + operation, round(ms, 1)]
     if pairs:
         _SERVICE(client, [stats_key], pairs)

@@ -24,6 +24,7 @@
 --            refused:<reason>  publishes refused for that reason (the workers' metrics read them)
 --            service:<operation>  how long an answered request of that operation took
 --                     once dequeued (ms, p90, the workers' service.lua)
+--            mean:<operation>  the same, its mean: how many the workers hold at once
 --            service_at  when the workers last said so (server time, ms)
 --            empty_at  when a publish last found nothing waiting (server time, ms)
 --            shedding  1 from a refusal for the target wait until the queue is
@@ -70,7 +71,10 @@
 -- ARGV[17] '1' when the queue is not a list here but on another broker
 --          (RabbitMQ): KEYS[1] and KEYS[4] are not touched, nothing is pushed
 --          (the caller publishes once admitted); the bounds count every held
---          request, and what waits is those held less those running; '' otherwise
+--          request, and what waits is those held less those in the workers' hands;
+--          '' otherwise
+-- ARGV[18] the hash field of the operation's mean service time ('mean:read', ...);
+--          '' when the operation is not known (the p90 stands in for it)
 --
 -- Returns {'', epoch} when the message was pushed (ARGV[17]: {'', ''}, admitted) (the epoch it was pushed
 -- in, which its caller keeps to tell a lost request from a slow one), or
@@ -86,9 +90,10 @@ local elsewhere = ARGV[17] == '1'
 local depth = 0
 if not elsewhere then depth = redis.call('LLEN', KEYS[1]) end
 local service_field = ARGV[8] ~= '' and ARGV[8] or 'service:'
+local mean_field = (ARGV[18] or '') ~= '' and ARGV[18] or 'mean:'
 local h = redis.call('HMGET', KEYS[2], 'bytes', 'done', 'rate', 'rate_at', 'done_at',
   'service_at', service_field, 'empty_at', 'shedding', 'busy_at', 'arrivals', 'arrivals_at',
-  'extra_ops')
+  'extra_ops', mean_field)
 -- Workers only subtract; a negative balance (a completion counted twice after
 -- a redelivery) must not become room beyond the bound.
 local bytes = math.max(tonumber(h[1]) or 0, 0)
@@ -131,9 +136,12 @@ depth = depth + extra
 -- not yet answered: the count and byte bounds take it all as queued.
 if elsewhere then depth = held end
 -- Relied on only while the workers keep saying it: no workers, no estimate.
-local service = 0
+-- `service` (p90) is the request's own time once dequeued; `mean` says how
+-- many the workers hold (below).
+local service, mean = 0, 0
 if now - (tonumber(h[6]) or 0) <= tonumber(ARGV[9]) then
   service = tonumber(h[7]) or 0
+  mean = tonumber(h[14]) or service
 end
 local target = tonumber(ARGV[10])
 -- Two measuring windows.
@@ -143,22 +151,28 @@ local BUSY_RECENT_MS = 2000
 local OVERLOAD = 1.1
 -- What waits is more than the list: each worker prefetches as many messages as
 -- it has threads. Ahead of a new request are the lane's admitted requests not
--- yet done, less those running (the drain rate times the service time, by
--- Little's law). A count that drifted (a message purged, never done) is held
--- to what the workers can hold besides the list: as many again as run.
+-- yet done, less those the workers have in hand (the drain rate times the mean
+-- time once dequeued, by Little's law). In hand is more than running: a lane
+-- with more threads than permits (batch) holds messages that wait in the
+-- worker for a permit. Their wait is in the time once dequeued, which the
+-- p90 adds for the request itself below; taking the p90 for the count too
+-- would count the lane's slowest as all of them, and what waits as less
+-- than it is (on another broker, by all the p90 adds: no margin left). A
+-- count that drifted (a message purged, never done) is held to what the
+-- workers can hold besides the list: as many again as they have in hand.
 -- On another broker no list is seen: what waits is what is held less what
--- runs. `queued`: something waits beyond what runs (the list is not empty;
--- on another broker, more is held than runs: a rate measured short reads as
--- fewer running, so more waiting, and the window then measures the drain).
-local running = 0
-if rate > 0 and service > 0 then running = rate * service / 1000 end
+-- is in hand. `queued`: something waits beyond that (the list is not empty;
+-- on another broker, more is held than in hand: a rate measured short reads
+-- as fewer in hand, so more waiting, and the window then measures the drain).
+local in_hand = 0
+if rate > 0 and mean > 0 then in_hand = rate * mean / 1000 end
 local waiting, queued
 if elsewhere then
-  waiting = math.max(held - running, 0)
+  waiting = math.max(held - in_hand, 0)
   queued = waiting >= 1
 else
-  local ahead = math.min(math.max(depth, held), depth + 2 * running + 1)
-  waiting = math.max(depth, ahead - running)
+  local ahead = math.min(math.max(depth, held), depth + 2 * in_hand + 1)
+  waiting = math.max(depth, ahead - in_hand)
   queued = depth > 0
 end
 -- The rate says what the lane can drain only once a window measured it busy

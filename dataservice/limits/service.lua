@@ -2,7 +2,8 @@
 -- for admission to add to the queue's wait (``admit.lua``).
 --
 -- KEYS[1]  the lane's admission hash: ds:admission:<lane queue>
--- ARGV     pairs of field ('service:<operation>') and milliseconds (the p90)
+-- ARGV     pairs of field and milliseconds: 'service:<operation>' and the p90,
+--          'mean:<operation>' and the mean
 --
 -- Stamps 'service_at' with Redis's own clock, the one admit.lua compares it
 -- with, so a worker's clock cannot make an estimate look fresher than it is.

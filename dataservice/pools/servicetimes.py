@@ -1,5 +1,5 @@
 """Every second, a worker says how long its lane's answered requests take once
-dequeued (per operation, the p90), where admission reads it
+dequeued (per operation, the p90 and the mean), where admission reads it
 (:func:`dataservice.limits.admission.publish_service_times`)."""
 
 from __future__ import annotations
@@ -36,13 +36,15 @@ class ServiceTimesPublisher:
 
     def _run(self) -> None:
         while not self._stop.wait(INTERVAL_S):
-            recorded, p90 = self._times.snapshot()
+            recorded, times = self._times.snapshot()
             # Only while answering: an idle worker's estimate would keep an old
             # figure looking fresh, and the lane idle, nothing needs it.
             if recorded == self._said:
                 continue
+            p90 = {operation: t.p90 for operation, t in times.items()}
+            mean = {operation: t.mean for operation, t in times.items()}
             try:
-                publish_service_times(self._client, self._stats_key, p90)
+                publish_service_times(self._client, self._stats_key, p90, mean)
             except redis.RedisError as exc:
                 log.debug("service times not said: %s", type(exc).__name__)
                 continue
