@@ -134,7 +134,8 @@ def test_a_restarted_redis_refuses_nothing_a_lane_can_serve(
     refused = Counter(o.reason for o in outcomes if o.done >= restarted and o.kind == "refused")
     before = Counter(o.kind for o in outcomes if o.done < start + BEFORE_S)
     print(f"before the kill: {dict(before)}; once Redis was back: {dict(after)}")
-    # The lane served what it was offered before the fault, and again after it.
-    assert set(before) == {"NotFound"}, before
-    assert after["NotFound"] > 0.8 * RATE * AFTER_S * 0.8, after
+    # Within its capacity the lane refuses nothing, before the fault or after
+    # it; and it serves again once Redis is back (the test is not vacuous).
+    assert "refused" not in before, before
     assert not refused, (refused, after)
+    assert after["NotFound"] >= 0.6 * RATE * AFTER_S, after
