@@ -1,6 +1,7 @@
 """Batch writes through the service against a stock Celery task and mysqlclient alone.
 
     .venv/bin/python bench/batch.py [--writes 20000] [--runs 3] [--json out.json]
+    .venv/bin/python bench/batch.py --threads 3 4 6 8 [--paced-rate 6000] [--json out.json]
 
 Sets everything up itself: its own Redis db numbers (``--service-db``,
 ``--bare-db``; never db 0) flushed, the ``dataservice_bench`` database
@@ -21,6 +22,15 @@ of its own, the systems taking turns (A B C, then C B A, ...):
   apart, one multi-row ``executemany`` per transaction (``executemany``);
 - **service, 8 callers one at a time**: 8 threads each ``submit(...).result()``
   in turn, one write per message (``--single-writes`` in all).
+
+With ``--threads``, the service alone, its batch worker run with each of
+those thread counts in turn (a fresh worker per run, the counts taking turns:
+3 4 6 8, then 8 6 4 3, ...) against the lane's permits: in each run the same
+one ``submit_many`` of ``--writes`` (throughput, permits busy), then the same
+offered load, ``--paced-rate`` writes/s in messages of the lane's
+``max_ops_per_message`` for ``--paced-seconds``, each message's latency from
+its publish to its answer. What threads beyond the permits are for is to get
+the next message ready (decoded, checked, authorised) while the permits commit.
 
 Throughput is writes over the time from the first publish to the last answer
 (or commit). While the service runs, the bench samples the worker's
@@ -84,6 +94,9 @@ SYSTEMS = (SERVICE, BARE, ROWS, MANY, SINGLES)
 PAYLOAD_BYTES = 1024
 ROWS_PER_TRANSACTION = 100
 SINGLE_CALLERS = 8
+# With --threads, written before each run's measured ones: a fresh worker's
+# connections, caches and code paths warmed up.
+WARM_WRITES = 2000
 CPU_COMPONENTS = ("client", "worker", "redis", "mariadb")
 # The issue's targets: service / stock task, service / mysqlclient (rows).
 TARGETS = {BARE: 10.0, ROWS: 0.5}
@@ -274,6 +287,55 @@ def write_service(client: Client, scope: str, count: int) -> tuple[int, str | No
     return _answers(client, handles)
 
 
+@dataclass
+class Paced:
+    """A paced phase: each message's latency (ms), and what failed."""
+
+    latencies_ms: list[float] = field(default_factory=list)
+    errors: int = 0
+    first_error: str | None = None
+    behind_s: float = 0.0
+
+
+def write_paced(client: Client, scope: str, rate: float, seconds: float, per_message: int) -> Paced:
+    """``rate`` writes/s for ``seconds``, a message of ``per_message`` writes at a
+    time on schedule (open loop: a late publish is counted in ``behind_s``, never
+    skipped); each message's latency from its publish to its answer."""
+    paced = Paced()
+    lock = threading.Lock()
+    interval = per_message / rate
+    messages = max(1, round(seconds * rate / per_message))
+
+    def answered(handles: list[Any], sent: float) -> None:
+        errors, first = _answers(client, handles)
+        took_ms = (time.perf_counter() - sent) * 1000
+        with lock:
+            paced.latencies_ms.append(took_ms)
+            paced.errors += errors
+            paced.first_error = paced.first_error or first
+
+    with ThreadPoolExecutor(64) as waiters:
+        start = time.perf_counter()
+        for m in range(messages):
+            due = start + m * interval
+            time.sleep(max(0.0, due - time.perf_counter()))
+            paced.behind_s = max(paced.behind_s, time.perf_counter() - due)
+            ops = [
+                WriteOp(scope, f"p{m:05d}-{n:03d}", _payload(n), idempotency_key=f"{scope}-{m}-{n}")
+                for n in range(per_message)
+            ]
+            sent = time.perf_counter()
+            try:
+                handles = client.submit_many(ops)
+            except DataServiceError as exc:
+                with lock:
+                    paced.errors += per_message
+                    paced.first_error = paced.first_error or f"{type(exc).__name__}: {exc}"
+                continue
+            waiters.submit(answered, handles, sent)
+    return paced
+
+
 def write_singles(
     settings: Settings, config: Config, scope: str, count: int
 ) -> tuple[int, str | None]:
@@ -358,6 +420,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--single-writes", type=int, default=2000, help="writes of the 8 one-at-a-time callers"
     )
     p.add_argument("--runs", type=int, default=3, help="alternating runs")
+    p.add_argument(
+        "--threads",
+        type=int,
+        nargs="+",
+        help="compare the service alone at these batch worker thread counts",
+    )
+    p.add_argument(
+        "--paced-rate", type=float, default=6000, help="with --threads: the offered writes/s"
+    )
+    p.add_argument(
+        "--paced-seconds", type=float, default=10, help="with --threads: how long it is offered"
+    )
     p.add_argument("--quick", action="store_true", help="a small run that only checks it works")
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument("--redis-host", default="127.0.0.1")
@@ -376,6 +450,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--service-db and --bare-db must differ and must not be 0")
     if args.writes < 1 or args.runs < 1 or args.single_writes < SINGLE_CALLERS:
         p.error("need writes >= 1, runs >= 1 and single-writes >= 8")
+    if args.threads and (min(args.threads) < 1 or len(set(args.threads)) != len(args.threads)):
+        p.error("--threads takes distinct counts of at least 1")
+    if args.paced_rate <= 0 or args.paced_seconds <= 0:
+        p.error("--paced-rate and --paced-seconds must be positive")
     return args
 
 
@@ -413,6 +491,22 @@ class Bench:
         )
         port = free_port()
         threads = str(config.lanes.batch.permits)
+        if args.threads:
+            workers = {
+                threads_system(n): WorkerProcess(
+                    worker_argv(
+                        LaneName.BATCH, "--metrics-port", str(port), "--concurrency", str(n)
+                    ),
+                    environ,
+                    logdir / f"service-{n}-threads.log",
+                    threads_system(n),
+                )
+                for n in args.threads
+            }
+            console = Console() if sys.stdout.isatty() else Console(width=150)
+            return cls(
+                args, console, settings, config, service_url, bare_url, environ, workers, port
+            )
         workers = {
             SERVICE: WorkerProcess(
                 worker_argv(LaneName.BATCH, "--metrics-port", str(port)),
@@ -446,6 +540,13 @@ class Bench:
         with self.console.status("creating the bench database"):
             _env.reset_database(self.args.database_url, self.environ)
         self.machine = machine_info(self.service_url, self.args.database_url)
+        if self.args.threads:
+            # One worker at a time, started for its run (measure_threads).
+            self.pids = {
+                "redis": _env.find_pid("redis-server"),
+                "mariadb": _env.find_pid("mariadbd", "mysqld"),
+            }
+            return
         with self.console.status("starting workers"):
             for worker in self.workers.values():
                 worker.start()
@@ -472,7 +573,8 @@ class Bench:
         for url in (self.service_url, self.bare_url):
             flush_redis(url)
         _env.drop_database(self.args.database_url)
-        self.console.print(f"[dim]worker logs: {self.workers[SERVICE].log_path.parent}[/dim]")
+        logs = next(iter(self.workers.values())).log_path.parent
+        self.console.print(f"[dim]worker logs: {logs}[/dim]")
 
     def _cpu(self, worker: str | None) -> dict[str, float | None]:
         return {
@@ -498,40 +600,46 @@ class Bench:
         }
         return Run(count, seconds, errors, first, cpu)
 
+    def _service(self, scope: str) -> Run:
+        """One ``submit_many`` of every write, with the permits and transactions sampled."""
+        args = self.args
+        permits = self.config.lanes.batch.permits
+        # The permits' window is the run's own: opened last and closed
+        # first, so that the other samplers' start and stop fall outside.
+        with (
+            Client(_env.CALLER, self.settings, self.config) as client,
+            TransactionSampler(args.database_url) as trx,
+            PermitSampler(self.metrics_port) as sampled,
+        ):
+            run = self._timed(
+                SERVICE, args.writes, lambda: write_service(client, scope, args.writes)
+            )
+        # The samples while writes were in flight (the sampler's first and
+        # last may fall before the first publish or after the last answer).
+        busy = sampled.samples
+        run.permits = {
+            "capacity": permits,
+            "mean_in_use": statistics.fmean(busy) if busy else 0.0,
+            "busy_share_sampled": (statistics.fmean(busy) / permits) if busy else 0.0,
+            # Exact: the seconds permits were held over the run's permit-seconds.
+            "busy_share": sampled.held_s / (permits * sampled.elapsed_s),
+            "max_in_use": max(busy, default=0.0),
+            "samples": len(busy),
+        }
+        run.transactions = {
+            "seen": trx.count,
+            "longest_seen_ms": round(trx.longest_ms, 1),
+            "at_most_ms": round(trx.longest_ms + 2 * TRX_EVERY_S * 1000, 1),
+            "bound_ms": self.config.lanes.batch.max_transaction_ms,
+        }
+        return run
+
     def run(self, system: str, run_index: int) -> Run:
         args = self.args
         scope = f"run{run_index}-{SYSTEMS.index(system)}"
         permits = self.config.lanes.batch.permits
         if system == SERVICE:
-            # The permits' window is the run's own: opened last and closed
-            # first, so that the other samplers' start and stop fall outside.
-            with (
-                Client(_env.CALLER, self.settings, self.config) as client,
-                TransactionSampler(args.database_url) as trx,
-                PermitSampler(self.metrics_port) as sampled,
-            ):
-                run = self._timed(
-                    SERVICE, args.writes, lambda: write_service(client, scope, args.writes)
-                )
-            # The samples while writes were in flight (the sampler's first and
-            # last may fall before the first publish or after the last answer).
-            busy = sampled.samples
-            run.permits = {
-                "capacity": permits,
-                "mean_in_use": statistics.fmean(busy) if busy else 0.0,
-                "busy_share_sampled": (statistics.fmean(busy) / permits) if busy else 0.0,
-                # Exact: the seconds permits were held over the run's permit-seconds.
-                "busy_share": sampled.held_s / (permits * sampled.elapsed_s),
-                "max_in_use": max(busy, default=0.0),
-                "samples": len(busy),
-            }
-            run.transactions = {
-                "seen": trx.count,
-                "longest_seen_ms": round(trx.longest_ms, 1),
-                "at_most_ms": round(trx.longest_ms + 2 * TRX_EVERY_S * 1000, 1),
-                "bound_ms": self.config.lanes.batch.max_transaction_ms,
-            }
-            return run
+            return self._service(scope)
         if system == SINGLES:
             return self._timed(
                 SERVICE,
@@ -562,6 +670,140 @@ class Bench:
                 for worker in self.workers.values():
                     worker.check_alive()
         return runs
+
+    def run_threads(self, threads: int, run_index: int) -> tuple[Run, Paced]:
+        """A fresh worker of ``threads`` threads: warmed up, then the burst and
+        the paced phase; stopped afterwards."""
+        worker = self.workers[threads_system(threads)]
+        worker.start()
+        try:
+            with Client(_env.CALLER, self.settings, self.config) as client:
+                _env.wait_ready(
+                    worker,
+                    lambda: client.submit(WriteOp("probe", "p", b"p"), timeout=0.5).result(),
+                )
+                self.pids[SERVICE] = worker.pid
+                write_service(client, f"warm{run_index}-t{threads}", WARM_WRITES)
+                run = self._service(f"run{run_index}-t{threads}")
+                paced = write_paced(
+                    client,
+                    f"paced{run_index}-t{threads}",
+                    self.args.paced_rate,
+                    self.args.paced_seconds,
+                    self.config.lanes.batch.max_ops_per_message,
+                )
+            worker.check_alive()
+            return run, paced
+        finally:
+            worker.stop()
+
+    def measure_threads(self) -> dict[int, list[tuple[Run, Paced]]]:
+        counts = list(self.args.threads)
+        runs: dict[int, list[tuple[Run, Paced]]] = {n: [] for n in counts}
+        for r in range(self.args.runs):
+            for n in counts if r % 2 == 0 else counts[::-1]:
+                self.console.print(f"[dim]run {r + 1}/{self.args.runs}: {n} threads[/dim]")
+                runs[n].append(self.run_threads(n, r))
+        return runs
+
+
+def threads_system(threads: int) -> str:
+    return f"service, {threads} threads"
+
+
+def _ms(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)
+
+
+def report_threads(bench: Bench, runs: dict[int, list[tuple[Run, Paced]]]) -> dict[str, Any]:
+    lane = bench.config.lanes.batch
+    results = {}
+    for threads, pairs in runs.items():
+        bursts = [run for run, _ in pairs]
+        paced = [p for _, p in pairs]
+        pooled = [ms for p in paced for ms in p.latencies_ms]
+        rates = [run.per_s for run in bursts]
+        results[str(threads)] = {
+            "writes_per_s": round(statistics.median(rates), 1),
+            "runs_writes_per_s": [round(rate, 1) for rate in rates],
+            "permits_busy_share": [round(run.permits["busy_share"], 3) for run in bursts],
+            "worker_cpu_ms_per_write": [
+                None
+                if run.cpu_s.get("worker") is None
+                else round(1000 * (run.cpu_s["worker"] or 0.0) / run.writes, 3)
+                for run in bursts
+            ],
+            "paced_p50_ms": [_ms(p.latencies_ms, 0.5) for p in paced],
+            "paced_p99_ms": [_ms(p.latencies_ms, 0.99) for p in paced],
+            "paced_pooled_p50_ms": _ms(pooled, 0.5),
+            "paced_pooled_p99_ms": _ms(pooled, 0.99),
+            "paced_messages": [len(p.latencies_ms) for p in paced],
+            "paced_behind_s": [round(p.behind_s, 3) for p in paced],
+            "errors": sum(run.errors for run in bursts) + sum(p.errors for p in paced),
+            "first_error": next(
+                (e for e in [r.first_error for r in bursts] + [p.first_error for p in paced] if e),
+                None,
+            ),
+        }
+    return {
+        "command": " ".join(["python", "bench/batch.py", *sys.argv[1:]]),
+        "machine": bench.machine,
+        "setup": {
+            "writes": bench.args.writes,
+            "runs": bench.args.runs,
+            "threads": bench.args.threads,
+            "paced_rate": bench.args.paced_rate,
+            "paced_seconds": bench.args.paced_seconds,
+            "payload_bytes": PAYLOAD_BYTES,
+            "permits": lane.permits,
+            "max_ops_per_message": lane.max_ops_per_message,
+            "max_ops_per_transaction": lane.max_ops_per_transaction,
+            "max_transaction_ms": lane.max_transaction_ms,
+        },
+        "results": results,
+    }
+
+
+def print_threads(console: Console, data: dict[str, Any]) -> None:
+    console.print(_env.host_line(data["machine"], f"MariaDB {data['machine']['mariadb']}"))
+    s = data["setup"]
+    console.print(
+        f"[bold]setup[/bold]: {s['writes']} writes of {s['payload_bytes']} B in one submit_many, "
+        f"then {s['paced_rate']:.0f} writes/s for {s['paced_seconds']:.0f} s in messages of "
+        f"{s['max_ops_per_message']}; {s['runs']} runs; batch lane {s['permits']} permits"
+    )
+    table = Table(title="batch lane by worker threads")
+    for column in (
+        "threads",
+        "writes/s (median)",
+        "runs",
+        "permits busy",
+        "worker CPU ms/write",
+        "paced p50 ms (runs)",
+        "paced p99 ms (runs)",
+        "errors",
+    ):
+        table.add_column(column)
+    for threads, r in data["results"].items():
+        table.add_row(
+            threads,
+            f"{r['writes_per_s']:.0f}",
+            ", ".join(f"{x:.0f}" for x in r["runs_writes_per_s"]),
+            ", ".join(f"{x:.0%}" for x in r["permits_busy_share"]),
+            ", ".join("-" if x is None else f"{x:.3f}" for x in r["worker_cpu_ms_per_write"]),
+            ", ".join(str(x) for x in r["paced_p50_ms"]),
+            ", ".join(str(x) for x in r["paced_p99_ms"]),
+            str(r["errors"]),
+        )
+    console.print(table)
+    for threads, r in data["results"].items():
+        if r["errors"]:
+            console.print(
+                f"[red]{threads} threads: {r['errors']} failed ({r['first_error']})[/red]"
+            )
 
 
 def report(bench: Bench, runs: dict[str, list[Run]]) -> dict[str, Any]:
@@ -674,10 +916,16 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench.create(parse_args(argv))
     try:
         bench.setup()
-        data = report(bench, bench.measure())
+        if bench.args.threads:
+            data = report_threads(bench, bench.measure_threads())
+        else:
+            data = report(bench, bench.measure())
     finally:
         bench.cleanup()
-    print_report(bench.console, data)
+    if bench.args.threads:
+        print_threads(bench.console, data)
+    else:
+        print_report(bench.console, data)
     if bench.args.json:
         bench.args.json.write_text(json.dumps(data, indent=2) + "\n")
         bench.console.print(f"wrote {bench.args.json}")
