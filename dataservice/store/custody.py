@@ -18,9 +18,11 @@ replacements). So the server's word decides:
   (:meth:`Custody.abandon`): it stays taken.
 - **Confirmation.** A thread of the process's own confirms each one on the
   process's **administrative connection** (one per process, counted in the
-  budget: :data:`dataservice.config.budget.ADMIN_CONNECTIONS`): ``KILL
-  CONNECTION`` for an abandoned statement, then the process list until the
-  id is gone. Only then is the permit given back.
+  budget: :data:`dataservice.config.budget.ADMIN_CONNECTIONS`): it reads the
+  process list until the id is gone, and ``KILL``s a connection still there
+  a moment after the server answers (a statement ends by itself within its
+  server-side timeout; the KILL only shortens that). Only then is the permit
+  given back.
 - **The gate.** While anything is in custody, the process opens no new
   connection (:meth:`Custody.wait_clear`, before the reconnect ramp): the
   server never holds a replacement beside what it replaces. A request waits
@@ -58,8 +60,10 @@ log = logging.getLogger(__name__)
 SERVER_BOOT = "dataservice.server_boot_s"
 # Uptime is reported in whole seconds: boot times within this are one boot.
 BOOT_TOLERANCE_S = 2.0
-# KILL takes effect at the killed thread's next check: ask again this long
-# after, and look at the process list in growing steps meanwhile.
+# A connection still in the process list this long after the server answered
+# for it is KILLed; KILL takes effect at the killed thread's next check, so
+# it is asked again this often. The list is read in growing steps meanwhile.
+KILL_AFTER_S = 0.25
 KILL_AGAIN_S = 1.0
 _FIRST_LOOK_S = 0.001
 _LONGEST_LOOK_S = 0.02
@@ -129,8 +133,10 @@ class _Held:
     boot_s: float | None
     since: float = field(default_factory=time.monotonic)
     releases: list[Callable[[], None]] = field(default_factory=list)
-    # True once a statement may be running on it: KILL it, do not wait for it.
+    # A statement may be running on it (its client gave up before the answer).
     abandoned: bool = False
+    # When a look at the process list first found it there, and when it was KILLed.
+    listed_since: float | None = None
     killed_at: float | None = None
     # The server refused the KILL (not the connection's owner): wait for it instead.
     kill_refused: bool = False
@@ -324,33 +330,46 @@ class Custody:
                 admin.close()
 
     def _confirm(self, admin: Any) -> None:
-        """Confirm what is in custody now, until none of it is left."""
+        """Confirm what is in custody now, until none of it is left.
+
+        The process list first: a statement ends by itself, by its end or its
+        server-side timeout, and a closed connection as soon as the server
+        reads the close. Only one still listed ``KILL_AFTER_S`` after the
+        server was first seen answering for it is KILLed (again every
+        ``KILL_AGAIN_S``): a KILL can take the server seconds (it waits for a
+        busy mutex the victim sleeps on), and the KILLs are sent one by one."""
         look_s = _FIRST_LOOK_S
         while True:
             with self._cond:
                 pending = list(self._held.values())
             if not pending:
                 return
-            now = time.monotonic()
             gone = [h for h in pending if self._from_earlier_boot(h)]
             live = [h for h in pending if h not in gone]
-            for held in live:
-                due = held.killed_at is None or now - held.killed_at > KILL_AGAIN_S
-                if held.abandoned and not held.kill_refused and due and not self._kill(admin, held):
-                    gone.append(held)
-            still = self._still_listed(admin, [h for h in live if h not in gone])
-            gone.extend(h for h in live if h not in gone and h.connection_id not in still)
+            listed = self._still_listed(admin, live)
+            gone.extend(h for h in live if h.connection_id not in listed)
             self._release(gone)
-            if len(gone) == len(pending):
-                look_s = _FIRST_LOOK_S
-                continue
-            # A closed connection leaves the list as soon as the server reads the
-            # close; one that has not by now may be stuck: KILL it too.
+            now = time.monotonic()
             for held in live:
-                if held.connection_id in still and time.monotonic() - held.since > KILL_AGAIN_S:
-                    held.abandoned = True
-            self._sleep(look_s)
-            look_s = min(look_s * 2, _LONGEST_LOOK_S)
+                if held.connection_id not in listed:
+                    continue
+                if held.listed_since is None:
+                    held.listed_since = now
+                if self._kill_due(held, now) and not self._kill(admin, held):
+                    self._release([held])
+            if len(gone) < len(pending):
+                self._sleep(look_s)
+                look_s = min(look_s * 2, _LONGEST_LOOK_S)
+            else:
+                look_s = _FIRST_LOOK_S
+
+    @staticmethod
+    def _kill_due(held: _Held, now: float) -> bool:
+        if held.kill_refused or held.listed_since is None:
+            return False
+        if held.killed_at is None:
+            return now - held.listed_since >= KILL_AFTER_S
+        return now - held.killed_at >= KILL_AGAIN_S
 
     def _from_earlier_boot(self, held: _Held) -> bool:
         if held.boot_s is None or self._admin_boot_s is None:
