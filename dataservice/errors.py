@@ -31,6 +31,7 @@
         ├── AdmissionRefused        a lane queue's bounds or the caller's pace, at publish
         ├── PermitUnavailable       no database permit within the request's wait
         ├── ConnectRateLimited      the connect ramp has no room yet
+        │   └── ConnectionsInDoubt  a connection let go of is not yet confirmed gone
         ├── TooLittleTime           less time left than the operation needs
         ├── StatementTimeout        a statement ran out of its time
         ├── DatabaseBusy            the pool or the server had no connection to spare

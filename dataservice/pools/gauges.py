@@ -15,7 +15,6 @@ from dataservice.cache.controls import RolloutControls
 from dataservice.config.model import Config
 from dataservice.enums import LaneName
 from dataservice.limits.permits import LanePermits
-from dataservice.store.custody import custody_of
 from dataservice.observe.metrics import (
     CACHE_BYPASS,
     CACHE_GENERATION,
@@ -29,6 +28,7 @@ from dataservice.observe.metrics import (
     QUEUES,
     QueueWatch,
 )
+from dataservice.store.custody import custody_of
 
 
 class LaneGauges:

@@ -26,10 +26,13 @@ Capacity = dict[LaneName, float]
 
 def lane_timeouts(config: Config, scenario: Scenario) -> dict[LaneName, float]:
     """How long callers wait on each lane, in seconds."""
+    lane = config.lanes.interactive
+    # The service's own permit wait, where it is a bound ("deadline": none).
+    permit_wait_ms = lane.permit_wait_ms if isinstance(lane.permit_wait_ms, int) else None
     interactive_ms = (
-        config.database.pool_timeout_ms
-        if scenario.timeout_is_pool_wait
-        else config.lanes.interactive.default_deadline_ms
+        permit_wait_ms
+        if scenario.timeout_is_pool_wait and permit_wait_ms is not None
+        else lane.default_deadline_ms
     )
     return {LaneName.INTERACTIVE: interactive_ms / 1000, LaneName.BATCH: BATCH_TIMEOUT_S}
 
