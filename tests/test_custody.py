@@ -32,8 +32,8 @@ from dataservice.enums import LaneName, OperationClass
 from dataservice.limits.permits import LanePermits
 from dataservice.refusals import Refusal
 from dataservice.store import Bounds, create_store_engine
-from dataservice.store.connections import CONNECTION_ID, ConnectionsInDoubt, now_ms
-from dataservice.store.custody import Custody, custody_of
+from dataservice.store.connections import ConnectionsInDoubt, now_ms
+from dataservice.store.custody import CONNECTION_ID, Custody, custody_of
 from dataservice.store.engine import driver_read_timeout_s
 from dataservice.store.sessions import Sessions
 from dataservice.worker.failures import database_errors
@@ -58,11 +58,11 @@ def server() -> Iterator[TemporaryBinlogMariaDB]:
     mariadb.stop()
 
 
-@pytest.fixture
-def config() -> Config:
+def _config(max_statement_ms: int) -> Config:
     data: dict[str, Any] = yaml.safe_load(SHIPPED_CONFIG.read_text())
-    # A read timeout of 3 s (1 s statements + 2), so that a 4 s stall outlasts it.
-    data["database"].update(max_statement_ms=1000, connect_timeout_s=1, pool_timeout_ms=300)
+    data["database"].update(
+        max_statement_ms=max_statement_ms, connect_timeout_s=1, pool_timeout_ms=300
+    )
     data["lanes"]["interactive"].update(
         permits=PERMITS,
         concurrency=PERMITS,
@@ -71,10 +71,20 @@ def config() -> Config:
     return parse_config(data)
 
 
+def _engine(server: TemporaryBinlogMariaDB, config: Config) -> Engine:
+    url = f"mysql+mysqldb://{USER}:{PASSWORD}@127.0.0.1:{server.port}/custody"
+    return create_store_engine(url, PERMITS, config.database)
+
+
+@pytest.fixture
+def config() -> Config:
+    # A read timeout of 3 s (1 s statements + 2), so that a stall outlasts it.
+    return _config(1000)
+
+
 @pytest.fixture
 def engine(server: TemporaryBinlogMariaDB, config: Config) -> Iterator[Engine]:
-    url = f"mysql+mysqldb://{USER}:{PASSWORD}@127.0.0.1:{server.port}/custody"
-    engine = create_store_engine(url, PERMITS, config.database)
+    engine = _engine(server, config)
     yield engine
     engine.dispose()
 
@@ -230,44 +240,51 @@ def _custody(engine: Engine) -> Custody:
 
 
 def test_a_statement_cut_off_from_its_client_is_killed_before_its_permit_returns(
-    server: TemporaryBinlogMariaDB, engine: Engine, config: Config
+    server: TemporaryBinlogMariaDB,
 ) -> None:
     """The client loses its connection while the server still sleeps in the
-    statement: the permit stays taken until a KILL has ended it, well before
+    statement: the permit stays taken until a KILL has ended it, long before
     the statement would have ended on its own."""
-    worker = Worker(engine, config)
-    worker.run("SELECT 1", now_ms() + 2000)  # the pool's connection and the admin's
-    assert _until(lambda: _custody(engine).snapshot().admin_connects_total == 1, 5)
-    thread, outcome = _in_thread(lambda: worker.run("SELECT SLEEP(0.9)", now_ms() + 5000))
-    # The statement's connection, as the server lists it: cut it from the client's side.
-    assert _until(lambda: worker.permits.snapshot().connection_ids != [], 2)
-    (connection_id,) = worker.permits.snapshot().connection_ids
-    with ProcessList(server) as listing:
-        assert _until(lambda: listing.last_seen(connection_id) is not None, 2)
-        _cut(worker.checked_out[connection_id])
-        thread.join(5)
-        assert _until(lambda: worker.permits.snapshot().in_use == 0, 2)
-    assert isinstance(outcome[0], Refusal), outcome
-    released = worker.released_at[-1]
-    last_seen = listing.last_seen(connection_id)
-    assert last_seen is not None
-    assert last_seen < released
-    snap = _custody(engine).snapshot()
-    assert (snap.abandoned_total, snap.killed_total, snap.held) == (1, 1, 0)
+    config = _config(5000)
+    engine = _engine(server, config)
+    try:
+        worker = Worker(engine, config)
+        worker.run("SELECT 1", now_ms() + 2000)  # the pool's connection, then the admin's
+        custody = _custody(engine)
+        assert _until(lambda: custody.snapshot().admin_connects_total == 1, 5)
+        thread, outcome = _in_thread(lambda: worker.run("SELECT SLEEP(4)", now_ms() + 5000))
+        assert _until(lambda: worker.permits.snapshot().connection_ids != [], 2)
+        (connection_id,) = worker.permits.snapshot().connection_ids
+        with ProcessList(server) as listing:
+            assert _until(lambda: listing.last_seen(connection_id) is not None, 2)
+            # The statement's connection, as the server lists it: cut it on the client's side.
+            _cut(worker.checked_out[connection_id])
+            thread.join(5)
+            assert _until(lambda: worker.permits.snapshot().in_use == 0, 4)
+        assert isinstance(outcome[0], Refusal), outcome
+        released = worker.released_at[-1]
+        last_seen = listing.last_seen(connection_id)
+        assert last_seen is not None
+        assert last_seen < released
+        snap = custody.snapshot()
+        assert (snap.abandoned_total, snap.killed_total, snap.held) == (1, 1, 0)
+    finally:
+        engine.dispose()
 
 
 def _load(worker: Worker, threads: int, stop: threading.Event) -> list[threading.Thread]:
     """``threads`` callers with interactive deadlines, each running a 0.3 s
-    statement, then pausing for up to as long: a stall finds some statements
-    running and some connections idle, which the callers use while the
-    server is stopped (those statements start when it resumes)."""
+    statement, then pausing for up to a third as long: a stall finds some
+    statements running and some connections idle, which the callers use while
+    the server is stopped (those statements start when it resumes). No
+    connection sits idle long enough to be pinged at checkout."""
 
     def call(seed: int) -> None:
         pause = random.Random(seed)
         while not stop.is_set():
             with contextlib.suppress(Refusal):
                 worker.run("SELECT SLEEP(0.3)", now_ms() + 900)
-            time.sleep(pause.uniform(0, 0.3))
+            time.sleep(pause.uniform(0, 0.1))
 
     started = [threading.Thread(target=call, args=(n,), daemon=True) for n in range(threads)]
     for thread in started:
@@ -282,7 +299,8 @@ def test_a_stall_past_the_read_timeout_never_puts_more_in_the_database_than_the_
     """SIGSTOP for longer than the driver's read timeout: every statement in
     flight is abandoned by its client, and its permit comes back only once
     the resumed server has let go of it; no new connection stands beside it."""
-    stall_s = driver_read_timeout_s(config.database) + 1.0
+    # Long enough for a statement sent a second into the stall to time out too.
+    stall_s = driver_read_timeout_s(config.database) + 2.0
     worker = Worker(engine, config)
     custody = _custody(engine)
     stop = threading.Event()
@@ -296,7 +314,7 @@ def test_a_stall_past_the_read_timeout_never_puts_more_in_the_database_than_the_
             time.sleep(stall_s)
             # Every permit is held for a statement the server has not let go of.
             held = worker.permits.snapshot()
-            assert (held.in_use, held.in_custody) == (PERMITS, PERMITS)
+            assert (held.in_use, held.in_custody) == (PERMITS, PERMITS), custody.snapshot()
             assert not custody.wait_clear(0)
         finally:
             resumed_at = time.monotonic()
@@ -305,7 +323,8 @@ def test_a_stall_past_the_read_timeout_never_puts_more_in_the_database_than_the_
         stop.set()
         for thread in threads:
             thread.join(5)
-    assert [t for t in worker.released_at if stopped_at + 0.1 < t < resumed_at] == []
+    in_stall = [t - stopped_at for t in worker.released_at if stopped_at + 0.1 < t < resumed_at]
+    assert in_stall == [], (in_stall, custody.snapshot())
     assert any(t > resumed_at for t in worker.released_at), "the service never recovered"
     assert len([s for s in listing.samples if s.t > resumed_at]) > 100, "no samples after"
     connections, active, admin = listing.peaks()

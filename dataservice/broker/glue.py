@@ -56,8 +56,8 @@ from dataservice.limits.admission import (
 from dataservice.redis.bounded import QUIET, BoundedConnection, BoundedSSLConnection
 from dataservice.redis.keys import EPOCH_KEY
 from dataservice.redis.packing import PackedConnection, PackedSSLConnection
-from dataservice.redis.tcp import KEEPALIVE
 from dataservice.redis.tls import redis_tls, without_tls_options
+from dataservice.tcp import KEEPALIVE
 
 CONNECT_TIMEOUT_S = 2.0
 TASK_NAME = "dataservice.handle"

@@ -37,9 +37,8 @@ from sqlalchemy import Engine, event
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from dataservice.refusals import Refusal
-from dataservice.store.custody import SERVER_BOOT, Custody, attach, server_boot_s
+from dataservice.store.custody import CONNECTION_ID, ORIGIN, Custody, attach, identify
 
-CONNECTION_ID = "dataservice.connection_id"
 DEADLINE_OPTION = "dataservice_deadline_ms"
 # The least time worth starting a statement with: a primary-key statement and
 # its round trip take well under this on a healthy database.
@@ -147,18 +146,12 @@ def install(
 
     @event.listens_for(engine, "connect")
     def _identify(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
-        cursor = dbapi_connection.cursor()
-        try:
-            cursor.execute("SELECT CONNECTION_ID()")
-            record.info[CONNECTION_ID] = int(cursor.fetchone()[0])
-        finally:
-            cursor.close()
-        record.info[SERVER_BOOT] = server_boot_s(dbapi_connection)
+        record.info[CONNECTION_ID], record.info[ORIGIN] = identify(dbapi_connection)
         custody.open_admin()
 
     @event.listens_for(engine, "close")
     def _discarded(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
-        custody.discarded(record.info.get(CONNECTION_ID), record.info.get(SERVER_BOOT))
+        custody.discarded(record.info.get(CONNECTION_ID), record.info.get(ORIGIN))
 
     @event.listens_for(engine, "engine_disposed")
     def _disposed(engine: Engine) -> None:

@@ -31,15 +31,22 @@ replacements). So the server's word decides:
   (:class:`~dataservice.store.connections.ConnectionsInDoubt`, answered as
   the reconnect ramp's refusal is).
 
-The administrative connection has no read timeout: a KILL sent to a stopped
-server waits until the server runs again, then takes effect first. It is
-bounded instead by TCP itself (keepalive probes and ``TCP_USER_TIMEOUT``): a
-server host that is gone, or cut off, ends it with an error, and a new one
-is opened through the process's reconnect ramp. A server that restarted
-since a connection was made has ended that connection's statements itself;
-its thread ids are new and may repeat old ones, so each connection records
-the server's boot time (:func:`server_boot_s`), and a connection from an
-earlier boot is confirmed gone without a KILL.
+The administrative connection has no read timeout: a look at the process
+list sent to a stopped server waits until the server runs again. It is
+bounded instead by TCP itself (:data:`dataservice.tcp.KEEPALIVE`): a server
+host that is gone, or cut off, ends it with an error; then it is in custody
+itself (the server may still hold it, if only the path broke), and a new one
+is opened through the process's reconnect ramp to confirm it. Idle, it is
+pinged every ``pool_recycle_s``, so that it is alive when a stall needs it.
+
+A thread id means something only on one server in one of its lives, so each
+connection records its :class:`Origin` (the server's host and port, and when
+it started) as it is made (:func:`identify`). A connection from an earlier
+life of the administrative connection's server is gone (a restart ended its
+statements; ids start again after one), without a look or a KILL. One made
+to another server (behind a proxy, or an address that moved) custody cannot
+see: it is taken as gone once its statement's server-side timeout has
+certainly passed, and never KILLed.
 """
 
 from __future__ import annotations
@@ -54,10 +61,13 @@ from dataclasses import dataclass, field
 from typing import Any
 from weakref import WeakKeyDictionary
 
+from dataservice.tcp import keep_alive
+
 log = logging.getLogger(__name__)
 
-# A connection's server-side boot time, next to its id (connections.CONNECTION_ID).
-SERVER_BOOT = "dataservice.server_boot_s"
+# A connection's id and origin, in its pool record's info (connections.py).
+CONNECTION_ID = "dataservice.connection_id"
+ORIGIN = "dataservice.origin"
 # Uptime is reported in whole seconds: boot times within this are one boot.
 BOOT_TOLERANCE_S = 2.0
 # A connection still in the process list this long after the server answered
@@ -70,16 +80,10 @@ _LONGEST_LOOK_S = 0.02
 # After a failed administrative connect: the first wait, doubling to the last.
 _RETRY_FIRST_S = 0.05
 _RETRY_LAST_S = 0.25
-# TCP's own bound on the administrative connection (no read timeout): an
-# idle connection is probed after KEEPIDLE s, every KEEPINTVL s, KEEPCNT
-# times; data unacknowledged for USER_TIMEOUT ms ends it.
-_KEEPIDLE_S = 5
-_KEEPINTVL_S = 1
-_KEEPCNT = 3
-_USER_TIMEOUT_MS = 10_000
 _UNKNOWN_THREAD = 1094
 _NOT_OWNER = 1095
 
+_IDENTITY = "SELECT CONNECTION_ID(), @@hostname, @@port"
 _UPTIME = "SHOW GLOBAL STATUS LIKE 'Uptime'"
 
 
@@ -96,45 +100,50 @@ def custody_of(engine: Any) -> Custody | None:
     return _CUSTODY.get(engine)
 
 
-def server_boot_s(dbapi_connection: Any) -> float:
-    """When the server behind ``dbapi_connection`` started (Unix seconds)."""
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Which server, in which of its lives, a connection was made to: a
+    thread id means something only there."""
+
+    server: str  # host:port, as the server names itself
+    boot_s: float  # when it started, on this process's monotonic clock
+
+    def same_boot(self, other: Origin) -> bool:
+        return self.server == other.server and abs(self.boot_s - other.boot_s) <= BOOT_TOLERANCE_S
+
+
+def identify(dbapi_connection: Any) -> tuple[int, Origin]:
+    """A new connection's server-side id and its origin (two short statements,
+    once per connection)."""
     cursor = dbapi_connection.cursor()
     try:
+        cursor.execute(_IDENTITY)
+        connection_id, host, port = cursor.fetchone()
         cursor.execute(_UPTIME)
-        row = cursor.fetchone()
+        uptime_s = float(cursor.fetchone()[1])
     finally:
         cursor.close()
-    return time.time() - float(row[1])
+    return int(connection_id), Origin(f"{host}:{port}", time.monotonic() - uptime_s)
 
 
 def bound_by_tcp(dbapi_connection: Any) -> None:
-    """Keepalive and a user timeout on the connection's socket (Linux)."""
+    """TCP's own bound on a connection with no read timeout
+    (:data:`dataservice.tcp.KEEPALIVE`)."""
     sock = socket.socket(fileno=socket.dup(dbapi_connection.fileno()))
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for name, value in (
-            ("TCP_KEEPIDLE", _KEEPIDLE_S),
-            ("TCP_KEEPINTVL", _KEEPINTVL_S),
-            ("TCP_KEEPCNT", _KEEPCNT),
-            ("TCP_USER_TIMEOUT", _USER_TIMEOUT_MS),
-        ):
-            option = getattr(socket, name, None)
-            if option is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+        keep_alive(sock)
     finally:
         sock.close()
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Held:
     """One connection in custody, and the permits waiting on it."""
 
     connection_id: int
-    boot_s: float | None
+    origin: Origin | None
     since: float = field(default_factory=time.monotonic)
     releases: list[Callable[[], None]] = field(default_factory=list)
-    # A statement may be running on it (its client gave up before the answer).
-    abandoned: bool = False
     # When a look at the process list first found it there, and when it was KILLed.
     listed_since: float | None = None
     killed_at: float | None = None
@@ -145,10 +154,8 @@ class _Held:
 @dataclass(frozen=True, slots=True)
 class CustodySnapshot:
     held: int
-    permits_held: int
     abandoned_total: int
     discarded_total: int
-    confirmed_total: int
     killed_total: int
     admin_connects_total: int
     # The administrative connection's server-side id (None: not connected).
@@ -160,66 +167,70 @@ class Custody:
 
     ``connect`` opens the administrative connection (a DB-API connection
     without a read timeout); ``before_connect`` is called before each attempt
-    (the process's reconnect ramp, which may wait)."""
+    (the process's reconnect ramp, which may wait). ``ping_every_s``: an idle
+    administrative connection is pinged this often, so that it is alive when
+    needed. ``outlast_s``: how long a statement can run on a server custody
+    cannot see (the server-side statement timeout, with some slack)."""
 
     def __init__(
         self,
         connect: Callable[[], Any],
         before_connect: Callable[[], None],
         *,
+        ping_every_s: float,
+        outlast_s: float,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._connect = connect
         self._before_connect = before_connect
+        self._ping_every_s = ping_every_s
+        self._outlast_s = outlast_s
         self._sleep = sleep
         self._cond = threading.Condition()
         self._held: dict[int, _Held] = {}
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._admin: Any = None
         self._want_admin = False
-        self._admin_boot_s: float | None = None
+        self._admin: Any = None
         self._admin_id: int | None = None
+        self._admin_origin: Origin | None = None
         self._abandoned = 0
         self._discarded = 0
-        self._confirmed = 0
         self._killed = 0
         self._admin_connects = 0
 
     # -- what the pool and the sessions tell it --------------------------------
 
     def abandon(
-        self, connection_id: int | None, boot_s: float | None, release: Callable[[], None] | None
+        self, connection_id: int | None, origin: Origin | None, release: Callable[[], None] | None
     ) -> None:
-        """A statement may still run on this connection: KILL it, and give the
-        permit back (``release``) once the server confirms it is gone."""
+        """A statement may still run on this connection: give the permit back
+        (``release``) once the server confirms it is gone."""
         with self._cond:
-            if connection_id is None or self._closed:
-                # Never identified (no request's statement was sent on it), or
-                # the engine is disposed: nothing to wait for.
-                taken = False
-            else:
-                taken = True
+            taken = connection_id is not None and not self._closed
+            if taken:
+                assert connection_id is not None
                 self._abandoned += 1
-                held = self._take(connection_id, boot_s)
-                held.abandoned = True
+                held = self._take(connection_id, origin)
                 if release is not None:
                     held.releases.append(release)
+        # Never identified (no request's statement was sent on it), or the
+        # engine is disposed: nothing to wait for.
         if not taken and release is not None:
             release()
 
-    def discarded(self, connection_id: int | None, boot_s: float | None) -> None:
+    def discarded(self, connection_id: int | None, origin: Origin | None) -> None:
         """The pool closed this connection: it counts until the server agrees."""
         with self._cond:
             if connection_id is None or self._closed:
                 return
             self._discarded += 1
-            self._take(connection_id, boot_s)
+            self._take(connection_id, origin)
 
-    def _take(self, connection_id: int, boot_s: float | None) -> _Held:
+    def _take(self, connection_id: int, origin: Origin | None) -> _Held:
         held = self._held.get(connection_id)
         if held is None:
-            held = self._held[connection_id] = _Held(connection_id, boot_s)
+            held = self._held[connection_id] = _Held(connection_id, origin)
             self._cond.notify_all()
             self._ensure_thread()
         return held
@@ -241,10 +252,8 @@ class Custody:
         with self._cond:
             return CustodySnapshot(
                 held=len(self._held),
-                permits_held=sum(len(h.releases) for h in self._held.values()),
                 abandoned_total=self._abandoned,
                 discarded_total=self._discarded,
-                confirmed_total=self._confirmed,
                 killed_total=self._killed,
                 admin_connects_total=self._admin_connects,
                 admin_connection_id=self._admin_id,
@@ -283,23 +292,22 @@ class Custody:
         retry_s = _RETRY_FIRST_S
         while True:
             with self._cond:
-                while not (
-                    self._closed or self._held or (self._want_admin and self._admin is None)
-                ):
-                    self._cond.wait()
+                while not (self._closed or self._held or self._admin_wanted()):
+                    if not self._cond.wait(self._ping_every_s) and self._admin is not None:
+                        break  # idle this long: ping it
                 if self._closed:
                     break
+                idle = not self._held
             try:
+                if idle and self._admin is not None:
+                    self._admin.ping()
+                    continue
                 admin = self._admin_connection()
                 retry_s = _RETRY_FIRST_S
                 self._confirm(admin)
             except Exception as exc:  # any failure: a new administrative connection
                 log.warning("custody: administrative connection failed (%s)", type(exc).__name__)
-                self._drop_admin()
-                with self._cond:
-                    # Nothing waits on it: open it again when next asked.
-                    if not self._held:
-                        self._want_admin = False
+                self._lose_admin()
                 self._sleep(retry_s)
                 retry_s = min(retry_s * 2, _RETRY_LAST_S)
         self._drop_admin()
@@ -312,14 +320,27 @@ class Custody:
             self._before_connect()
             admin = self._connect()
             try:
-                self._admin_boot_s = server_boot_s(admin)
+                self._admin_id, self._admin_origin = identify(admin)
             except BaseException:
                 admin.close()
                 raise
             self._admin = admin
-            self._admin_id = int(admin.thread_id())
-            self._admin_connects += 1
+            with self._cond:
+                self._admin_connects += 1
         return self._admin
+
+    def _lose_admin(self) -> None:
+        """The administrative connection failed: like any connection let go
+        of, it counts until a new one confirms it gone (the server may still
+        hold it, if only the path to it broke)."""
+        lost_id, lost_origin = self._admin_id, self._admin_origin
+        self._drop_admin()
+        with self._cond:
+            if lost_id is not None and not self._closed:
+                self._take(lost_id, lost_origin)
+            # Nothing waits on it: open it again when next asked.
+            if not self._held:
+                self._want_admin = False
 
     def _drop_admin(self) -> None:
         admin, self._admin = self._admin, None
@@ -344,13 +365,14 @@ class Custody:
                 pending = list(self._held.values())
             if not pending:
                 return
-            gone = [h for h in pending if self._from_earlier_boot(h)]
-            live = [h for h in pending if h not in gone]
-            listed = self._still_listed(admin, live)
-            gone.extend(h for h in live if h.connection_id not in listed)
+            now = time.monotonic()
+            here = [h for h in pending if self._here(h)]
+            gone = [h for h in pending if h not in here and self._gone_elsewhere(h, now)]
+            listed = self._still_listed(admin, here)
+            gone.extend(h for h in here if h.connection_id not in listed)
             self._release(gone)
             now = time.monotonic()
-            for held in live:
+            for held in here:
                 if held.connection_id not in listed:
                     continue
                 if held.listed_since is None:
@@ -363,6 +385,23 @@ class Custody:
             else:
                 look_s = _FIRST_LOOK_S
 
+    def _here(self, held: _Held) -> bool:
+        """Whether the administrative connection sees the server, in the same
+        life, that ``held`` was made to (an unknown origin: assume so)."""
+        if held.origin is None or self._admin_origin is None:
+            return True
+        return held.origin.same_boot(self._admin_origin)
+
+    def _gone_elsewhere(self, held: _Held, now: float) -> bool:
+        """A connection custody cannot see: gone if its server restarted since
+        (a restart ends every statement), else once its statement's server-side
+        timeout has certainly passed (behind a proxy or a moved address)."""
+        assert held.origin is not None
+        assert self._admin_origin is not None
+        if held.origin.server == self._admin_origin.server:
+            return True
+        return now - held.since >= self._outlast_s
+
     @staticmethod
     def _kill_due(held: _Held, now: float) -> bool:
         if held.kill_refused or held.listed_since is None:
@@ -370,11 +409,6 @@ class Custody:
         if held.killed_at is None:
             return now - held.listed_since >= KILL_AFTER_S
         return now - held.killed_at >= KILL_AGAIN_S
-
-    def _from_earlier_boot(self, held: _Held) -> bool:
-        if held.boot_s is None or self._admin_boot_s is None:
-            return False
-        return abs(held.boot_s - self._admin_boot_s) > BOOT_TOLERANCE_S
 
     def _kill(self, admin: Any, held: _Held) -> bool:
         """KILL the connection; False if the server no longer knows it."""
@@ -419,7 +453,6 @@ class Custody:
         with self._cond:
             for held in gone:
                 if self._held.pop(held.connection_id, None) is not None:
-                    self._confirmed += 1
                     releases.extend(held.releases)
             self._cond.notify_all()
         for release in releases:

@@ -38,6 +38,8 @@ LIVENESS_IDLE_S = 1.0
 # The administrative connection waits its turn on the reconnect ramp however
 # long it takes: custody cannot confirm anything without it.
 _ADMIN_RAMP_WAIT_S = 3600.0
+# Past the statement timeout, before a statement custody cannot see is taken as gone.
+_OUTLAST_SLACK_S = 1.0
 _IDLE_SINCE = "dataservice.idle_since"
 
 
@@ -64,9 +66,11 @@ def driver_read_timeout_s(config: DatabaseConfig) -> int:
 def create_store_engine(url: str, pool_size: int, config: DatabaseConfig) -> Engine:
     """The pool of one worker process: ``pool_size`` connections and no more.
 
-    The driver's read timeout is a backstop for a server that stops answering;
-    it exceeds the longest statement timeout (``max_statement_ms``), so by the
-    time it fires the server has already given up on the statement.
+    The driver's read timeout is a backstop for a server that stops
+    answering; it exceeds the longest statement timeout (``max_statement_ms``).
+    A server that keeps running has given up on the statement by then; a
+    stalled one has not, which is why a connection lost this way goes into
+    custody with its permit (:mod:`dataservice.store.custody`).
     """
     read_timeout_s = driver_read_timeout_s(config)
     engine = create_engine(
@@ -87,7 +91,12 @@ def create_store_engine(url: str, pool_size: int, config: DatabaseConfig) -> Eng
     event.listen(engine, "checkin", _on_checkin)
     event.listen(engine, "checkout", _on_checkout)
     ramp = ConnectRamp(config.connect_rate_per_s, config.connect_burst)
-    custody = Custody(_admin_connect(engine, config), lambda: ramp.take(_ADMIN_RAMP_WAIT_S))
+    custody = Custody(
+        _admin_connect(engine, config),
+        lambda: ramp.take(_ADMIN_RAMP_WAIT_S),
+        ping_every_s=config.pool_recycle_s,
+        outlast_s=config.max_statement_ms / 1000 + _OUTLAST_SLACK_S,
+    )
     install(engine, ramp, custody, config.pool_timeout_ms / 1000, config.max_statement_ms)
     return engine
 

@@ -22,13 +22,12 @@ from dataservice.observe import trace as tracing
 from dataservice.observe.metrics import Stage
 from dataservice.store.connections import (
     CONNECT_BY,
-    CONNECTION_ID,
     DEADLINE_OPTION,
     STATEMENT_TIMEOUT_CODES,
     StatementTimeout,
     bounded_statement,
 )
-from dataservice.store.custody import SERVER_BOOT, custody_of
+from dataservice.store.custody import CONNECTION_ID, ORIGIN, Origin, custody_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,9 +193,9 @@ class Sessions:
         self._custody.abandon(*identity, release)
 
 
-_Identity = tuple[int | None, float | None]
+_Identity = tuple[int | None, Origin | None]
 
 
 def _identity(info: dict[Any, Any]) -> _Identity:
-    """A pooled connection's server-side id and its server's boot time."""
-    return info.get(CONNECTION_ID), info.get(SERVER_BOOT)
+    """A pooled connection's server-side id and its origin."""
+    return info.get(CONNECTION_ID), info.get(ORIGIN)
