@@ -17,6 +17,7 @@ server's own process list.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -42,9 +43,10 @@ class Permit:
     """One held permit; the store records which connection it runs on."""
 
     op_class: OperationClass
+    _owner: LanePermits = field(repr=False)
+    _class_slot: threading.BoundedSemaphore = field(repr=False)
     acquired_at: float = field(default_factory=time.monotonic)
     connection_id: int | None = None
-    _give_back: Callable[[], None] | None = field(default=None, repr=False)
     _handed_over: bool = field(default=False, repr=False)
 
     @property
@@ -54,11 +56,10 @@ class Permit:
     def hand_over(self) -> Callable[[], None]:
         """Keep this permit taken after its block ends: the returned function
         gives it back (once), when the database has let go of its statement."""
-        give_back = self._give_back
-        if give_back is None or self._handed_over:
-            raise RuntimeError("the permit is no longer held here")
+        if self._handed_over:
+            raise RuntimeError("the permit was handed over already")
         self._handed_over = True
-        return give_back
+        return functools.partial(self._owner._give_back, self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +103,8 @@ class LanePermits:
         if not self._lane.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
             class_slot.release()
             self._refuse(started)
-        tracing.record(Stage.PERMIT_WAIT, time.monotonic() - started)
         with self._held(op_class, class_slot) as permit:
+            tracing.record(Stage.PERMIT_WAIT, time.monotonic() - started)
             yield permit
 
     @contextmanager
@@ -128,28 +129,30 @@ class LanePermits:
     ) -> Iterator[Permit]:
         """The block of a permit whose lane and class slots are taken: they are
         given back at its end, unless the permit was handed over."""
-        permit = Permit(op_class)
-        started = time.monotonic()
-
-        def give_back() -> None:
-            # Once, whoever calls: the block's end or the custody.
+        try:
+            permit = Permit(op_class, self, class_slot)
             with self._lock:
-                if self._holders.pop(id(permit), None) is None:
-                    return
-                self._released += 1
+                self._acquired += 1
+                self._holders[id(permit)] = permit
+        except BaseException:
             self._lane.release()
             class_slot.release()
-            self.on_released(time.monotonic() - started)
-
-        permit._give_back = give_back
-        with self._lock:
-            self._acquired += 1
-            self._holders[id(permit)] = permit
+            raise
         try:
             yield permit
         finally:
             if not permit.handed_over:
-                give_back()
+                self._give_back(permit)
+
+    def _give_back(self, permit: Permit) -> None:
+        # Once, whoever calls: the block's end or the custody.
+        with self._lock:
+            if self._holders.pop(id(permit), None) is None:
+                return
+            self._released += 1
+        self._lane.release()
+        permit._class_slot.release()
+        self.on_released(time.monotonic() - permit.acquired_at)
 
     def _refuse(self, started: float) -> None:
         # A refused wait is a wait too: it is what saturation looks like.
