@@ -187,7 +187,7 @@ def test_a_request_that_could_start_but_not_be_served_in_time_is_refused(
         # (On RabbitMQ the queue is not seen: of the 11 held, 2 are taken to
         # be running, 5 a second for 400 ms each, and 9 to wait: 1.8 s, and
         # the read's own 400 ms.)
-        publish_service_times(broker, key, {"read": 400.0})
+        publish_service_times(broker, key, {"read": 400.0}, {"read": 400.0})
         with pytest.raises(ResourceExhausted) as caught:
             client.submit(ReadOp("s", "too-slow"), timeout=2.1)
         assert caught.value.reason == "queue_too_long"

@@ -314,16 +314,15 @@ def publish_service_times(
     client: redis.Redis,
     stats_key: str,
     p90_ms: dict[str, float],
-    mean_ms: dict[str, float] | None = None,
+    mean_ms: dict[str, float],
 ) -> None:
     """Say how long each operation's answered requests take once dequeued:
-    the p90 (``p90_ms``), and the mean (``mean_ms``; without it, admission
-    takes the p90 for it too) (``service.lua``, stamped with Redis's clock)."""
+    their p90 and their mean (``service.lua``, stamped with Redis's clock)."""
     pairs: list[Any] = []
     for operation, ms in sorted(p90_ms.items()):
         if operation in OPERATIONS:
             pairs += [SERVICE_PREFIX + operation, round(ms, 1)]
-    for operation, ms in sorted((mean_ms or {}).items()):
+    for operation, ms in sorted(mean_ms.items()):
         if operation in OPERATIONS:
             pairs += [MEAN_PREFIX + operation, round(ms, 1)]
     if pairs:

@@ -10,8 +10,9 @@
 --            rate     completions per second while the queue was busy, raised to
 --                     what a quieter window drained (a floor)
 --            rate_at  when the current measuring window began (server time, ms); the
---                     first opens at the first completion since the counts began
---                     (answer.lua), once the workers are there: a window opened
+--                     first opens at the first completion of a request admitted
+--                     since the counts began (complete.lua), once the workers
+--                     take from this Redis's queue: a window opened
 --                     by a publish while they were still connecting (a start, a
 --                     Redis that restarted empty) measured them as slow
 --            busy_at  when a window last measured the lane busy (a queue in the list);

@@ -236,6 +236,9 @@ class Fleet:
     threads: Mapping[LaneName, int]
     # Where the replicas' alive files are (None: they have none).
     alive_dir: Path | None = None
+    # Whether each process keeps an administrative connection (the service's
+    # do, for custody; the naive baseline's do not, and are held to the rest).
+    administrative: bool = True
     replicas: list[Replica] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -294,11 +297,14 @@ class Fleet:
     def share(self, now: float) -> tuple[int, int]:
         """(active statements, connections) the live replicas may hold by the
         budget: each process's permits and pool, and its administrative
-        statement and connection, as ``check-config`` counts them."""
+        statement and connection, as ``check-config`` counts them (for
+        processes that keep one)."""
         shares = [
             process_share(self.config.lanes[r.lane], self.threads[r.lane])
             for r in self.holding(now)
         ]
+        if not self.administrative:
+            return sum(s.permits for s in shares), sum(s.pool for s in shares)
         return sum(s.active for s in shares), sum(s.connections for s in shares)
 
     def alive_files(self, now: float) -> list[Path]:

@@ -183,7 +183,14 @@ class Run:
             spawn = partial(naive.worker, self.config, self.target.redis_url, url, delay)
             threads = {lane: naive.threads(self.config.lanes[lane]) for lane in LaneName}
             self.control = naive.make_app(self.target.redis_url)
-        self.fleet = env.Fleet(spawn, options.out / "logs", self.config, threads, self.alive_dir)
+        self.fleet = env.Fleet(
+            spawn,
+            options.out / "logs",
+            self.config,
+            threads,
+            self.alive_dir,
+            administrative=options.system == "service",
+        )
 
     def expected_callers(self, capacity: dict[LaneName, float] | None = None) -> int:
         """Callers the schedule keeps busy if every request waits up to a second."""
