@@ -35,6 +35,7 @@ from sqlalchemy.engine import make_url
 
 from dataservice_tools.loadtest import probe
 from dataservice_tools.loadtest.probe import READ_TIMEOUT_S
+from dataservice_tools.loadtest.stalls import stop_child
 
 TARGET_HZ = 50.0
 
@@ -107,14 +108,7 @@ class Sampler:
         self._reader.start()
 
     def stop(self) -> None:
-        if self._process is None:
-            return
-        self._process.terminate()
-        self._process.wait(5)
-        if self._reader is not None:
-            self._reader.join(5)
-        if self._process.stdout is not None:
-            self._process.stdout.close()
+        stop_child(self._process, self._reader)
         self._process = None
 
     def latest(self) -> Sample | None:

@@ -28,6 +28,18 @@ STEP_S = 0.005
 THRESHOLD_S = 0.01
 
 
+def stop_child(process: subprocess.Popen[str] | None, reader: threading.Thread | None) -> None:
+    """End a helper process of the harness's and the thread that reads its lines."""
+    if process is None:
+        return
+    process.terminate()
+    process.wait(5)
+    if reader is not None:
+        reader.join(5)
+    if process.stdout is not None:
+        process.stdout.close()
+
+
 @dataclass(frozen=True, slots=True)
 class Stall:
     at: float  # monotonic seconds when the sleeper woke
@@ -133,14 +145,7 @@ class StallMeter:
     def stop(self) -> None:
         self.harness.stop()
         self.wakes.stop()
-        if self._process is None:
-            return
-        self._process.terminate()
-        self._process.wait(5)
-        if self._reader is not None:
-            self._reader.join(5)
-        if self._process.stdout is not None:
-            self._process.stdout.close()
+        stop_child(self._process, self._reader)
         self._process = None
 
     def summary(self, t0: float) -> dict[str, Any]:
