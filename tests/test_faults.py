@@ -69,6 +69,8 @@ def test_a_fault_stretches_no_deadline_and_the_service_serves_again(
         "steady", tmp_path, TEST_TARGET, replicas=1, duration_s=duration, rate=RATE,
         db_delay_ms=DELAY_MS, records=200, fault=fault, broker_url=broker_url,
     )  # fmt: skip
+    # Beside the replicas' logs: what a failure here needs to be read.
+    write_json(tmp_path / "report.json", report)
     found = report["fault"]
     assert found["slowest_past_timeout_ms"] <= allowed_past_timeout_ms(report), (
         found["slowest_call"],

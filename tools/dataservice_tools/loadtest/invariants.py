@@ -46,7 +46,10 @@ def _held(series: dict[str, Any], began: float, recovered_at: float, end: float)
     its mean before the fault."""
     goodput = series[LaneName.INTERACTIVE.value]["goodput"]
     before = goodput[1 : int(began)]
-    after = goodput[int(recovered_at) : int(end)]
+    # From the whole second nearest recovery: flooring it counted a second
+    # spent mostly before recovery (10.0-11.0 for a recovery at 10.996), and a
+    # verdict then turned on where recovery fell within its second.
+    after = goodput[round(recovered_at) : int(end)] or goodput[int(recovered_at) : int(end)]
     if not before or not after or sum(before) == 0:
         return None
     ratio = (sum(after) / len(after)) / (sum(before) / len(before))
