@@ -2,8 +2,10 @@
 (:mod:`dataservice_tools.loadtest.environment` flushes Redis dbs, seeds records and
 writes callers files; :mod:`dataservice.ops.processes` starts workers;
 :mod:`dataservice_tools.testkit` holds what the tests share with them): the bench
-database, a worker's readiness by a probe request, the pids of the servers, and
-the machine's facts on one console line.
+database, the shipped configuration as the benches run it, a worker's readiness
+by a probe request, the pids of the servers, SIGTERM as an exit (so that a bench
+stopped by a signal still stops its workers), and the machine's facts on one
+console line.
 
 Only the bench's own Redis db numbers are flushed and only the bench's own
 database is dropped; nothing else on the shared Redis or MariaDB is touched.
@@ -11,12 +13,16 @@ database is dropped; nothing else on the shared Redis or MariaDB is touched.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
+import yaml
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -60,7 +66,35 @@ def drop_database(url: str) -> None:
         server.dispose()
 
 
+# Configuration -----------------------------------------------------------------
+
+
+def unguarded_config(directory: Path, request_lines: str | None = None) -> Path:
+    """The shipped queues.yml, reading the cache without a change consumer:
+    none runs here, and nothing but the bench changes the records. With
+    ``request_lines``, ``logging.requests`` set to it."""
+    document = yaml.safe_load((REPO / "queues.yml").read_text(encoding="utf-8"))
+    document["changes"]["guard"] = False
+    if request_lines is not None:
+        document.setdefault("logging", {})["requests"] = request_lines
+    path = directory / "queues.yml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    return path
+
+
 # Processes -------------------------------------------------------------------
+
+
+@contextmanager
+def sigterm_as_exit() -> Iterator[None]:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def wait_ready(

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/async_client.py [--runs 3] [--seconds 6] [--json out.json]
 
-Sets everything up itself, as ``bench/roundtrip.py`` does: flushes its own Redis
+Sets everything up itself, as ``python -m bench.roundtrip`` does: flushes its own Redis
 db (``--db``; never db 0), recreates the ``dataservice_bench`` database and
 seeds it with 1 KB records, starts ``--replicas`` interactive workers
 (``dataservice worker --lane interactive``), waits until each answers and
@@ -58,7 +58,6 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import _env
-from bench.roundtrip import _unguarded_config
 from dataservice import AsyncClient, Client
 from dataservice.config.settings import Settings
 from dataservice.ops.processes import worker_environ
@@ -356,10 +355,10 @@ def measure(
 
 
 def _bench_config(directory: Path) -> Path:
-    """The shipped queues.yml as bench/roundtrip.py runs it, its interactive
+    """The shipped queues.yml as ``python -m bench.roundtrip`` runs it, its interactive
     lane admitting the fan-in's 5,000 at once (the shipped bounds refuse most
     of such a burst: 2,000 messages, a 500 ms standing queue)."""
-    path = _unguarded_config(directory)
+    path = _env.unguarded_config(directory)
     document = yaml.safe_load(path.read_text(encoding="utf-8"))
     admission = document["lanes"]["interactive"]["admission"]
     admission["max_messages"] = 20_000

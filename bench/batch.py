@@ -7,7 +7,7 @@ Sets everything up itself: its own Redis db numbers (``--service-db``,
 ``--bare-db``; never db 0) flushed, the ``dataservice_bench`` database
 recreated with ``dataservice db upgrade``, one ``dataservice worker --lane
 batch`` with the shipped ``queues.yml`` (its permits, concurrency and batch
-bounds) and a stock Celery worker (:mod:`bench.bare_upsert`, threads pool,
+bounds) and a stock Celery worker (:mod:`bench.baselines.upsert`, threads pool,
 as many threads as the lane's permits) as subprocesses. Then, in each run,
 every system writes ``--writes`` records of 1 KB to distinct ids of a scope
 of its own, the systems taking turns (A B C, then C B A, ...):
@@ -74,8 +74,8 @@ from rich.table import Table
 from sqlalchemy.engine import make_url
 
 from bench import _env
-from bench.bare_upsert import UPSERT_TASK, upsert_args
-from bench.bare_upsert import make_app as bare_app
+from bench.baselines.upsert import UPSERT_TASK, upsert_args
+from bench.baselines.upsert import make_app as bare_app
 from dataservice.client import Client
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
@@ -518,7 +518,7 @@ class Bench:
                 [
                     sys.executable,
                     "-m",
-                    "bench.bare_upsert",
+                    "bench.baselines.upsert",
                     "--url",
                     bare_url,
                     "--concurrency",

@@ -50,6 +50,7 @@ import yaml
 from dataservice_tools.loadtest.changes import start_consumer
 from dataservice_tools.localservices import TemporaryBinlogMariaDB
 from dataservice_tools.testkit.machine import machine_info
+from dataservice_tools.testkit.series import percentile
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.event import XidEvent
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
@@ -73,17 +74,19 @@ TARGET_GROUP_P99_MS = 50.0
 _POLL_S = 0.0002
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+def _at(values: list[float], q: float) -> float:
+    found = percentile(values, q)
+    if found is None:
+        raise ValueError("no samples: nothing was measured")
+    return found
 
 
 def summary(values: list[float]) -> dict[str, float]:
     return {
         "n": len(values),
-        "p50_ms": percentile(values, 50),
-        "p90_ms": percentile(values, 90),
-        "p99_ms": percentile(values, 99),
+        "p50_ms": _at(values, 50),
+        "p90_ms": _at(values, 90),
+        "p99_ms": _at(values, 99),
         "max_ms": max(values),
         "mean_ms": statistics.fmean(values),
     }

@@ -5,7 +5,7 @@
 Three systems, in alternating rounds (forward, then reverse order) so drift on
 a noisy machine hits all alike:
 
-- ``stock``: :mod:`bench.bare_app`'s no-op, Redis result backend, ``.delay().get()``;
+- ``stock``: :mod:`bench.baselines.noop`'s no-op, Redis result backend, ``.delay().get()``;
 - ``pool``: a task on the service's transport and serializer whose inline
   handler declines, so the pool answers by RPUSH and the caller BLPOPs;
 - ``inline``: the same task and worker, answered by the inline handler on the
@@ -41,12 +41,14 @@ if __package__ in (None, ""):
 import redis
 from celery import Celery, Task
 from dataservice_tools.loadtest.environment import flush_redis
+from dataservice_tools.testkit.callers import Call, Caller, run_round
+from dataservice_tools.testkit.cpu import Components
+from dataservice_tools.testkit.series import Series
 from rich.console import Console
 from rich.table import Table
 
 from bench import _env
-from bench.bare_app import NOOP_TASK, make_app
-from bench.roundtrip import Call, Caller, Components, Series, run_round
+from bench.baselines.noop import NOOP_TASK, make_app
 from dataservice.broker.glue import CONTENT_TYPE, SERIALIZER
 from dataservice.config.model import load_config
 from dataservice.ops.processes import WorkerProcess, worker_environ
@@ -180,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         filter(None, [str(_env.REPO), environ.get("PYTHONPATH")])
     )
     logdir = Path(tempfile.mkdtemp(prefix="dataservice-fastpath-"))
-    stock_argv = [sys.executable, "-m", "bench.bare_app", "--url", stock_url]
+    stock_argv = [sys.executable, "-m", "bench.baselines.noop", "--url", stock_url]
     inline_argv = [sys.executable, "-m", "bench.fastpath", "--worker", "--url", inline_url]
     workers = {
         STOCK: WorkerProcess(
@@ -199,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         _env.wait_ready(workers[STOCK], stock_call(stock_url))
         _env.wait_ready(workers[INLINE], inline_call(inline_url, INLINE))
         pids = {STOCK: workers[STOCK].pid, POOL: workers[INLINE].pid, INLINE: workers[INLINE].pid}
-        components = Components(pids, _env.find_pid("redis-server"), None)
+        components = Components(pids, {"redis": _env.find_pid("redis-server")})
         factories = {
             STOCK: lambda _rng: stock_call(stock_url),
             POOL: lambda _rng: inline_call(inline_url, POOL),

@@ -49,12 +49,12 @@ if __package__ in (None, ""):
 
 import yaml
 from dataservice_tools.loadtest.environment import flush_redis, run_callers_file
-from dataservice_tools.loadtest.report import percentile
 from dataservice_tools.testkit.bursts import burst
 from dataservice_tools.testkit.counting_database import CountingDatabase
 from dataservice_tools.testkit.flood import one_attempt
 from dataservice_tools.testkit.machine import machine_info
 from dataservice_tools.testkit.replicas import replicas, until_each_answers
+from dataservice_tools.testkit.series import percentile
 from rich.console import Console
 from rich.table import Table
 

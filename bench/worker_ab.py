@@ -27,23 +27,17 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dataservice_tools.loadtest.environment import flush_redis, run_callers_file, seed_records
+from dataservice_tools.testkit.callers import Caller, run_round
+from dataservice_tools.testkit.cpu import Components
+from dataservice_tools.testkit.series import RunResult, Series
 from rich.console import Console
 from rich.table import Table
 
 from bench import _env
-from bench.roundtrip import (
-    PAYLOAD_BYTES,
-    SCOPE,
-    Caller,
-    Components,
-    RunResult,
-    percentile,
-    run_round,
-    service_factory,
-)
+from bench.roundtrip.systems import PAYLOAD_BYTES, SCOPE, service_factory
 from dataservice.client import Client
 from dataservice.config.settings import Settings
-from dataservice.enums import LaneName
+from dataservice.enums import LaneName, ReadMode
 from dataservice.ops.processes import WorkerProcess, worker_argv, worker_environ
 
 
@@ -112,22 +106,18 @@ def print_table(
     table.add_column("worker CPU ms/req", justify="right")
     for phase in dict.fromkeys(ph for ph, _ in runs):
         for k, tree in trees.items():
-            rs = runs[(phase, k)]
-            lat = sorted(x for run in rs for x in run.latencies_ns)
-            cpu = sum(run.cpu_s["worker"] or 0.0 for run in rs) / max(len(lat), 1) * 1000
-            window = sum(run.window_s for run in rs)
-            rate = sum(run.window_count for run in rs) / window if window else float("nan")
-            rounds_p50 = [percentile(sorted(run.latencies_ns), 50) for run in rs]
+            s = Series(runs[(phase, k)]).summary()
+            cpu = s["cpu_ms_per_request"]["worker"]
             table.add_row(
                 phase,
                 f"{k}: {tree}",
-                str(len(lat)),
-                str(sum(run.errors for run in rs)),
-                f"{percentile(lat, 50):.2f}",
-                f"{statistics.median(rounds_p50):.2f}",
-                f"{percentile(lat, 99):.2f}",
-                f"{rate:.0f}",
-                f"{cpu:.2f}",
+                str(s["requests"]),
+                str(s["errors"]),
+                f"{s['p50_ms']:.2f}",
+                f"{statistics.median(s['rounds_p50_ms']):.2f}",
+                f"{s['p99_ms']:.2f}",
+                f"{s['throughput_per_s']:.0f}",
+                "-" if cpu is None else f"{cpu:.2f}",
             )
         table.add_section()
     console.print(table)
@@ -162,10 +152,14 @@ def main(argv: list[str] | None = None) -> int:
                 probe.close()
         components = Components(
             {k: w.pid for k, w in workers.items()},
-            _env.find_pid("redis-server"),
-            _env.find_pid("mariadbd", "mysqld"),
+            {
+                "redis": _env.find_pid("redis-server"),
+                "mariadb": _env.find_pid("mariadbd", "mysqld"),
+            },
         )
-        factories = {k: service_factory(settings[k], config, ids, None) for k in trees}
+        factories = {
+            k: service_factory(settings[k], config, ids, None, ReadMode.ALLOW_CACHED) for k in trees
+        }
         callers = [Caller(i, factories) for i in range(args.callers)]
         for caller in callers:
             caller.start()

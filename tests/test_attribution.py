@@ -1,4 +1,4 @@
-"""``bench/attribution.py --quick`` produces its table for (a), (b) and (c) in one run.
+"""``python -m bench.attribution --quick`` produces its table for (a), (b) and (c) in one run.
 
 Only the table's shape and that each figure was measured are asserted; what
 the figures say is the bench's to show (bench/RESULTS.md), never a test's.
@@ -33,7 +33,7 @@ def test_quick_run_has_every_system_at_every_size_with_measured_figures(tmp_path
     require(shutil.which("redis-server") is not None, "redis-server")
     out = tmp_path / "attribution.json"
     finished = subprocess.run(
-        [sys.executable, "bench/attribution.py", "--quick", "--json", str(out)],
+        [sys.executable, "-m", "bench.attribution", "--quick", "--json", str(out)],
         cwd=ROOT,
         check=False,
         capture_output=True,

@@ -18,6 +18,7 @@ from dataservice.client import Client
 from dataservice.enums import LaneName
 from dataservice.errors import DataServiceError, ResourceExhausted
 from dataservice.types import Operation, ReadOp, Record, WriteOp, WriteResult
+from dataservice_tools.testkit.series import percentile
 
 SCOPE = "demo"
 CALLERS = 8
@@ -28,13 +29,6 @@ def payload_for(object_id: str) -> bytes:
     seed = hashlib.sha256(object_id.encode()).digest()
     size = 256 + int.from_bytes(seed[:2], "big") % 769
     return (seed * (size // len(seed) + 1))[:size]
-
-
-def percentile(samples: list[float], q: float) -> float:
-    if not samples:
-        return 0.0
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 @dataclass
@@ -128,6 +122,10 @@ def run_workload(client: Client, records: int, run_id: str) -> list[LaneReport]:
     return [run_lane(client, lane, records, run_id) for lane in LaneName]
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}ms"
+
+
 def report_table(reports: list[LaneReport]) -> Table:
     table = Table(title=f"demo: each record written and read back, {CALLERS} callers per lane")
     for column in ("lane", "verified", "ops/s", "write p50", "p99", "read p50", "p99", "errors"):
@@ -137,10 +135,10 @@ def report_table(reports: list[LaneReport]) -> Table:
             r.lane.value,
             f"{r.verified}/{r.records}",
             f"{r.throughput:.0f}",
-            f"{percentile(r.write_ms, 0.5):.1f}ms",
-            f"{percentile(r.write_ms, 0.99):.1f}ms",
-            f"{percentile(r.read_ms, 0.5):.1f}ms",
-            f"{percentile(r.read_ms, 0.99):.1f}ms",
+            _ms(percentile(r.write_ms, 50)),
+            _ms(percentile(r.write_ms, 99)),
+            _ms(percentile(r.read_ms, 50)),
+            _ms(percentile(r.read_ms, 99)),
             ", ".join(f"{k}: {v}" for k, v in sorted(r.errors.items())) or "none",
         )
     return table

@@ -8,9 +8,9 @@ from typing import Any
 from rich.table import Table
 
 from dataservice.enums import LaneName
-from dataservice_tools.loadtest import report as rep
 from dataservice_tools.loadtest.openloop import OpenLoop, Outcome
 from dataservice_tools.loadtest.sampler import Sampler
+from dataservice_tools.testkit.series import percentile
 
 
 def live_table(title: str, duration_s: float, loop: OpenLoop, sampler: Sampler) -> Table:
@@ -28,7 +28,7 @@ def live_table(title: str, duration_s: float, loop: OpenLoop, sampler: Sampler) 
         mine = [r for r in records if r.lane is lane]
         counts = {o: sum(1 for r in mine if r.outcome is o) for o in Outcome}
         recent = [r.latency_ms for r in mine[-2000:] if r.outcome is Outcome.OK]
-        p99 = rep.percentile(recent, 99)
+        p99 = percentile(recent, 99)
         table.add_row(
             lane.value,
             str(loop.scheduled[lane]),

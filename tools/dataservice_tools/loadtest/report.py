@@ -14,22 +14,12 @@ from typing import Any
 from dataservice.enums import LaneName
 from dataservice_tools.loadtest.openloop import Outcome, RequestRecord
 from dataservice_tools.loadtest.sampler import Sample
+from dataservice_tools.testkit.series import percentile
 
 
 def sample_hz(count: int, span_s: float) -> float:
     """How often ``count`` samples over ``span_s`` seconds were taken."""
     return round((count - 1) / span_s, 1) if span_s > 0 else 0.0
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (q in 0..100); None without samples."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
 def _r(value: float | None, digits: int = 1) -> float | None:

@@ -1,8 +1,10 @@
-"""CPU time of processes, as ``/proc`` counts it (Linux)."""
+"""CPU time of processes, as ``/proc`` counts it (Linux), alone or as the set of
+processes a bench measures."""
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -17,3 +19,20 @@ def process_cpu_s(pid: int) -> float | None:
     fields = stat.rsplit(")", 1)[1].split()
     # Fields 14 and 15 of proc(5); fields[0] here is field 3.
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+class Components:
+    """CPU-time snapshots of this process (``client``), the worker of the system
+    under test (``worker``) and the servers named in ``servers`` (their pids;
+    None where the server is not measured)."""
+
+    def __init__(self, workers: dict[str, int], servers: dict[str, int | None]) -> None:
+        self._workers = workers
+        self._servers = servers
+
+    def snapshot(self, system: str) -> dict[str, float | None]:
+        return {
+            "client": time.process_time(),
+            "worker": process_cpu_s(self._workers[system]),
+            **{part: process_cpu_s(pid) if pid else None for part, pid in self._servers.items()},
+        }

@@ -15,8 +15,8 @@ from typing import Any
 from dataservice.client import Client
 from dataservice.enums import LaneName
 from dataservice_tools.loadtest.openloop import LAG_TOLERANCE_S, OpenLoop, Outcome, RequestRecord
-from dataservice_tools.loadtest.report import percentile
 from dataservice_tools.loadtest.service import ServiceAdapter
+from dataservice_tools.testkit.series import percentile
 
 TIMEOUT_S = 2.0
 LANE = LaneName.INTERACTIVE

@@ -24,7 +24,7 @@ from typing import Any
 
 SYSTEMS = ("a", "b", "c")
 WORKLOADS = ("cached", "database")
-# The serialization steps each path runs per read (bench/_attribution_fixtures.py).
+# The serialization steps each path runs per read (bench/attribution/fixtures.py).
 PATH_STEPS = {
     ("b", "cached"): (
         "request encode",

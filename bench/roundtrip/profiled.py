@@ -1,10 +1,10 @@
 """Where the round trip's CPU goes: py-spy on the caller process and on each worker.
 
-    .venv/bin/python bench/profile_roundtrip.py [--seconds 8] [--callers 1] [--out DIR]
+    .venv/bin/python -m bench.roundtrip.profiled [--seconds 8] [--callers 1] [--out DIR]
 
 py-spy comes with the project's ``bench`` dependency group.
 
-Same set-up as ``bench/roundtrip.py`` (same isolated Redis dbs and database,
+Same set-up as ``python -m bench.roundtrip`` (same isolated Redis dbs and database,
 same worker subprocesses). For each system in turn it samples the caller
 process and the worker for ``--seconds`` while ``--callers`` threads send
 requests back to back, then prints the frames with the largest inclusive share
@@ -27,12 +27,10 @@ import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from rich.table import Table
 
-from bench.roundtrip import SYSTEMS, Bench, parse_args, sigterm_as_exit
+from bench._env import sigterm_as_exit
+from bench.roundtrip.systems import SYSTEMS, Bench, parse_args
 
 
 def py_spy() -> str:
@@ -101,7 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         help="sample every running thread, not only the one holding the GIL",
     )
     own_args, rest = extra.parse_known_args(argv)
-    args = parse_args([*rest, "--callers", "1"] if "--callers" not in rest else rest)
+    args = parse_args(
+        [*rest, "--callers", "1"] if "--callers" not in rest else rest,
+        __doc__,
+        "python -m bench.roundtrip.profiled",
+    )
     own_args.out.mkdir(parents=True, exist_ok=True)
     bench = Bench.create(args)
     with sigterm_as_exit():

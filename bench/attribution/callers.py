@@ -13,8 +13,8 @@ import time
 import uuid
 from typing import Protocol
 
-from bench._attribution_app import PLAIN_QUEUE, make_plain_app
-from bench._attribution_wire import (
+from bench.attribution.app import PLAIN_QUEUE, make_plain_app
+from bench.attribution.wire import (
     PLAIN_TASK,
     json_message,
     json_request,

@@ -6,7 +6,7 @@ broker and result backend, awaited with ``.get()``) whose task reads the
 record through the service's :class:`~dataservice.store.RecordStore` (the
 same statement on the same engine settings) with no bounds: no admission, no
 permit, no statement timeout. A cached read first GETs a plain JSON entry
-(:func:`~bench._attribution_wire.plain_value`), and fills it on a miss.
+(:func:`~bench.attribution.wire.plain_value`), and fills it on a miss.
 
 **(b) admitted JSON**: the service's components with JSON instead of
 protobuf. Requests are pushed through the broker channel's admission script
@@ -22,7 +22,7 @@ service: request signatures, the gate's per-caller limits, and ``hit.lua``
 
 Both run with the service lane's worker options (threads pool, the lane's
 concurrency, prefetch 1, late acknowledgement, fair scheduling, no gossip or
-mingle). Run as ``python -m bench._attribution_app plain|json ...``.
+mingle). Run as ``python -m bench.attribution.app plain|json ...``.
 """
 
 from __future__ import annotations
@@ -37,10 +37,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench._attribution_wire import (
+from bench.attribution.wire import (
     JSON_TASK,
     OK,
     PLAIN_TASK,
@@ -281,7 +278,7 @@ def run_json(settings: Settings) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.attribution.app", description=__doc__)
     sub = parser.add_subparsers(dest="kind", required=True)
     plain = sub.add_parser("plain", help="(a): stock Celery, JSON, no admission or permits")
     plain.add_argument("--url", required=True, help="Redis URL: broker, results and cache")

@@ -40,8 +40,8 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from bench._attribution_callers import CALLER
-from bench._attribution_wire import (
+from bench.attribution.callers import CALLER
+from bench.attribution.wire import (
     decode_task_body,
     encode_task_body,
     json_request,

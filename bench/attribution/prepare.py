@@ -29,7 +29,9 @@ WORKLOADS = ("cached", "database")
 
 def parse_args(argv: list[str] | None, description: str | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        description=description, formatter_class=argparse.RawTextHelpFormatter
+        prog="python -m bench.attribution",
+        description=description,
+        formatter_class=argparse.RawTextHelpFormatter,
     )
     p.add_argument("--rate", type=float, default=100.0, help="offered requests/s per cell")
     p.add_argument("--seconds", type=float, default=8.0, help="measured seconds per cell")
@@ -134,7 +136,7 @@ def workers(
     plain_url: str, settings: dict[str, Settings], database_url: str, directory: Path
 ) -> dict[str, WorkerProcess]:
     """(a), (b) and (c)'s worker processes (not started)."""
-    module = [sys.executable, "-m", "bench._attribution_app"]
+    module = [sys.executable, "-m", "bench.attribution.app"]
     plain = ["plain", "--url", plain_url, "--database-url", database_url]
     plain += ["--config", str(_env.REPO / "queues.yml")]
     argvs = {

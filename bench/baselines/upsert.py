@@ -1,12 +1,12 @@
 """The batch bench's stock baseline: a Celery task doing the service's upsert.
 
-The same stock app as :mod:`bench.bare_app` (Redis broker and result backend,
+The same stock app as :mod:`bench.baselines.noop` (Redis broker and result backend,
 threads pool, prefetch 1, late acknowledgement), with one task that writes a
 record with the service's own statement (``dataservice.store.statements.UPSERT``)
 on a pool of as many connections as threads, in autocommit: what a team
 writing its own Celery task for the job would run.
 
-Run the worker with ``python -m bench.bare_upsert --url redis://... --concurrency N
+Run the worker with ``python -m bench.baselines.upsert --url redis://... --concurrency N
 --database-url mysql+mysqldb://...``.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 from celery import Celery
 from sqlalchemy import Engine, create_engine
 
-from bench import bare_app
+from bench.baselines import noop
 from dataservice.store.statements import UPSERT
 
 UPSERT_TASK = "bench.upsert"
@@ -36,7 +36,7 @@ def upsert(scope: str, object_id: str, payload_b64: str) -> int:
 
 
 def make_app(url: str) -> Celery:
-    app = bare_app.make_app(url)
+    app = noop.make_app(url)
     app.task(name=UPSERT_TASK)(upsert)
     return app
 
@@ -47,7 +47,7 @@ def upsert_args(scope: str, object_id: str, payload: bytes) -> tuple[Any, ...]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.baselines.upsert", description=__doc__)
     parser.add_argument("--url", required=True)
     parser.add_argument("--concurrency", type=int, required=True)
     parser.add_argument("--database-url", required=True)
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
         max_overflow=0,
         isolation_level="AUTOCOMMIT",
     )
-    bare_app.serve(make_app(args.url), args.concurrency, args.loglevel)
+    noop.serve(make_app(args.url), args.concurrency, args.loglevel)
 
 
 if __name__ == "__main__":

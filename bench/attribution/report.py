@@ -1,4 +1,4 @@
-"""The attribution bench's console report: the tables of ``bench/attribution.py``."""
+"""The attribution bench's console report: the tables of ``python -m bench.attribution``."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench._attribution_fixtures import STEPS
-from bench._attribution_summary import SYSTEMS, WORKLOADS
+from bench.attribution.fixtures import STEPS
+from bench.attribution.summary import SYSTEMS, WORKLOADS
 
 NAMES = {
     "a": "(a) plain Celery, JSON",

@@ -1,6 +1,6 @@
 """Attribution: the same reads over three request paths, and what each change moved.
 
-    .venv/bin/python bench/attribution.py [--quick] [--json out.json]
+    .venv/bin/python -m bench.attribution [--quick] [--json out.json]
 
 - **(a) plain Celery, JSON**: the old request path. A stock Celery app (JSON,
   Redis broker and result backend, ``send_task().get()``), its task reading
@@ -9,7 +9,7 @@
 - **(b) admitted JSON**: the service's components with JSON on the wire and
   in the cache (v1): admission at publish, cache hits answered on the
   consumer thread, misses and database reads under permits through
-  ``Database.run``, answers on result lists (``bench/_attribution_app.py``).
+  ``Database.run``, answers on result lists (``bench/attribution/app.py``).
 - **(c) the service**: ``dataservice worker --lane interactive`` and
   ``dataservice.client.Client``: protobuf on the wire, the v2 cache.
 
@@ -21,9 +21,9 @@ open-loop load (``--rate`` requests/s for ``--seconds``), one system at a
 time, in ``--rounds`` that alternate the systems' order (and the first
 system rotates from size to size), so a machine that drifts weighs on all
 three alike. What is measured and
-how: ``bench/_attribution_measure.py``; the in-process serialization and
-compression fixtures: ``bench/_attribution_fixtures.py``; the credit of each
-change: ``bench/_attribution_summary.py``.
+how: ``bench/attribution/measure.py``; the in-process serialization and
+compression fixtures: ``bench/attribution/fixtures.py``; the credit of each
+change: ``bench/attribution/summary.py``.
 
 Sets everything up itself: a private redis-server on a free port (every
 db number on the shared one is taken by tests and benches; its CPU is then
@@ -46,9 +46,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import redis
 from dataservice_tools.loadtest.environment import run_callers_file
 from dataservice_tools.localservices import PrivateRedis
@@ -56,7 +53,8 @@ from dataservice_tools.testkit.machine import machine_info
 from rich.console import Console
 
 from bench import _env
-from bench._attribution_callers import (
+from bench._env import sigterm_as_exit
+from bench.attribution.callers import (
     CALLER,
     CellAdapter,
     JsonReader,
@@ -64,8 +62,8 @@ from bench._attribution_callers import (
     Reader,
     ServiceReader,
 )
-from bench._attribution_fixtures import compression, serialization
-from bench._attribution_measure import (
+from bench.attribution.fixtures import compression, serialization
+from bench.attribution.measure import (
     Probes,
     Round,
     caller_allocations,
@@ -75,8 +73,7 @@ from bench._attribution_measure import (
     run_round,
     summarize,
 )
-from bench._attribution_report import print_report
-from bench._attribution_setup import (
+from bench.attribution.prepare import (
     DBS,
     SIZES,
     WORKLOADS,
@@ -88,8 +85,8 @@ from bench._attribution_setup import (
     workers,
     write_config,
 )
-from bench._attribution_summary import SYSTEMS, compression_verdicts, credit, mix_cells
-from bench.roundtrip import sigterm_as_exit
+from bench.attribution.report import print_report
+from bench.attribution.summary import SYSTEMS, compression_verdicts, credit, mix_cells
 from dataservice.config.model import Limits
 from dataservice.config.settings import Settings
 from dataservice.ops.processes import WorkerProcess, stop_all
@@ -251,7 +248,7 @@ def assemble(run: Run, cells: list[dict[str, Any]], idle: float | None) -> dict[
     for cell in cells:
         del cell["latencies_ms"]
     return {
-        "command": " ".join(["python", "bench/attribution.py", *sys.argv[1:]]),
+        "command": " ".join(["python", "-m", "bench.attribution", *sys.argv[1:]]),
         "machine": run.machine,
         "setup": {
             **facts(args),

@@ -9,7 +9,7 @@ lane's concurrency, prefetch multiplier 1, acks_late, fair scheduling, no
 gossip, no mingle, the same chatty loggers silenced), so the only difference
 between the two systems is what happens per message.
 
-Run the worker with ``python -m bench.bare_app --url redis://... --concurrency N``.
+Run the worker with ``python -m bench.baselines.noop --url redis://... --concurrency N``.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def make_app(url: str, broker_url: str | None = None) -> Celery:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.baselines.noop", description=__doc__)
     parser.add_argument("--url", required=True, help="Redis URL: broker and result backend")
     parser.add_argument("--broker-url", help="another broker (RabbitMQ's amqp://...)")
     parser.add_argument("--concurrency", type=int, required=True)

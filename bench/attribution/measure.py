@@ -37,10 +37,10 @@ from typing import Any
 
 import redis
 from dataservice_tools.loadtest.openloop import OpenLoop, Outcome, RequestRecord
-from dataservice_tools.loadtest.report import percentile
 from dataservice_tools.testkit.cpu import process_cpu_s
+from dataservice_tools.testkit.series import percentile
 
-from bench._attribution_callers import CellAdapter
+from bench.attribution.callers import CellAdapter
 from dataservice.enums import LaneName
 
 LANE = LaneName.INTERACTIVE
