@@ -9,12 +9,13 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 
+import kombu.exceptions
 import pytest
 import redis
 from dataservice_tools.localservices import redis_reachable
 
 from dataservice import Client, ReadOp, ResourceExhausted, WriteOp
-from dataservice.broker.glue import queue_depths
+from dataservice.broker.glue import SERIALIZER, TASK_NAME, celery_app, queue_depths
 from dataservice.broker.results import Completion, ResultStore
 from dataservice.client.publisher import refusal_error
 from dataservice.client.transport import Transport
@@ -23,6 +24,7 @@ from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
 from dataservice.limits import admission
 from dataservice.limits.admission import (
+    DEADLINE_HEADER,
     HELD_GRACE_ELSEWHERE_MS,
     HELD_GRACE_MS,
     SERVICE_STALE_MS,
@@ -106,6 +108,49 @@ def test_a_full_lane_refuses_fast_and_retryably(
     assert time.monotonic() - start < 0.5, "a refusal must not wait for the deadline"
     assert caught.value.retry_after > 0
     assert broker.llen(config.lanes.interactive.queue) == MAX_MESSAGES
+
+
+def test_a_stock_celery_sender_refused_by_the_lane_is_told_at_publish(
+    on_either: tuple[Settings, Config, redis.Redis],
+) -> None:
+    """``send_task`` with the service's Celery settings into a full lane: on
+    Redis admission's refusal is raised from the publish as the clients' own
+    error, and nothing is queued; on RabbitMQ a stock sender has no admission,
+    and the queue's own bound nacks the publish (a quorum queue takes one
+    message past it first), which kombu raises."""
+    settings, config, _ = on_either
+    queue = config.lanes.interactive.queue
+    transport = Transport(settings, config)
+    for _ in range(MAX_MESSAGES):
+        transport.publish(b"x", request_id=uuid.uuid4().hex, lane=LaneName.INTERACTIVE,
+                          deadline_ms=_deadline(30))  # fmt: skip
+    transport.close()
+    app = celery_app("stock-sender", settings, config)
+
+    def send() -> None:
+        app.send_task(
+            TASK_NAME,
+            args=(b"signed request bytes",),
+            queue=queue,
+            serializer=SERIALIZER,
+            headers={DEADLINE_HEADER: _deadline(30)},
+            retry=False,
+        )
+
+    try:
+        if settings.broker_is_amqp:
+            send()  # the one a quorum queue takes past its bound
+            with pytest.raises(kombu.exceptions.OperationalError):
+                send()
+            assert depth(settings, queue) == MAX_MESSAGES + 1
+            return
+        with pytest.raises(ResourceExhausted) as caught:
+            send()
+    finally:
+        app.close()
+    assert caught.value.reason == "queue_full"
+    assert caught.value.retry_after > 0
+    assert depth(settings, queue) == MAX_MESSAGES
 
 
 def test_a_client_refused_again_and_again_holds_itself_back(

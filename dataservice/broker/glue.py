@@ -51,7 +51,6 @@ from dataservice.limits.admission import (
     caller_pacing,
     envelope_size,
     lane_admissions,
-    refuse,
 )
 from dataservice.redis.bounded import QUIET, BoundedConnection, BoundedSSLConnection
 from dataservice.redis.keys import EPOCH_KEY
@@ -89,7 +88,9 @@ class _Channel(kombu_compat.RedisChannel):
 
     - A message for a lane queue is pushed by the admission script, which
       refuses it when the queue is full or too long for its deadline (see
-      :mod:`dataservice.limits.admission`); other messages (control replies) go as usual.
+      :mod:`dataservice.limits.admission`): the publish raises
+      :class:`~dataservice.limits.admission.AdmissionRefused`, whoever
+      publishes; other messages (control replies) go as usual.
     - The record of a lane message's delivery waits for the task's strategy
       (``dataservice/pools/fastpath.py``): a message the worker answers and acknowledges
       at once needs none (its answer and its acknowledgement are one step).
@@ -114,8 +115,10 @@ class _Channel(kombu_compat.RedisChannel):
         try:
             self.admit(queue, message)
         except AdmissionRefused as refusal:
-            # Not pushed; the publisher learns it from take_refusal().
-            refuse(refusal)
+            # Whoever published hears it, stock Celery's send_task and kombu's
+            # Producer.publish included (neither retries on it), as the
+            # clients' own error.
+            raise refusal.error() from None
         return True
 
     def defers_record(self, message: Any) -> bool:

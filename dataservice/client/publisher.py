@@ -24,7 +24,7 @@ from dataservice.enums import LaneName
 from dataservice.errors import InvalidArgument, ResourceExhausted
 from dataservice.limits.admission import AdmissionRefused
 from dataservice.proto import pb
-from dataservice.refusals import LIMIT_MESSAGES, Reason
+from dataservice.refusals import Reason
 from dataservice.security.auth import sign
 from dataservice.security.callers import CallerKey
 from dataservice.types import DeleteOp, Operation, WriteOp
@@ -47,13 +47,7 @@ def refusal_error(
     refusal: AdmissionRefused, accepted: tuple[object, ...] = ()
 ) -> ResourceExhausted:
     """The caller's error for an admission refusal (``accepted``: what went before it)."""
-    rate = refusal.reason is Reason.RATE_LIMITED
-    return ResourceExhausted(
-        LIMIT_MESSAGES[refusal.reason] + ("; not queued" if rate else "; retry later"),
-        retry_after=refusal.retry_after_ms / 1000,
-        reason=refusal.reason,
-        accepted=accepted,
-    )
+    return refusal.error(accepted)
 
 
 def new_request_id() -> str:
