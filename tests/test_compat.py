@@ -1,8 +1,9 @@
 """Every Celery and kombu internal the service relies on, pinned: its name and
 signature, and where it is cheap its behaviour on the real Redis, so that an
 upgrade that changes one fails here (``dataservice/compat/``) and not in a
-worker. And the rule that keeps them there: no module but
-``dataservice/compat/celery.py`` and ``dataservice/compat/kombu.py`` uses one.
+worker (redis-py's are pinned in ``tests/test_compat_redis.py``). And the rule
+that keeps them there: no module but the compat modules
+(``dataservice/compat/celery.py``, ``kombu.py``, ``redis.py``) uses one.
 """
 
 from __future__ import annotations
@@ -37,13 +38,26 @@ from kombu.transport import virtual as kombu_virtual
 
 from dataservice.compat import celery as celery_compat
 from dataservice.compat import kombu as kombu_compat
+from dataservice.compat import redis as redis_compat
 from tests.conftest import TEST_REDIS_URL, require
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPAT = {
     ROOT / "dataservice" / "compat" / "celery.py": celery_compat,
     ROOT / "dataservice" / "compat" / "kombu.py": kombu_compat,
+    ROOT / "dataservice" / "compat" / "redis.py": redis_compat,
 }
+# The libraries whose internals the compat modules hold.
+LIBRARIES = ("celery", "kombu", "redis")
+# Underscore fields the libraries' own objects carry, which a compat module may
+# set as well as read (redis-py's __init__ writes what compat/redis.py's
+# properties read): used, though the module sets them.
+LIBRARY_FIELDS = frozenset(
+    name
+    for made in (redis.Connection(), redis.BlockingConnectionPool())
+    for name in vars(made)
+    if name.startswith("_") and not name.startswith("__")
+)
 # What only the compat modules import: the rest of the project takes the
 # libraries' public API (Celery, Queue, kombu.exceptions, ...) directly.
 INTERNAL_MODULES = frozenset(
@@ -55,14 +69,27 @@ INTERNAL_MODULES = frozenset(
         "celery.worker.strategy",
         "kombu.transport.redis",
         "kombu.transport.virtual",
+        "redis.asyncio.connection",
+        "redis.connection",
     }
 )
 # Names in the compat docstrings that are ordinary words elsewhere (a list's
 # append, a pool, the last part of a logger's name, compat's own revoked(),
-# kombu's public Connection.connection_errors): the imports of their modules
-# are what is checked.
+# kombu's public Connection.connection_errors, asyncio.timeout): the imports of
+# their modules are what is checked.
 COMMON_WORDS = frozenset(
-    {"ack", "append", "connection_errors", "default", "pool", "revoked", "sep", "strategy", "trace"}
+    {
+        "ack",
+        "append",
+        "connection_errors",
+        "default",
+        "pool",
+        "revoked",
+        "sep",
+        "strategy",
+        "timeout",
+        "trace",
+    }
 )
 # kombu's key layout, spelled out: only compat/kombu.py does.
 LAYOUT = (
@@ -139,7 +166,8 @@ def uses(source: str, names: set[str]) -> list[str]:
     """Where ``source`` uses one of ``names`` (or imports an internal
     module): attributes, a class's methods and attributes, underscore
     keywords, string constants. An underscore attribute of ``self`` counts
-    only when the module never sets it (then it is inherited, from the library)."""
+    only when the module never sets it (then it is inherited, from the library),
+    or when the library's own objects carry it too."""
     tree = ast.parse(source)
     own, docstrings = _own_attributes(tree), _docstrings(tree)
     short = {name.rsplit(".", 1)[-1] for name in names} - COMMON_WORDS
@@ -159,7 +187,8 @@ def uses(source: str, names: set[str]) -> list[str]:
                         found.append(f"{item.lineno}: {target.id} =")
         elif isinstance(node, ast.Attribute) and node.attr in short:
             mine = isinstance(node.value, ast.Name) and node.value.id == "self"
-            if not (mine and node.attr in own and node.attr.startswith("_")):
+            inherited = node.attr not in own or node.attr in LIBRARY_FIELDS
+            if not (mine and not inherited and node.attr.startswith("_")):
                 found.append(f"{line}: .{node.attr}")
         elif isinstance(node, ast.keyword) and node.arg in short and node.arg.startswith("_"):
             found.append(f"{line}: {node.arg}=")
@@ -192,6 +221,10 @@ def test_the_rule_finds_a_private_name_and_leaves_a_modules_own_alone() -> None:
     assert uses("class C(Base):\n    def _put(self): ...\n", names) == ["2: def _put"]
     # redis-py's keyword of the same name is redis-py's.
     assert uses("redis.Redis(connection_class=X)", names) == []
+    # A field redis-py's connection sets itself counts, though the module sets it too.
+    names = {"redis.connection.AbstractConnection._socket_timeout"}
+    field = "class D(redis.Connection):\n    def f(self, v):\n        self._socket_timeout = v\n"
+    assert uses(field, names) == ["3: ._socket_timeout"]
 
 
 def test_every_compat_module_lists_each_private_name_it_uses() -> None:
@@ -204,30 +237,32 @@ def test_every_compat_module_lists_each_private_name_it_uses() -> None:
         used: set[str] = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
-                if not _is_dunder(node.attr) and node.attr not in own:
+                if not _is_dunder(node.attr) and (
+                    node.attr not in own or node.attr in LIBRARY_FIELDS
+                ):
                     used.add(node.attr)
             elif isinstance(node, ast.Constant) and re.fullmatch(r"_[a-z]\w*", str(node.value)):
                 used.add(str(node.value))
         for cls in vars(module).values():
             if not isinstance(cls, type) or cls.__module__ != module.__name__:
                 continue
-            library = [
-                base for base in cls.__mro__[1:] if base.__module__.startswith(("celery", "kombu"))
-            ]
+            library = [base for base in cls.__mro__[1:] if base.__module__.startswith(LIBRARIES)]
             overrides = {
                 name
                 for name in vars(cls)
                 if name.startswith("_")
                 and not _is_dunder(name)
+                # ABCMeta's, on every subclass of an abstract class.
+                and name != "_abc_impl"
                 and any(hasattr(base, name) for base in library)
             }
             used |= overrides
         assert used == listed, f"{path.name}: used {sorted(used)}, listed {sorted(listed)}"
 
 
-def test_no_module_but_the_compat_modules_uses_a_celery_or_kombu_internal() -> None:
+def test_no_module_but_the_compat_modules_uses_a_library_internal() -> None:
     names = set().union(*(listed_names(module) for module in COMPAT.values()))
-    assert private(names) >= {"_put", "_q_for_pri", "_raw", "_request", "_state"}
+    assert private(names) >= {"_put", "_q_for_pri", "_raw", "_request", "_state", "_get_socket"}
     offences = {}
     for path in sorted([*(ROOT / "dataservice").rglob("*.py"), *(ROOT / "tools").rglob("*.py")]):
         if path in COMPAT or path.name.endswith("_pb2.py"):

@@ -38,6 +38,7 @@ from typing import Any, Final
 import redis
 from redis.maint_notifications import MaintNotificationsConfig
 
+from dataservice.compat import redis as compat_redis
 from dataservice.redis.packing import Packed
 
 # What a bounded call may take beyond its caller's deadline: a blocking
@@ -84,38 +85,16 @@ def _limited(own: float | None) -> float | None:
     return bound if own is None else min(own, bound)
 
 
-class _Bounded:
+class _Bounded(compat_redis.TimeoutHooks):
     """Socket timeouts that never outlast the calling thread's bound."""
 
-    _socket_timeout: float | None
-    _socket_connect_timeout: float | None
+    def bound_timeout(self, configured: float | None) -> float | None:
+        return _limited(configured)
 
-    @property
-    def socket_timeout(self) -> float | None:
-        return _limited(self._socket_timeout)
-
-    @socket_timeout.setter
-    def socket_timeout(self, value: float | None) -> None:
-        self._socket_timeout = value
-
-    @property
-    def socket_connect_timeout(self) -> float | None:
-        return _limited(self._socket_connect_timeout)
-
-    @socket_connect_timeout.setter
-    def socket_connect_timeout(self, value: float | None) -> None:
-        self._socket_connect_timeout = value
-
-    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+    def before_send(self) -> None:
         until: float | None = getattr(_bound, "until", None)
         if until is not None and time.monotonic() >= until:
             raise redis.TimeoutError("no time left for the call")
-        sock = self._get_socket()  # type: ignore[attr-defined]
-        if sock is not None:
-            # An open connection keeps the timeout it was opened with: give it
-            # this call's (or, outside a bound, its own again).
-            self.update_current_socket_timeout(-1)  # type: ignore[attr-defined]
-        super().send_packed_command(command, check_health)  # type: ignore[misc]
 
 
 class BoundedConnection(_Bounded, Packed, redis.Connection):
@@ -126,16 +105,11 @@ class BoundedSSLConnection(_Bounded, Packed, redis.SSLConnection):
     pass
 
 
-class BoundedPool(redis.BlockingConnectionPool):
+class BoundedPool(compat_redis.WaitingPool):
     """A blocking pool whose wait for a free connection keeps to the bound too."""
 
-    @property
-    def timeout(self) -> float | None:
-        return _limited(self._wait_s)
-
-    @timeout.setter
-    def timeout(self, value: float | None) -> None:
-        self._wait_s = value
+    def bound_wait(self, configured: float | None) -> float | None:
+        return _limited(configured)
 
 
 def connection_class(url: str) -> type[redis.Connection]:

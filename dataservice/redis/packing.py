@@ -17,23 +17,26 @@ from __future__ import annotations
 
 from typing import Any
 
-import hiredis
 import redis
 import redis.asyncio
+from hiredis import pack_command
+
+from dataservice.compat import redis as compat_redis
 
 _PLAIN = frozenset({str, bytes, int, float})
 
 
-class Packed:
+class Packed(compat_redis.CommandHook):
     """A connection mixin: plain commands packed by hiredis directly."""
 
-    def send_command(self, *args: Any, **kwargs: Any) -> None:
-        if _plain(args) and _default_encoding(self):
-            self.send_packed_command(  # type: ignore[attr-defined]
-                [hiredis.pack_command(args)], check_health=kwargs.get("check_health", True)
-            )
-        else:
-            super().send_command(*args, **kwargs)  # type: ignore[misc]
+    def pack(self, args: tuple[Any, ...]) -> list[bytes] | None:
+        return _packed(self, args)
+
+
+def _packed(connection: Any, args: tuple[Any, ...]) -> list[bytes] | None:
+    if _plain(args) and compat_redis.default_encoding(connection):
+        return [pack_command(args)]
+    return None
 
 
 def _plain(args: tuple[Any, ...]) -> bool:
@@ -41,11 +44,6 @@ def _plain(args: tuple[Any, ...]) -> bool:
     if not args or type(args[0]) is not str or " " in args[0]:
         return False
     return all(type(arg) in _PLAIN for arg in args)
-
-
-def _default_encoding(connection: Any) -> bool:
-    encoder = connection.encoder
-    return bool(encoder.encoding == "utf-8" and encoder.encoding_errors == "strict")
 
 
 class PackedConnection(Packed, redis.Connection):
@@ -56,15 +54,12 @@ class PackedSSLConnection(Packed, redis.SSLConnection):
     pass
 
 
-class AsyncPacked:
+class AsyncPacked(compat_redis.AsyncCommandHook):
     """The same for asyncio connections, which pack every command (pipelines'
-    included) through ``pack_command``."""
+    included) this way."""
 
-    def pack_command(self, *args: Any) -> list[bytes]:
-        if _plain(args) and _default_encoding(self):
-            return [hiredis.pack_command(args)]
-        packed: list[bytes] = super().pack_command(*args)  # type: ignore[misc]
-        return packed
+    def pack(self, args: tuple[Any, ...]) -> list[bytes] | None:
+        return _packed(self, args)
 
 
 class AsyncPackedConnection(AsyncPacked, redis.asyncio.Connection):

@@ -85,7 +85,7 @@ def flush_redis(url: str) -> None:
     """FLUSHDB on exactly the db number in ``url`` (never db 0)."""
     client = redis.Redis.from_url(url)
     try:
-        if client.connection_pool.connection_kwargs.get("db", 0) == 0:
+        if client.get_connection_kwargs().get("db", 0) == 0:
             raise ServiceSetupError("refusing to flush Redis db 0")
         client.flushdb()
     finally:
