@@ -1,7 +1,8 @@
 """The docs describe the code: status codes, refusal reasons, metrics, Redis
 keys, identifier patterns and the repository paths they name; and they hold
 together: every link lands on a file and a heading, the README stays short, and
-its results are the figures of bench/RESULTS.md.
+its results are the figures of the benchmarks' results, and say met or missed
+as bench/RESULTS.md does.
 
 The code is the truth. Each test reads a table (or the code spans) out of the
 Markdown, or the table in ``dataservice/redis/keys.py``'s docstring, compares it with
@@ -40,9 +41,11 @@ CHANGES = ROOT / "docs" / "changes.md"
 CACHE = ROOT / "docs" / "cache.md"
 README = ROOT / "README.md"
 RESULTS = ROOT / "bench" / "RESULTS.md"
+# A file per benchmark: its command, machine, latest figures and history.
+BENCH_RESULTS = sorted((ROOT / "bench" / "results").glob("*.md"))
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "compose" / "README.md"]
 # Every document whose links must land: the docs, and the benchmarks' figures.
-LINKED = [*DOCS, RESULTS]
+LINKED = [*DOCS, RESULTS, *BENCH_RESULTS]
 README_MAX_LINES = 200
 
 REASONS = {reason.value for reason in Reason}
@@ -531,17 +534,93 @@ def test_the_readme_is_a_short_way_in() -> None:
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines; at most {README_MAX_LINES}"
 
 
-def test_the_readme_results_are_the_figures_of_the_results_sections_they_link() -> None:
+def _flat(path: Path) -> str:
+    return " ".join(path.read_text().replace("**", "").split())
+
+
+def _benchmark_file(cell: str, prefix: str) -> Path:
+    link = re.fullmatch(rf"\[[^\]]+\]\({re.escape(prefix)}results/([\w-]+\.md)\)", cell)
+    assert link, f"{cell!r} links to the benchmark's own file under {prefix}results/"
+    path = ROOT / "bench" / "results" / link.group(1)
+    assert path.exists(), f"{path.relative_to(ROOT)} does not exist"
+    return path
+
+
+def _verdicts() -> dict[Path, list[Row]]:
+    """bench/RESULTS.md's latest verdicts: its rows, by the benchmark's file."""
+    rows: dict[Path, list[Row]] = defaultdict(list)
+    for row in table(RESULTS, "benchmark", "measure").rows:
+        rows[_benchmark_file(row["benchmark"], "")].append(row)
+    return rows
+
+
+def test_the_readme_results_are_the_figures_of_the_benchmarks_they_link() -> None:
     rows = table(README, "benchmark").rows
     assert rows, "README.md: no results table"
     for row in rows:
-        link = re.fullmatch(r"\[[^\]]+\]\(bench/RESULTS\.md#([\w-]+)\)", row["benchmark"])
-        assert link, f"{row.where}: the benchmark links to its section of bench/RESULTS.md"
+        path = _benchmark_file(row["benchmark"], "bench/")
         figures = [figure for cell in row.cells.values() for figure in FIGURE.findall(cell)]
         assert figures, f"{row.where}: no figures"
-        text = " ".join(section(RESULTS, link.group(1)).replace("**", "").split())
+        text = _flat(path)
         absent = [figure for figure in figures if figure not in text]
-        assert not absent, f"{row.where}: {absent} not in bench/RESULTS.md#{link.group(1)}"
+        assert not absent, f"{row.where}: {absent} not in {path.relative_to(ROOT)}"
+
+
+def test_the_readme_says_met_or_missed_per_target_as_results_does() -> None:
+    verdicts = _verdicts()
+    for row in table(README, "benchmark").rows:
+        path = _benchmark_file(row["benchmark"], "bench/")
+        targets = verdicts.get(path)
+        assert targets, f"{row.where}: bench/RESULTS.md has no verdict for {path.name}"
+        expected = "; ".join(
+            f"{t['measure']}: {t['met or missed']} on the {t['machine']}" for t in targets
+        )
+        assert row["met or missed"] == expected, f"{row.where}: bench/RESULTS.md says {expected!r}"
+
+
+def test_the_results_page_gives_each_target_one_verdict_with_figures_of_its_benchmark() -> None:
+    machines = {_unquote(row["machine"]) for row in table(RESULTS, "machine").rows}
+    verdicts = _verdicts()
+    assert set(verdicts) <= set(BENCH_RESULTS)
+    for path, rows in verdicts.items():
+        text = _flat(path)
+        for row in rows:
+            assert row["met or missed"] in ("met", "missed"), f"{row.where}: met or missed"
+            assert row["machine"] in machines, f"{row.where}: {row['machine']} not under Machines"
+            absent = [f for f in FIGURE.findall(row["latest"]) if f not in text]
+            assert not absent, f"{row.where}: {absent} not in {path.relative_to(ROOT)}"
+
+
+def test_every_benchmark_file_is_linked_from_the_results_page() -> None:
+    linked = {(RESULTS.parent / target).resolve() for _where, target, _a in links(RESULTS)}
+    assert BENCH_RESULTS, "bench/results/: no benchmark files"
+    assert not [p.name for p in BENCH_RESULTS if p.resolve() not in linked]
+
+
+# The machines' names, and what a run on each says of its CPU.
+CPU_NAMES = {"Intel Xeon VM": "Xeon", "AMD EPYC VM": "EPYC"}
+
+
+def test_each_machine_heading_names_the_machine_of_the_latest_figures() -> None:
+    """The figures under a Machine heading came from the machine it names: the
+    latest figures' own text says so, and so does the results page."""
+    latest_machine = {path: rows[0]["machine"] for path, rows in _verdicts().items()}
+    for path in BENCH_RESULTS:
+        found = [text for level, text, _a in headings(path) if level == 2]
+        machine = [t for t in found if re.match(r"Machines?: the ", t)]
+        assert len(machine) == 1, f"{path.relative_to(ROOT)}: one Machine heading"
+        named = re.match(r"Machines?: the (\w+ \w+ VM)", machine[0])
+        assert named, f"{path.relative_to(ROOT)}: {machine[0]} names no machine"
+        assert named.group(1) in CPU_NAMES, f"{path.relative_to(ROOT)}: {machine[0]}"
+        latest = section(path, "latest-figures")
+        assert CPU_NAMES[named.group(1)] in latest, (
+            f"{path.relative_to(ROOT)}: the latest figures do not say they ran on the "
+            f"{named.group(1)}"
+        )
+        if path in latest_machine:
+            assert latest_machine[path] == named.group(1), (
+                f"bench/RESULTS.md says {latest_machine[path]} for {path.name}"
+            )
 
 
 # 7. Load-test scenarios ---------------------------------------------------------

@@ -13,6 +13,10 @@ to send it, and ways to measure what it did. A module per concern:
   others write, with the change stream healthy, paused and absent;
 - :mod:`~dataservice_tools.testkit.sockets`: this process's own TCP connections;
 - :mod:`~dataservice_tools.testkit.cpu`: processes' CPU time;
+- :mod:`~dataservice_tools.testkit.series`: the one percentile, and a bench's runs
+  of one system;
+- :mod:`~dataservice_tools.testkit.callers`: closed-loop caller threads and a
+  round of them;
 - :mod:`~dataservice_tools.testkit.machine`: the machine and versions a run is on.
 
 The service never imports it.
