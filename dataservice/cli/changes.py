@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from dataservice.cli.common import METRICS_ADDRESS, METRICS_PORT, fail, load
+from dataservice.cli.common import METRICS_ADDRESS, METRICS_PORT, load
 
 
 def changes(
@@ -22,20 +22,11 @@ def changes(
     that run; the others stand by and take over when it stops. Each is a
     Celery worker node on the `changes` queue (inspect: dataservice_changes)."""
     # Imported here: dataservice.cli imports this module to register the command.
-    from dataservice.changes.server import check_server
-    from dataservice.errors import ServiceSetupError
     from dataservice.observe.logs import configure_logging
     from dataservice.pools.changes import run_changes_node
 
     settings, config = load()
-    try:
-        # Every missing setting and grant at once, before anything starts.
-        check_server(settings.changes_url, replica_server_id=config.changes.server_id)
-    except ServiceSetupError as exc:
-        raise fail(exc, 2) from None
+    # The node checks the server's settings and its grants as it starts
+    # (every one missing named, exit 2), whichever command line starts it.
     configure_logging(config.logging, loglevel)
-    if metrics_port:
-        from dataservice.observe.metrics import serve
-
-        serve(metrics_port, metrics_address)
-    run_changes_node(settings, config, loglevel.upper(), alive_file)
+    run_changes_node(settings, config, loglevel.upper(), alive_file, metrics_port, metrics_address)

@@ -40,7 +40,9 @@ def worker(
         None, help="Touch this file every second from the consumer loop (dataservice health)."
     ),
 ) -> None:
-    """Run one worker pool consuming only LANE's queue."""
+    """Run one worker pool consuming only LANE's queue: the short form of
+    `celery -A workers.LANE worker -n LANE-<pid>@<host> --without-gossip
+    --without-mingle` (docs/operations.md)."""
     from dataservice.config.budget import require_within_budget
     from dataservice.observe.logs import configure_logging
     from dataservice.pools.start import run_worker
@@ -52,10 +54,6 @@ def worker(
     except DataServiceError as exc:
         raise fail(exc, 2) from None
     configure_logging(config.logging, loglevel)
-    if metrics_port:
-        from dataservice.observe.metrics import serve
-
-        serve(metrics_port, metrics_address)
     run_worker(
         settings,
         config,
@@ -63,4 +61,6 @@ def worker(
         concurrency=threads,
         loglevel=loglevel.upper(),
         alive_file=alive_file,
+        metrics_port=metrics_port,
+        metrics_address=metrics_address,
     )

@@ -26,7 +26,7 @@ Internal names, and why:
   outside Celery's request as Celery would (:func:`count_processed`).
 - ``celery.worker.consumer.Consumer.pool``, ``call_soon``,
   ``connection_errors``, ``disable_rate_limits``, ``task_buckets``,
-  ``event_dispatcher``: what a strategy uses of the worker's consumer
+  ``event_dispatcher``, ``hostname``: what a strategy uses of the worker's consumer
   (:class:`StrategyConsumer`).
 - ``celery.worker.consumer.Consumer.ensure_connected``: where the consumer
   connects, and reconnects, to the broker; :class:`PacedConsumer` paces its
@@ -37,6 +37,15 @@ Internal names, and why:
   native delayed delivery and binds every queue to them; the service never
   delays a message, so :class:`PacedConsumer` leaves the step out
   (:data:`DELAYED_DELIVERY_STEP`).
+- ``celery.worker.state.active_requests``, ``reserved_requests``: the
+  worker's books of the requests it holds, which ``inspect active`` and
+  ``reserved``, the heartbeats' ``active`` count and Flower read; a message
+  on the lean path is listed there while a pool thread serves it
+  (:class:`LeanRequest`, :func:`list_active`, :func:`unlist`). What Celery
+  itself reads of a listed request, and :class:`LeanRequest` answers:
+  ``id``, ``name``, ``info(safe)`` (its keys as ``Request.info``'s), ``task``
+  (its ``acks_late``), ``acknowledged``, ``cancel(pool, ...)`` (a cold
+  shutdown cancels what is listed) and a writable ``eventer``.
 - ``celery.app.control.Inspect._request``: a control command by name, for
   the service's own (``dataservice_permits``, ``dataservice_changes``), which
   ``Inspect`` has no method for (:func:`broadcast_request`).
@@ -48,7 +57,9 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+import os
+import time
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Final
 
 from celery.backends.base import DisabledBackend
@@ -60,14 +71,17 @@ __all__ = [
     "DEFAULT_STRATEGY",
     "DELAYED_DELIVERY_STEP",
     "PER_TASK_LOGGERS",
+    "LeanRequest",
     "MessageHandler",
     "PacedConsumer",
     "StrategyConsumer",
     "broadcast_request",
     "count_processed",
     "default_strategy",
+    "list_active",
     "revoked",
     "stores_results",
+    "unlist",
     "use_strategy",
 ]
 
@@ -113,6 +127,78 @@ def count_processed(name: str) -> None:
     worker_state.all_total_count[0] += 1
 
 
+class LeanRequest:
+    """A message served on the lean path, as the worker's books list a request
+    (:func:`list_active`): what ``inspect active`` shows of it and what a
+    cold shutdown asks of it.
+
+    Its arguments are shown as the sender described them (``argsrepr``,
+    ``kwargsrepr``), never the body, whether or not ``inspect`` asks for the
+    safe form: a request's payload stays out of control replies.
+    """
+
+    __slots__ = ("__weakref__", "_delivery", "_headers", "_hostname", "_started", "eventer",
+                 "id", "name", "task")  # fmt: skip
+
+    #: Never before its answer is written (late acknowledgement), and then it
+    #: is no longer listed.
+    acknowledged = False
+
+    def __init__(
+        self,
+        task: Any,
+        headers: Mapping[str, Any],
+        delivery_info: Mapping[str, Any],
+        hostname: str,
+    ) -> None:
+        # Only kept here: what inspect shows is put together when it asks.
+        self.id = headers.get("id")
+        self.name: str = headers.get("shadow") or task.name
+        self.task = task
+        self.eventer: Any = None
+        self._headers = headers
+        self._delivery = delivery_info
+        self._hostname = hostname
+        self._started = time.time()
+
+    def info(self, safe: bool = False) -> dict[str, Any]:
+        """As ``Request.info``: the same keys, for ``inspect active``."""
+        headers, delivery = self._headers, self._delivery
+        return {
+            "id": self.id,
+            "name": self.name,
+            "args": headers.get("argsrepr", ""),
+            "kwargs": headers.get("kwargsrepr", ""),
+            "type": self.task.name,
+            "hostname": self._hostname,
+            "time_start": self._started,
+            "acknowledged": self.acknowledged,
+            "delivery_info": {
+                key: delivery.get(key)
+                for key in ("exchange", "routing_key", "priority", "redelivered")
+            },
+            "worker_pid": os.getpid(),
+        }
+
+    def cancel(self, pool: Any, signal: Any = None, emit_retry: bool = True) -> None:
+        """Nothing to do: a pool thread cannot be stopped, and the message,
+        unacknowledged until its answer is written, is delivered again to
+        another worker if this one goes first."""
+
+
+def list_active(request: LeanRequest) -> None:
+    """List ``request`` among the worker's active requests. Called on the
+    consumer thread, where the control commands that read the list run."""
+    worker_state.active_requests.add(request)
+
+
+def unlist(request: LeanRequest) -> None:
+    """Take ``request`` off the worker's books (on the consumer thread too)."""
+    worker_state.active_requests.discard(request)
+    # A connection lost meanwhile copies what is active into the reserved.
+    worker_state.reserved_requests.discard(request)
+
+
 def _ignore(result: object) -> None:
     """The pool's callback for work whose outcome it settles itself."""
 
@@ -123,6 +209,8 @@ class StrategyConsumer:
     def __init__(self, consumer: Any) -> None:
         self._consumer = consumer
         self.connection_errors: tuple[type[BaseException], ...] = consumer.connection_errors
+        #: The worker's node name (``interactive-1234@host``).
+        self.hostname: str = consumer.hostname
 
     def acknowledge(self, ack: Any, logger: logging.Logger) -> None:
         """Call the ``ack`` a handler received; a failure is logged on ``logger``."""

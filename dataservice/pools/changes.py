@@ -15,18 +15,21 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from weakref import WeakKeyDictionary
 
-from celery import Celery
+from celery import Celery, bootsteps
 from celery.worker.control import inspect_command
 
 from dataservice.broker.glue import celery_app, direct_queue
 from dataservice.changes.consumer import CHANGES_COMMAND, ChangeConsumer
+from dataservice.changes.server import check_server
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
+from dataservice.errors import DataServiceError
 from dataservice.ops.processes import node_name
 from dataservice.pools.alive import add_alive_file
+from dataservice.pools.start import consume_only, refuse
 from dataservice.redis.keys import CHANGES_QUEUE
 
 log = logging.getLogger(__name__)
@@ -54,19 +57,89 @@ def _changes(state: Any) -> dict[str, Any]:
     }
 
 
-def run_changes_node(
-    settings: Settings, config: Config, loglevel: str = "INFO", alive_file: Path | None = None
-) -> None:
-    """Run the consumer and its worker node until stopped (blocks)."""
+class ChangesStep(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is untyped
+    """The change consumer's node at start: the server's binlog settings and
+    the consumer's grants checked (every one missing named, exit 2), its queue
+    alone consumed; then the consumer runs on a thread of its own, from the
+    worker's start to its shutdown. Also takes ``--metrics-port``,
+    ``--metrics-address`` and ``--alive-file``.
+
+    Subclassed per app by :func:`changes_app` (``settings``, ``config``).
+    """
+
+    name = "dataservice changes"
+    settings: ClassVar[Settings]
+    config: ClassVar[Config]
+
+    def __init__(
+        self,
+        worker: Any,
+        metrics_port: int | None = None,
+        metrics_address: str | None = None,
+        alive_file: Path | str | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(worker, **options)
+        settings, config = self.settings, self.config
+        try:
+            consume_only(worker, CHANGES_QUEUE, "the change consumer's node")
+            # Every missing setting and grant at once, before anything starts.
+            check_server(settings.changes_url, replica_server_id=config.changes.server_id)
+        except DataServiceError as exc:
+            refuse(exc)
+        if metrics_port:
+            from dataservice.observe.metrics import serve
+
+            serve(metrics_port, metrics_address or "127.0.0.1")
+        if alive_file is not None:
+            add_alive_file(worker.app, Path(alive_file))
+        consumer = ChangeConsumer(settings, config)
+        _CONSUMERS[worker.app] = consumer
+        self._consumer = consumer
+        self._thread = threading.Thread(target=consumer.run, name="change-consumer", daemon=True)
+        self._stopped = False
+        log.info("change consumer node %s starting", worker.hostname)
+
+    def start(self, worker: Any) -> None:
+        self._thread.start()
+
+    def stop(self, worker: Any) -> None:
+        """The consumer stopped and closed (once): its lease goes to a standby at once."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._consumer.stop()
+        if self._thread.is_alive():
+            self._thread.join(self.config.changes.lease_ms / 1000 + 5)
+        self._consumer.close()
+
+    # Celery's cold shutdown stops it the same way.
+    terminate = stop
+
+
+def changes_app(settings: Settings, config: Config) -> Celery:
+    """The change consumer node's Celery app: one solo pool on the ``changes``
+    queue, to which nothing is sent; the consumer starts with a worker of it
+    (:class:`ChangesStep`)."""
     app = celery_app("dataservice-changes", settings, config)
-    if alive_file is not None:
-        add_alive_file(app, alive_file)
     # Declared like the lanes' queues (the service creates no queue implicitly).
     app.conf.task_queues = [*app.conf.task_queues, direct_queue(CHANGES_QUEUE)]
-    consumer = ChangeConsumer(settings, config)
-    _CONSUMERS[app] = consumer
-    thread = threading.Thread(target=consumer.run, name="change-consumer", daemon=True)
-    worker = app.Worker(
+    app.conf.update(worker_pool="solo", worker_concurrency=1)
+    step = type("ChangesStep", (ChangesStep,), {"settings": settings, "config": config})
+    app.steps["worker"].add(step)
+    return app
+
+
+def run_changes_node(
+    settings: Settings,
+    config: Config,
+    loglevel: str = "INFO",
+    alive_file: Path | None = None,
+    metrics_port: int = 0,
+    metrics_address: str = "127.0.0.1",
+) -> None:
+    """Run the consumer and its worker node until stopped (blocks): ``dataservice changes``."""
+    worker = changes_app(settings, config).Worker(
         hostname=node_name("changes"),
         queues=[CHANGES_QUEUE],
         pool="solo",
@@ -76,12 +149,8 @@ def run_changes_node(
         without_mingle=True,
         # The banner is not a log line.
         quiet=True,
+        alive_file=alive_file,
+        metrics_port=metrics_port,
+        metrics_address=metrics_address,
     )
-    log.info("change consumer node %s starting", worker.hostname)
-    thread.start()
-    try:
-        worker.start()
-    finally:
-        consumer.stop()
-        thread.join(config.changes.lease_ms / 1000 + 5)
-        consumer.close()
+    worker.start()

@@ -31,12 +31,18 @@ What the default strategy does that this path keeps, or does not:
 - Kept: late acknowledgement; reservations bounded by the prefetch window
   (a message holds its slot until acked, so a full pool also stalls inline
   answers); the pool's own lifecycle (a warm shutdown waits for pool work);
-  Celery's per-worker totals (``inspect stats``, heartbeats); task events,
-  only while the worker sends them (``-E``); revocation, eta and rate limits,
-  by falling back.
+  Celery's per-worker totals (``inspect stats``, heartbeats); ``inspect
+  active`` (and the heartbeats' active count): :class:`PoolWork` is listed
+  among the worker's active requests from the moment it is handed to the
+  pool until its message is settled, its arguments as the sender described
+  them (``argsrepr``), never the body; task events, only while the worker
+  sends them (``-E``); revocation, eta and rate limits, by falling back.
 - Not kept: task signals, Celery's per-task log lines, ``inspect
-  active``/``reserved`` listing, time limits (the threads pool has none
-  either) and result storage.
+  reserved`` (a message handed to the pool has a thread: the prefetch
+  window is the pool's size), ``inspect query_task``, time limits (the
+  threads pool has none either) and result storage. A message answered on
+  the consumer thread is never listed: nothing else runs there meanwhile,
+  ``inspect`` included.
 - Falls back to the default strategy for: batch messages (``ds_ops``);
   protocol 1 messages; an ``eta``, ``countdown`` or ``expires``; a revoked id
   or stamp; a task rate limit (checked per message); a result Celery would
@@ -223,6 +229,12 @@ class _InlineStrategy:
             kombu_compat.recorded_elsewhere(message)
         else:
             kombu_compat.write_deferred(message)
+        # Listed while the pool has it, for inspect active; both ends on this
+        # thread, which also answers inspect.
+        listed = celery_compat.LeanRequest(
+            self._task, message.headers, message.delivery_info or {}, self._consumer.hostname
+        )
+        celery_compat.list_active(listed)
 
         def run() -> None:
             try:
@@ -234,7 +246,7 @@ class _InlineStrategy:
                 outcome = Outcome.ANSWERED
             # On the consumer's loop, which this wakes: a full prefetch window
             # asks the broker for the next message only once one is settled.
-            self._consumer.soon(self._settle, message, ack, started, outcome)
+            self._consumer.soon(self._settle, message, ack, started, outcome, listed)
 
         self._consumer.in_pool(run)
 
@@ -244,10 +256,19 @@ class _InlineStrategy:
         kombu_compat.write_deferred(message)
         return self._default(message, *args, **kwargs)
 
-    def _settle(self, message: Any, ack: Any, started: float, outcome: Outcome) -> None:
+    def _settle(
+        self,
+        message: Any,
+        ack: Any,
+        started: float,
+        outcome: Outcome,
+        listed: celery_compat.LeanRequest | None = None,
+    ) -> None:
         """Acknowledge an answered message, count it and tell the events.
         Only now: the answer is written, so a crash before this point leaves
         the message unacknowledged and it is delivered again."""
+        if listed is not None:
+            celery_compat.unlist(listed)
         if outcome == Outcome.ANSWERED_AND_ACKED:
             kombu_compat.settle_acknowledged(message)
         else:

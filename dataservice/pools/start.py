@@ -7,22 +7,152 @@ also keeps one SQLAlchemy pool per process, sized to the lane's concurrency, so
 the connections a replica opens are exactly its thread count. Green threads
 (gevent/eventlet) would need a driver that cooperates with their event loop;
 mysqlclient blocks it.
+
+A lane's app (:func:`lane_app`) is the same whichever command line starts its
+worker, ``dataservice worker --lane LANE`` (:func:`run_worker`) or Celery's
+own ``celery -A workers.LANE worker`` (``dataservice/pools/entry.py``): its
+settings default to the lane's (threads, the lane's concurrency, its queue
+alone, prefetch 1, late acknowledgement, the lane's task events), and its
+:class:`LaneStep` checks what the worker was given before anything connects
+to the database, then builds the lane's runtime and registers its task.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
+from typing import Any, ClassVar, NoReturn
 
+from celery import Celery, bootsteps, concurrency, signals
+
+from dataservice.broker.glue import celery_app
 from dataservice.compat.celery import PER_TASK_LOGGERS
+from dataservice.config.budget import require_within_budget
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
+from dataservice.errors import ConfigError, DataServiceError
 from dataservice.ops.processes import node_name
 from dataservice.pools.alive import add_alive_file
-from dataservice.pools.app import create_app
+from dataservice.pools.app import LaneRuntime, register_task
+from dataservice.pools.reconnect import reconnect_promptly
 
 log = logging.getLogger(__name__)
+
+#: The pool every lane's worker runs (the module's docstring says why).
+POOL = "threads"
+
+
+def refuse(exc: DataServiceError) -> NoReturn:
+    """Stop a worker before it starts: ``error: <exc>`` on stderr, exit 2, as
+    the ``dataservice`` commands refuse (no traceback: the words say it)."""
+    print(f"error: {exc}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def consume_only(worker: Any, queue: str, who: str) -> None:
+    """Have ``worker`` consume ``queue`` alone: the default when it was given
+    no ``-Q``; any other choice is refused (:class:`ConfigError`)."""
+    queues = worker.app.amqp.queues
+    chosen = set(queues.consume_from)
+    if chosen == {queue}:
+        return
+    if chosen == set(queues) and queue in chosen:
+        # Celery's default, every declared queue: this worker's is its own alone.
+        queues.select([queue])
+        return
+    raise ConfigError(
+        f"{who} consumes its own queue alone ({queue!r}), not {', '.join(sorted(chosen))}"
+    )
+
+
+class LaneStep(bootsteps.Step):  # type: ignore[misc]  # celery is untyped
+    """The lane's worker at start: its pool, queue and thread count checked
+    (the database budget as ``dataservice check-config`` computes it), then
+    its runtime built and its task registered. Also takes the options
+    ``--metrics-port``, ``--metrics-address`` and ``--alive-file``.
+
+    Subclassed per app by :func:`lane_app` (``settings``, ``config``, ``lane``).
+    """
+
+    name = "dataservice lane"
+    settings: ClassVar[Settings]
+    config: ClassVar[Config]
+    lane: ClassVar[LaneName]
+
+    def __init__(
+        self,
+        worker: Any,
+        metrics_port: int | None = None,
+        metrics_address: str | None = None,
+        alive_file: Path | str | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(worker, **options)
+        lane, config = self.lane, self.config
+        lane_config = config.lanes[lane]
+        threads = int(worker.concurrency)
+        try:
+            who = f"the {lane.value} lane's worker"
+            if worker.pool_cls is not concurrency.get_implementation(POOL):
+                given = str(worker.pool_cls.__module__).rsplit(".", 1)[-1]
+                raise ConfigError(
+                    f"{who} runs the {POOL} pool (-P {POOL}), not {given}: its permits, "
+                    "connections and lean path are one process's"
+                )
+            consume_only(worker, lane_config.queue, who)
+            require_within_budget(config, lane, threads)
+        except DataServiceError as exc:
+            refuse(exc)
+        # Celery logs every task received and succeeded at INFO: a line per
+        # request is noise at this rate, and operators watch counters instead.
+        for name in PER_TASK_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+        if metrics_port:
+            from dataservice.observe.metrics import serve
+
+            serve(metrics_port, metrics_address or "127.0.0.1")
+        if alive_file is not None:
+            # A consumer step: the consumer is built after every worker step's __init__.
+            add_alive_file(worker.app, Path(alive_file))
+        runtime = LaneRuntime(self.settings, config, lane, threads)
+        register_task(worker.app, runtime)
+
+        def close(**_: Any) -> None:
+            # After the pool has finished its work (a warm shutdown waits for it).
+            runtime.close()
+
+        signals.worker_shutdown.connect(close, sender=worker, weak=False)
+        fields = {
+            "node": worker.hostname,
+            "lane": lane.value,
+            "queue": lane_config.queue,
+            "threads": threads,
+            "task_events": bool(worker.task_events),
+        }
+        log.info("worker %s starting", worker.hostname, extra={"fields": fields})
+
+
+def lane_app(settings: Settings, config: Config, lane: LaneName) -> Celery:
+    """The Celery app of ``lane``'s workers, with the lane's defaults; its
+    runtime is built when a worker of it starts (:class:`LaneStep`), so that
+    ``celery inspect`` and Flower load it without touching the database."""
+    lane_config = config.lanes[lane]
+    app = celery_app("dataservice", settings, config)
+    reconnect_promptly(app)
+    app.conf.update(
+        worker_pool=POOL,
+        worker_concurrency=lane_config.concurrency,
+        # One message per thread: a message waiting behind a busy thread
+        # could be served by another replica meanwhile.
+        worker_prefetch_multiplier=1,
+        task_acks_late=True,
+        worker_send_task_events=lane_config.task_events,
+    )
+    step = type("LaneStep", (LaneStep,), {"settings": settings, "config": config, "lane": lane})
+    app.steps["worker"].add(step)
+    return app
 
 
 def run_worker(
@@ -33,41 +163,26 @@ def run_worker(
     concurrency: int | None = None,
     loglevel: str = "INFO",
     alive_file: Path | None = None,
+    metrics_port: int = 0,
+    metrics_address: str = "127.0.0.1",
 ) -> None:
-    """Consume ``lane``'s queue until stopped (blocks). Callers check the budget first."""
+    """Consume ``lane``'s queue until stopped (blocks): ``dataservice worker``."""
     lane_config = config.lanes[lane]
-    threads = lane_config.concurrency if concurrency is None else concurrency
-    app, runtime = create_app(settings, config, lane, threads)
-    if alive_file is not None:
-        add_alive_file(app, alive_file)
-    # Celery logs every task received and succeeded at INFO: a line per request
-    # is noise at this rate, and operators watch counters instead.
-    for name in PER_TASK_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
-    node = node_name(lane.value)
+    app = lane_app(settings, config, lane)
     worker = app.Worker(
-        hostname=node,
+        hostname=node_name(lane.value),
         queues=[lane_config.queue],
-        pool="threads",
-        concurrency=threads,
+        pool=POOL,
+        concurrency=lane_config.concurrency if concurrency is None else concurrency,
         prefetch_multiplier=1,
-        optimization="fair",
         loglevel=loglevel,
+        # Nothing to learn from the other workers at start or while running.
         without_gossip=True,
         without_mingle=True,
-        task_events=lane_config.task_events,
-        # The banner is not a log line; the line below says what it would.
+        # The banner is not a log line; LaneStep logs what it would say.
         quiet=True,
+        alive_file=alive_file,
+        metrics_port=metrics_port,
+        metrics_address=metrics_address,
     )
-    fields = {
-        "node": node,
-        "lane": lane.value,
-        "queue": lane_config.queue,
-        "threads": threads,
-        "task_events": lane_config.task_events,
-    }
-    log.info("worker %s starting", node, extra={"fields": fields})
-    try:
-        worker.start()
-    finally:
-        runtime.close()
+    worker.start()
