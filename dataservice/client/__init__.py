@@ -1,8 +1,10 @@
 """The caller's side: :class:`Client` and its :class:`Handle`, and their
 asyncio twins :class:`AsyncClient` and :class:`AsyncHandle`.
 
-- :mod:`.base`: what both clients share (retries, ``read_many``'s rounds).
-- :mod:`.client`, :mod:`.async_client`: the two APIs and their waits.
+- :mod:`.calls`: the calls, written once for both clients as plans that do
+  no I/O; :mod:`.base`: how they retry and ``read_many``'s rounds.
+- :mod:`.client`, :mod:`.async_client`: the two clients, one blocking on each
+  step of a plan, the other awaiting it.
 - :mod:`.handle`: a submitted request and the wait for its answer.
 - :mod:`.inbox`: the client's one reply channel, read by one thread over one
   connection, its answers handed to the calls that wait for them.
