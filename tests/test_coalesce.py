@@ -10,7 +10,7 @@ import pytest
 
 from dataservice.cache.breaker import Breaker, BreakerState
 from dataservice.cache.coalesce import Coalescer, FollowerTimedOut, LeaderFailed
-from dataservice.cache.config import BreakerConfig
+from dataservice.config.cache import BreakerConfig
 
 
 class Slow:

@@ -1,11 +1,12 @@
 """The layout holds: no import cycle between the service's or the tooling's
-modules, the tooling stays out of what the service's own commands load, and
-the tests share their harness through the tooling's test kit, never through
-the benchmarks' scripts."""
+modules, nor between the service's packages, the tooling stays out of what
+the service's own commands load, and the tests share their harness through
+the tooling's test kit, never through the benchmarks' scripts."""
 
 from __future__ import annotations
 
 import ast
+import itertools
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -90,6 +91,78 @@ def test_no_module_imports_another_that_imports_it_back() -> None:
     }
     assert len(graph) > 150
     assert _cycles(graph) == []
+
+
+def _package(module: str) -> str:
+    """The top-level package (or module) of the service that ``module`` belongs to."""
+    return ".".join(module.split(".")[:2])
+
+
+def _package_graph() -> tuple[dict[str, set[str]], dict[tuple[str, str], str]]:
+    """The service's top-level packages and modules, each with those it imports
+    (anywhere, as for modules), and one module import behind each edge."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    because: dict[tuple[str, str], str] = {}
+    for name, source in sorted(modules.items()):
+        if name.partition(".")[0] != "dataservice":
+            continue
+        here = _package(name)
+        edges = graph.setdefault(here, set())
+        for target in _imports(name, source, modules):
+            there = _package(target)
+            if target.partition(".")[0] == "dataservice" and there != here:
+                edges.add(there)
+                because.setdefault((here, there), f"{name} imports {target}")
+    return graph, because
+
+
+def _loop(graph: dict[str, set[str]], component: list[str]) -> list[str]:
+    """One path round a strongly connected ``component``, back to where it starts."""
+    members, start = set(component), component[0]
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for nxt in sorted(graph[node] & members):
+            if nxt == start:
+                return [*paths[node], start]
+            if nxt not in paths:
+                paths[nxt] = [*paths[node], nxt]
+                queue.append(nxt)
+    raise AssertionError(f"no loop through {component}")
+
+
+def test_no_package_of_the_service_imports_another_that_imports_it_back() -> None:
+    graph, because = _package_graph()
+    assert {"dataservice.config", "dataservice.observe", "dataservice.worker"} <= graph.keys()
+    loops = []
+    for component in _cycles(graph):
+        loop = _loop(graph, component)
+        steps = [f"  {because[edge]}" for edge in itertools.pairwise(loop)]
+        head = f"{', '.join(component)} import each other; one loop: " + " -> ".join(loop)
+        loops.append("\n".join([head, *steps]))
+    assert not loops, "\n".join(loops)
+
+
+# The bottom layers, and the service's packages each may import besides (any
+# may import the top-level modules: errors, enums, identifiers, ...). What they
+# need of a higher package is passed in, or named by a Protocol of their own.
+BOTTOM = {
+    "dataservice.config": {"dataservice.redis"},
+    "dataservice.observe": {"dataservice.config", "dataservice.redis"},
+}
+
+
+def test_observe_and_config_import_no_package_above_them() -> None:
+    graph, because = _package_graph()
+    offences = sorted(
+        because[(package, target)]
+        for package, allowed in BOTTOM.items()
+        for target in graph[package] - allowed
+        if (ROOT / Path(*target.split("."))).is_dir()
+    )
+    assert offences == []
 
 
 def test_the_service_does_not_import_the_tooling() -> None:

@@ -13,8 +13,9 @@ import pytest
 import redis
 
 from dataservice.config.model import CallerPolicy, Config
+from dataservice.config.rate import Rate
 from dataservice.limits.gate import CallerLimits, RedisLimits
-from dataservice.limits.gcra import Rate, check
+from dataservice.limits.gcra import check
 from dataservice.limits.local import LocalLimits
 from dataservice.limits.slots import RETRY_AT_CAP_MS, Entry, Slot
 from dataservice.refusals import Reason, Rejected

@@ -19,6 +19,7 @@ import redis
 
 from dataservice import Client, ReadMode
 from dataservice.broker.glue import celery_app
+from dataservice.codec.requests import MESSAGE_OPERATIONS
 from dataservice.config.model import Config, LoggingConfig
 from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
@@ -90,7 +91,7 @@ def _log_lines(mode: str, status: str, *, batched: bool = True) -> list[dict[str
         trace.caller, trace.operation = "billing", "read"
         tracing.record(Stage.GATE, 0.0005)
         tracing.detach()
-        RequestLog("interactive", mode, lines).finish(trace, status)  # type: ignore[arg-type]
+        RequestLog("interactive", mode, MESSAGE_OPERATIONS, lines).finish(trace, status)  # type: ignore[arg-type]
     finally:
         if lines is not None:
             lines.close()

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import redis
 
-from dataservice.cache.config import BreakerConfig
+from dataservice.config.cache import BreakerConfig
 from dataservice.errors import CacheDetour
 
 T = TypeVar("T")

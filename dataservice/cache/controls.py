@@ -22,7 +22,6 @@ from collections.abc import Callable
 
 import redis
 
-from dataservice.cache.config import CacheConfig
 from dataservice.cache.rollout import (
     AuditEntry,
     Change,
@@ -37,6 +36,7 @@ from dataservice.cache.rollout import (
     joined,
     to_hash,
 )
+from dataservice.config.cache import CacheConfig
 from dataservice.enums import CacheFormat
 from dataservice.errors import DataServiceError, InvalidControl, ServiceSetupError
 from dataservice.redis.keys import AUDIT_KEY, ROLLOUT_KEY, SHADOW_KEY

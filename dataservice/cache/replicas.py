@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from dataservice.cache.breaker import CacheDown, Guard
-from dataservice.cache.config import CacheConfig
 from dataservice.cache.controls import Rollout, RolloutControls
 from dataservice.cache.store import CacheStore, Follow, Hit, Lead, Shared, Sharing, Word
+from dataservice.config.cache import CacheConfig
 from dataservice.enums import CacheFormat
 from dataservice.observe import trace as tracing
 from dataservice.observe.metrics import CACHE_FILLS, COALESCED, TAKEOVERS, Stage

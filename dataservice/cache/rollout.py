@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from dataservice.cache.config import RolloutConfig
+from dataservice.config.cache import RolloutConfig
 from dataservice.enums import CacheFormat
 from dataservice.errors import InvalidControl
 from dataservice.redis.keys import AUDIT_KEY, ROLLOUT_KEY

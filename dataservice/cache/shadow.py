@@ -33,10 +33,10 @@ from dataclasses import dataclass
 
 import redis
 
-from dataservice.cache.config import ShadowConfig
 from dataservice.cache.rollout import Rollout
 from dataservice.cache.store import CacheStore
 from dataservice.codec import record_to_pb
+from dataservice.config.cache import ShadowConfig
 from dataservice.enums import CacheFormat, OperationClass
 from dataservice.limits.permits import LanePermits
 from dataservice.observe.metrics import SHADOW, SHADOW_DATABASE_SECONDS

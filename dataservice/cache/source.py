@@ -24,13 +24,13 @@ from dataclasses import dataclass
 
 from dataservice.cache.breaker import Breaker, BreakerState, CacheDown, Guard
 from dataservice.cache.coalesce import Coalescer, FollowerTimedOut, LeaderFailed
-from dataservice.cache.config import CacheConfig
 from dataservice.cache.controls import RolloutControls
 from dataservice.cache.guard import FreshnessGuard
 from dataservice.cache.replicas import ANSWER_MARGIN_MS, ReplicaCoalescing
 from dataservice.cache.shadow import ShadowComparisons
 from dataservice.cache.store import CacheStore, decode_entry
 from dataservice.codec import record_to_pb
+from dataservice.config.cache import CacheConfig
 from dataservice.enums import CacheFormat, OperationClass, ReadMode
 from dataservice.observe import trace as tracing
 from dataservice.observe.metrics import (

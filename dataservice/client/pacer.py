@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import threading
 
+from dataservice.config.rate import Rate
 from dataservice.errors import ResourceExhausted
-from dataservice.limits.gcra import Arrivals, Rate, monotonic_us
+from dataservice.limits.gcra import Arrivals, monotonic_us
 from dataservice.refusals import LIMIT_MESSAGES, Reason
 
 

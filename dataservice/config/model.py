@@ -18,11 +18,11 @@ import yaml
 from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
 from dataservice import identifiers
-from dataservice.cache.config import CacheConfig
+from dataservice.config.cache import CacheConfig
 from dataservice.config.frozen import FrozenModel
+from dataservice.config.rate import Rate
 from dataservice.enums import LaneName, OperationClass
 from dataservice.errors import ConfigError
-from dataservice.limits.gcra import Rate
 
 PositiveInt = Annotated[int, Field(gt=0)]
 

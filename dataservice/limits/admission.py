@@ -47,8 +47,8 @@ from redis.asyncio import Redis as AsyncRedis
 
 from dataservice.codec.requests import OPERATIONS
 from dataservice.config.model import Config
+from dataservice.config.rate import Rate
 from dataservice.errors import ResourceExhausted
-from dataservice.limits.gcra import Rate
 from dataservice.redis.keys import EPOCH_KEY, admission_key, held_key, pace_key
 from dataservice.redis.scripts import LuaScript
 from dataservice.refusals import LIMIT_MESSAGES, Reason, Refusal
@@ -256,7 +256,7 @@ def admit_call(
     paced = pacing.get(caller) if pacing and isinstance(caller, str) else None
     if paced is not None:
         keys.append(pace_key(caller))
-        # One step charges the batch's every operation, paced (gcra.py, Rate.paced).
+        # One step charges the batch's every operation, paced (config/rate.py, Rate.paced).
         rate = Rate(int(paced[0]), paced[1]).paced(ops)
         args += [rate.interval_us, rate.burst]
     else:

@@ -64,8 +64,8 @@
 -- KEYS[5]  optional: the caller's publish pacing (GCRA theoretical arrival time, µs),
 --          ds:pace:<caller>, a key of the caller's own
 -- ARGV[14] with KEYS[5]: the caller's emission interval (µs per request: 1e6 / rate),
---          times the message's operations (gcra.py's Rate.for_cost); else 0
--- ARGV[15] with KEYS[5]: the caller's burst (requests), divided by them; else 0
+--          times the message's operations (Rate.paced, dataservice/config/rate.py); else 0
+-- ARGV[15] with KEYS[5]: the burst Rate.paced gives the message; else 0
 -- ARGV[16] the operations the message carries: 1, or a batch's count. Every
 --          count here (the bound of ARGV[3], the drain rate, arrivals) is in
 --          operations, so the lane's bounds mean the same however they are packed

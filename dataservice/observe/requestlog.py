@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Set
 from typing import Literal
 
 from prometheus_client import Histogram
 
-from dataservice.codec.requests import MESSAGE_OPERATIONS
 from dataservice.observe.lines import RequestLines
 from dataservice.observe.logs import json_line, request_lines
 from dataservice.observe.metrics.requests import REQUEST_SECONDS
@@ -31,9 +31,15 @@ _MAX_CALLER = 64
 
 
 class RequestLog:
-    def __init__(self, lane: str, mode: Mode, lines: RequestLines | None = None) -> None:
+    def __init__(
+        self, lane: str, mode: Mode, operations: Set[str], lines: RequestLines | None = None
+    ) -> None:
+        """``operations``: what a request's operation may be; any other is
+        logged and measured as ``unknown`` (the metric's labels stay few,
+        whatever a message says)."""
         self._lane = lane
         self._mode = mode
+        self._operations = operations
         # None: wherever configure_logging sends them when a request ends.
         self._lines = lines
         self._histograms: dict[str, Histogram] = {}
@@ -43,7 +49,7 @@ class RequestLog:
     ) -> None:
         """``elapsed_s``: the trace's time, when the caller has just measured it."""
         elapsed_s = trace.elapsed_s() if elapsed_s is None else elapsed_s
-        operation = trace.operation if trace.operation in MESSAGE_OPERATIONS else "unknown"
+        operation = trace.operation if trace.operation in self._operations else "unknown"
         histogram = self._histograms.get(operation)
         if histogram is None:
             histogram = self._histograms[operation] = REQUEST_SECONDS.labels(self._lane, operation)

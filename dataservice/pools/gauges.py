@@ -11,6 +11,7 @@ from sqlalchemy import Engine, event
 from sqlalchemy.pool import QueuePool
 
 from dataservice.broker.glue import QueueDepths
+from dataservice.broker.rabbitmq import AMQP_ERRORS
 from dataservice.cache.controls import RolloutControls
 from dataservice.config.model import Config
 from dataservice.enums import LaneName
@@ -70,7 +71,11 @@ class LaneGauges:
         CACHE_GENERATION.labels(name).set_function(lambda: controls.current().generation)
         CACHE_BYPASS.labels(name).set_function(lambda: int(controls.current().bypass))
         self._watch = QueueWatch(
-            books, {lane.value: config.lanes[lane].queue for lane in LaneName}, depths
+            books,
+            {lane.value: config.lanes[lane].queue for lane in LaneName},
+            depths,
+            # A broker that does not answer leaves the queues out of the scrape.
+            (redis.RedisError, *AMQP_ERRORS),
         )
         QUEUES.watch(self._watch)
 

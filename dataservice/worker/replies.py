@@ -13,6 +13,7 @@ import logging
 from collections import Counter
 
 from dataservice.codec import error_response
+from dataservice.codec.requests import MESSAGE_OPERATIONS
 from dataservice.enums import LaneName, StatusCode
 from dataservice.observe import trace as tracing
 from dataservice.observe.metrics import DEPENDENCY_FAILURES, REJECTIONS, TIMEOUTS, Stage
@@ -53,7 +54,7 @@ class Replies:
 
     def __init__(self, lane: LaneName, requests: Mode) -> None:
         self._lane = lane.value
-        self._log = RequestLog(lane.value, requests)
+        self._log = RequestLog(lane.value, requests, MESSAGE_OPERATIONS)
         # How long answered requests take once dequeued, per operation: what
         # admission adds to a queue's wait (dataservice/pools/servicetimes.py says it).
         self.service_times: RecentDurations[str] = RecentDurations()

@@ -12,23 +12,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import redis
 from prometheus_client import Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dataservice.broker.rabbitmq import AMQP_ERRORS
 from dataservice.observe.metrics.registry import REGISTRY
 from dataservice.redis.keys import admission_key
 from dataservice.refusals import ADMISSION_REASONS
-
-if TYPE_CHECKING:
-    from dataservice.broker.glue import QueueDepths
-
-# A broker that does not answer leaves the queues out of the scrape.
-_BROKER_ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, *AMQP_ERRORS)
 
 PERMITS_IN_USE = Gauge(
     "dataservice_permits_in_use",
@@ -90,16 +83,26 @@ CACHE_BYPASS = Gauge(
 )
 
 
+class QueueDepths(Protocol):
+    """How many messages wait in a queue, on a broker whose queues are not
+    Redis lists."""
+
+    def depth(self, queue: str) -> int: ...
+
+
 @dataclass(frozen=True, slots=True)
 class QueueWatch:
     """Where the lanes' queues and admission hashes are: lane -> queue name.
 
     ``books`` is the Redis of admission's hashes; the queues are its lists,
-    unless ``depths`` counts them elsewhere (RabbitMQ)."""
+    unless ``depths`` counts them elsewhere (RabbitMQ). ``errors``: what the
+    two raise when their server does not answer, which leaves the queues out
+    of the scrape (``depths``' own errors added to redis-py's)."""
 
     books: redis.Redis
     queues: Mapping[str, str]
     depths: QueueDepths | None = None
+    errors: tuple[type[BaseException], ...] = (redis.RedisError,)
 
 
 class QueueCollector(Collector):
@@ -169,7 +172,7 @@ class QueueCollector(Collector):
             else:
                 depths = [watch.depths.depth(queue) for queue in watch.queues.values()]
                 books = replies
-        except _BROKER_ERRORS:
+        except watch.errors:
             return []
         return [
             (lane, depth, list(hash_fields))
