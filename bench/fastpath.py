@@ -49,7 +49,7 @@ from rich.table import Table
 
 from bench import _env
 from bench.baselines.noop import NOOP_TASK, make_app
-from dataservice.broker.glue import CONTENT_TYPE, SERIALIZER
+from dataservice.broker.celery import CONTENT_TYPE, SERIALIZER
 from dataservice.config.model import load_config
 from dataservice.ops.processes import WorkerProcess, worker_environ
 from dataservice.pools.fastpath import InlineMessage, serve_inline
@@ -67,7 +67,7 @@ def make_inline_app(url: str) -> Celery:
     app = Celery("bench-fastpath", set_as_current=False)
     app.conf.update(
         broker_url=url,
-        broker_transport="dataservice.broker.glue:RedisTransport",
+        broker_transport="dataservice.broker.redis:RedisTransport",
         broker_connection_retry_on_startup=True,
         result_backend=None,
         task_ignore_result=True,

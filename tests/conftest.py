@@ -37,7 +37,7 @@ from dataservice_tools.testkit.counting_database import CountingDatabase
 from sqlalchemy import Engine, create_engine, text
 
 from dataservice import Client
-from dataservice.broker.glue import celery_settings
+from dataservice.broker.celery import celery_settings
 from dataservice.changes.user import changes_url, create_changes_user
 from dataservice.client import throttle
 from dataservice.client.pacer import PACER

@@ -34,7 +34,7 @@ from typing import Any
 import redis
 from celery import Celery, Task
 
-from dataservice.broker.glue import CONTENT_TYPE, SERIALIZER
+from dataservice.broker.celery import CONTENT_TYPE, SERIALIZER
 from dataservice.compat.celery import PacedConsumer
 from dataservice.config.settings import AMQP_SCHEMES
 from dataservice.pools.fastpath import InlineMessage, redelivered, serve_inline
@@ -96,7 +96,7 @@ def make_app(url: str, visibility_timeout_s: float = 3600) -> Celery:
         )
         return app
     app.conf.update(
-        broker_transport="dataservice.broker.glue:RedisTransport",
+        broker_transport="dataservice.broker.redis:RedisTransport",
         broker_transport_options={
             "visibility_timeout": visibility_timeout_s,
             # Sweep for expired unacknowledged messages every second, not

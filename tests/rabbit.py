@@ -10,7 +10,7 @@ import redis
 from dataservice_tools.localservices.rabbitmq import virtual_host
 from kombu import Connection
 
-from dataservice.broker.glue import queue_depths
+from dataservice.broker import queue_depths
 from dataservice.broker.rabbitmq import delete_lane_queues
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings

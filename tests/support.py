@@ -24,7 +24,7 @@ from dataservice_tools.testkit.sockets import own_local_ports
 from kombu import Connection, Exchange
 from sqlalchemy import Engine, text
 
-from dataservice.broker.glue import CONTENT_TYPE, TASK_NAME, celery_app, celery_settings
+from dataservice.broker.celery import CONTENT_TYPE, TASK_NAME, celery_app, celery_settings
 from dataservice.client.transport import Transport
 from dataservice.config.model import Config, load_config
 from dataservice.config.settings import Settings

@@ -15,7 +15,8 @@ import redis
 from dataservice_tools.localservices import redis_reachable
 
 from dataservice import Client, ReadOp, ResourceExhausted, WriteOp
-from dataservice.broker.glue import SERIALIZER, TASK_NAME, celery_app, queue_depths
+from dataservice.broker import queue_depths
+from dataservice.broker.celery import SERIALIZER, TASK_NAME, celery_app
 from dataservice.broker.results import Completion, ResultStore
 from dataservice.client.publisher import refusal_error
 from dataservice.client.transport import Transport

@@ -18,7 +18,7 @@ from celery import Celery
 from sqlalchemy import Engine
 
 from dataservice import Client, InvalidArgument, ReadMode
-from dataservice.broker.glue import TASK_NAME, celery_app
+from dataservice.broker.celery import TASK_NAME, celery_app
 from dataservice.client.transport import Transport
 from dataservice.codec import decode_response
 from dataservice.config.model import Config
@@ -195,7 +195,7 @@ def test_task_message_in_json_is_counted_and_dropped(
 
 
 def test_pickle_is_never_accepted(config: Config) -> None:
-    from dataservice.broker.glue import celery_settings as shared
+    from dataservice.broker.celery import celery_settings as shared
 
     accepted = shared(Settings(), config)["accept_content"]
     assert not any("pickle" in content for content in accepted)

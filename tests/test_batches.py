@@ -23,7 +23,7 @@ from dataservice_tools.localservices import redis_reachable
 from sqlalchemy import Engine, text
 
 from dataservice import Client, Conflict, DataServiceError, InvalidArgument
-from dataservice.broker.glue import celery_app
+from dataservice.broker.celery import celery_app
 from dataservice.client.handle import AsyncHandle, Carrier, Handle
 from dataservice.codec import batch_envelope
 from dataservice.config.model import Config

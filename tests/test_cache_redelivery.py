@@ -31,7 +31,7 @@ from dataservice_tools.localservices import free_port, redis_reachable
 from sqlalchemy import Engine
 
 from dataservice import Client
-from dataservice.broker.glue import celery_app
+from dataservice.broker.celery import celery_app
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from dataservice.enums import LaneName, ReadMode

@@ -14,7 +14,7 @@ import pytest
 import redis
 from sqlalchemy import create_engine, text
 
-from dataservice.broker.glue import celery_app
+from dataservice.broker.celery import celery_app
 from dataservice.cache.controls import RolloutControls
 from dataservice.cache.guard import FreshnessGuard, stream_status
 from dataservice.changes.consumer import (

@@ -15,7 +15,7 @@ import pytest
 import redis
 from dataservice_tools.localservices import redis_reachable
 
-from dataservice.broker.glue import celery_app
+from dataservice.broker.celery import celery_app
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from dataservice.enums import LaneName

@@ -17,7 +17,7 @@ import pytest
 import redis
 from dataservice_tools.localservices import free_port, redis_reachable
 
-from dataservice.broker.glue import celery_app
+from dataservice.broker.celery import celery_app
 from dataservice.client import Client
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings

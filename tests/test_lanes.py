@@ -13,7 +13,7 @@ import time
 import pytest
 
 from dataservice import Client, ReadOp
-from dataservice.broker.glue import celery_app
+from dataservice.broker.celery import celery_app
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from tests.rabbit import BROKERS, depth, processes_on, purge

@@ -165,6 +165,75 @@ def test_observe_and_config_import_no_package_above_them() -> None:
     assert offences == []
 
 
+# What says which broker is in use: only the broker package asks it, and only
+# it names a broker's own module (the settings parse the URL's scheme).
+BROKER_BRANCHES = ("broker_is_amqp", "AMQP_SCHEMES", "REDIS_SCHEMES")
+BROKER_MODULES = {"dataservice.broker.redis", "dataservice.broker.rabbitmq"}
+BROKER_FREE_OF_BRANCHES_EXCEPT = {ROOT / "dataservice" / "config" / "settings.py"}
+
+
+def _names_and_strings(source: Path) -> Iterator[tuple[int, str]]:
+    """Every name, attribute and string constant of ``source`` (docstrings
+    and comments aside), with its line."""
+    tree = ast.parse(source.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            yield node.lineno, node.id
+        elif isinstance(node, ast.Attribute):
+            yield node.lineno, node.attr
+        elif isinstance(node, ast.alias):
+            yield node.lineno, node.name
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+        ):
+            yield node.lineno, node.value
+
+
+def test_no_module_outside_the_broker_package_asks_which_broker_is_in_use() -> None:
+    modules = _modules()
+    broker = ROOT / "dataservice" / "broker"
+    offences = []
+    for name, source in modules.items():
+        if not name.startswith("dataservice.") or source.is_relative_to(broker):
+            continue
+        for target in set(_imports(name, source, modules)) & BROKER_MODULES:
+            offences.append(f"{name} imports {target}")
+        if source in BROKER_FREE_OF_BRANCHES_EXCEPT:
+            continue
+        for line, text in _names_and_strings(source):
+            if text in BROKER_BRANCHES:
+                offences.append(f"{source.relative_to(ROOT)}:{line} {text!r}")
+    assert offences == []
+
+
+def test_kombus_message_layout_is_built_only_in_compat() -> None:
+    """A message as kombu stores it (its delivery info, body encoding and
+    delivery tag among its properties) is made by the compat modules alone:
+    no other module writes those keys in a dict."""
+    layout = {"delivery_info", "body_encoding", "delivery_tag"}
+    compat = ROOT / "dataservice" / "compat"
+    offences = [
+        f"{source.relative_to(ROOT)}:{key.lineno} {key.value!r}"
+        for name, source in _modules().items()
+        if name.startswith("dataservice.") and not source.is_relative_to(compat)
+        for node in ast.walk(ast.parse(source.read_text()))
+        if isinstance(node, ast.Dict)
+        for key in node.keys
+        if isinstance(key, ast.Constant) and key.value in layout
+    ]
+    assert offences == []
+
+
 def test_the_service_does_not_import_the_tooling() -> None:
     modules = _modules()
     offences = sorted(

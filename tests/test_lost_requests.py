@@ -35,7 +35,7 @@ from dataservice import (
     WriteOp,
     WriteResult,
 )
-from dataservice.broker.glue import celery_app
+from dataservice.broker.celery import celery_app
 from dataservice.client.handle import LOST_AFTER_S
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings

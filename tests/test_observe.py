@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from dataservice import Client, ReadMode
-from dataservice.broker.glue import celery_app
+from dataservice.broker.celery import celery_app
 from dataservice.codec.requests import MESSAGE_OPERATIONS
 from dataservice.config.model import Config, LoggingConfig
 from dataservice.config.settings import Settings

@@ -11,7 +11,7 @@ import hiredis
 import pytest
 import redis
 
-from dataservice.broker.glue import RedisTransport
+from dataservice.broker.redis import RedisTransport
 from dataservice.redis.bounded import BoundedConnection
 from dataservice.redis.packing import PackedConnection, packed_connection_class
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from dataservice.broker.glue import celery_app
+from dataservice.broker.celery import celery_app
 from dataservice.broker.results import ResultStore
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings

@@ -30,7 +30,7 @@ import pytest
 from dataservice_tools.localservices import PrivateRedis
 
 from dataservice import Client, DataServiceError, ResourceExhausted
-from dataservice.broker.glue import celery_app
+from dataservice.broker.celery import celery_app
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from dataservice.enums import LaneName, ReadMode

@@ -24,7 +24,7 @@ from dataservice import (
     ResourceExhausted,
     Unavailable,
 )
-from dataservice.broker.glue import celery_app
+from dataservice.broker.celery import celery_app
 from dataservice.compat.celery import broadcast_request
 from dataservice.config.model import Config, load_config
 from dataservice.config.settings import Settings

@@ -7,7 +7,7 @@ import json
 import redis
 from dataservice_tools.localservices import redis_reachable
 
-from dataservice.broker.glue import SERIALIZER, TASK_NAME, celery_app
+from dataservice.broker.celery import SERIALIZER, TASK_NAME, celery_app
 from dataservice.client.message import task_message
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings

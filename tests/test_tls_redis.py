@@ -16,7 +16,7 @@ import redis
 from sqlalchemy import Engine
 
 from dataservice import Client, Record, Unavailable
-from dataservice.broker.glue import celery_settings
+from dataservice.broker.celery import celery_settings
 from dataservice.broker.results import ResultStore
 from dataservice.client.transport import Transport
 from dataservice.config.model import Config

@@ -44,7 +44,7 @@ from bench.attribution.wire import (
     json_response,
     plain_value,
 )
-from dataservice.broker.glue import celery_app
+from dataservice.broker.celery import celery_app
 from dataservice.broker.results import Completion, ResultStore
 from dataservice.cache.runtime import CacheRuntime
 from dataservice.compat.celery import PER_TASK_LOGGERS

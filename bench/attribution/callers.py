@@ -21,7 +21,7 @@ from bench.attribution.wire import (
     json_response_payload,
     plain_payload,
 )
-from dataservice.broker.glue import celery_app
+from dataservice.broker.celery import celery_app
 from dataservice.broker.results import ResultStore
 from dataservice.client import Client
 from dataservice.client.publisher import refusal_error

@@ -28,10 +28,12 @@ import base64
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
+from weakref import WeakKeyDictionary
 
 import aio_pika
 import aio_pika.abc
@@ -43,6 +45,8 @@ import redis
 from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
 
+from dataservice.broker.base import CONNECT_TIMEOUT_S, Admit, AsyncPublisher, Broker, Peek
+from dataservice.broker.pipelined import AsyncBooks
 from dataservice.config.model import Config, LaneConfig
 from dataservice.config.settings import Settings
 from dataservice.limits.admission import (
@@ -53,9 +57,13 @@ from dataservice.limits.admission import (
     LaneAdmission,
     admit_call,
     admitted,
+    caller_pacing,
     envelope_size,
+    lane_admission_bounds,
     withdraw,
+    withdraw_async,
 )
+from dataservice.plans import Driver
 from dataservice.refusals import Reason
 
 # What a call on AMQP may raise besides a refusal: the broker gone, the
@@ -106,7 +114,7 @@ def lane_queues(config: Config) -> list[Queue]:
 
 def broker_settings(settings: Settings, config: Config) -> dict[str, Any]:
     """The Celery settings of a RabbitMQ broker
-    (:func:`dataservice.broker.glue.celery_settings`)."""
+    (:func:`dataservice.broker.celery.celery_settings`)."""
     return {
         "broker_url": settings.broker_url,
         "broker_transport": None,
@@ -169,22 +177,17 @@ class AsyncAmqpPublisher:
         self._lock: asyncio.Lock | None = None
 
     async def publish(self, queue: str, message: dict[str, Any]) -> None:
-        """Publish ``message`` (as :func:`~dataservice.client.message.task_message`
-        builds it) to ``queue`` and wait for its confirm. Raises
+        """Publish ``message`` to ``queue`` and wait for its confirm. Raises
         :class:`amqp.exceptions.MessageNacked` when RabbitMQ refuses it, else the
         connection's errors (:data:`ASYNC_AMQP_ERRORS`); the caller bounds the wait."""
         exchange = await self._exchange(queue)
-        properties = message.get("properties", {})
-        expiration = expiration_ms(message, time.time_ns() // 1_000_000)
+        body, properties = amqp_message(message, time.time_ns() // 1_000_000)
+        expiration = properties.pop("expiration", None)
         outgoing = aio_pika.Message(
-            base64.b64decode(message["body"]),
-            headers=message.get("headers"),
-            content_type=message.get("content-type"),
-            content_encoding=message.get("content-encoding"),
-            correlation_id=properties.get("correlation_id"),
-            reply_to=properties.get("reply_to"),
+            body,
+            **properties,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            expiration=expiration / 1000 if expiration else None,
+            expiration=int(expiration) / 1000 if expiration else None,
         )
         try:
             await exchange.publish(outgoing, routing_key=queue)
@@ -268,6 +271,63 @@ def expiration_ms(message: dict[str, Any], now_ms: int) -> int:
     return max(deadline - now_ms, 1)
 
 
+def amqp_message(message: dict[str, Any], now_ms: int) -> tuple[bytes, dict[str, Any]]:
+    """A message as kombu's Redis transport stores it, as AMQP has it: the
+    body's bytes, and its properties (``expiration`` in ms, as a string, when
+    it has a deadline)."""
+    properties = message.get("properties", {})
+    amqp_properties: dict[str, Any] = {
+        "content_type": message.get("content-type"),
+        "content_encoding": message.get("content-encoding"),
+        "headers": message.get("headers"),
+        "correlation_id": properties.get("correlation_id"),
+        "reply_to": properties.get("reply_to"),
+    }
+    expiration = expiration_ms(message, now_ms)
+    if expiration:
+        amqp_properties["expiration"] = str(expiration)
+    return base64.b64decode(message["body"]), amqp_properties
+
+
+@dataclass(frozen=True, slots=True)
+class _Do:
+    """One call of a publisher's I/O (:class:`AmqpPublisher`,
+    :class:`_AsyncPublisher`), by name: blocking or awaited."""
+
+    what: str
+    args: tuple[Any, ...]
+
+    def run(self, io: Any) -> Any:
+        return getattr(io, self.what)(*self.args)
+
+    async def arun(self, io: Any) -> Any:
+        return await getattr(io, self.what)(*self.args)
+
+
+def _publish_plan(
+    queue: str, lane: LaneAdmission, message: dict[str, Any], pacing: dict[str, Any]
+) -> Generator[_Do, Any, str]:
+    """Admit the message on admission's Redis (recorded as held, nothing
+    pushed), then publish it, confirmed. A publish RabbitMQ refuses, or that
+    does not go, is taken back out of the books. Returns '' (RabbitMQ keeps its
+    backlog across restarts: there is no epoch to watch)."""
+    message.setdefault("headers", {})[SIZE_HEADER] = envelope_size(message)
+    keys, args = admit_call(queue, lane, "", message, pacing, elsewhere=True)
+    yield _Do("admit_books", (keys, args))
+    try:
+        yield _Do("publish", (queue, message))
+    except amqp.exceptions.MessageNacked:
+        yield _Do("withdraw", (lane, message, Reason.QUEUE_FULL))
+        raise AdmissionRefused(Reason.QUEUE_FULL, RETRY_QUEUE_FULL_MS) from None
+    except Exception:
+        # It may have reached the queue even so; the books then count it a
+        # little short until its answer, never long. (A cancelled publish
+        # leaves its record to lapse after its deadline.)
+        yield _Do("withdraw", (lane, message, None))
+        raise
+    return ""
+
+
 class AmqpPublisher:
     """Admits and publishes request messages on one AMQP channel in confirm
     mode; not thread-safe (one per pooled connection, as kombu's channels)."""
@@ -286,28 +346,21 @@ class AmqpPublisher:
         self._pacing = pacing
         self._queues = {queue.name: queue for queue in queues}
         self._declared: set[str] = set()
+        self._timeout_s = 0.0
 
     def admit(self, queue: str, message: dict[str, Any], timeout_s: float) -> str:
-        """Admit the message and publish it, confirmed; returns '' (RabbitMQ
-        keeps its backlog across restarts: there is no epoch to watch).
+        """Admit the message and publish it, confirmed (:func:`_publish_plan`).
         Raises :class:`AdmissionRefused`, ``redis.RedisError`` or kombu's and
         amqp's connection errors."""
-        lane = self._admission[queue]
-        message.setdefault("headers", {})[SIZE_HEADER] = envelope_size(message)
-        keys, args = admit_call(queue, lane, "", message, self._pacing, elsewhere=True)
-        admitted(ADMIT(self._books, keys, args))
-        try:
-            self._declare(queue, timeout_s)
-            self._publish(queue, message, timeout_s)
-        except amqp.exceptions.MessageNacked:
-            withdraw(self._books, lane, message, Reason.QUEUE_FULL)
-            raise AdmissionRefused(Reason.QUEUE_FULL, RETRY_QUEUE_FULL_MS) from None
-        except BaseException:
-            # It may have reached the queue even so; the books then count it
-            # a little short until its answer, never long.
-            withdraw(self._books, lane, message, None)
-            raise
-        return ""
+        self._timeout_s = timeout_s
+        plan = _publish_plan(queue, self._admission[queue], message, self._pacing)
+        return Driver(plan).run(self)
+
+    def admit_books(self, keys: list[str], args: list[Any]) -> str:
+        return admitted(ADMIT(self._books, keys, args))
+
+    def withdraw(self, lane: LaneAdmission, message: dict[str, Any], reason: Reason | None) -> None:
+        withdraw(self._books, lane, message, reason)
 
     def _declare(self, queue: str, timeout_s: float) -> None:
         if queue in self._declared:
@@ -316,28 +369,114 @@ class AmqpPublisher:
             self._queues[queue](self._channel).declare()
         self._declared.add(queue)
 
-    def _publish(self, queue: str, message: dict[str, Any], timeout_s: float) -> None:
+    def publish(self, queue: str, message: dict[str, Any]) -> None:
+        """Declare the lane's queue (once) and publish ``message``, confirmed."""
+        timeout_s = self._timeout_s
+        self._declare(queue, timeout_s)
         channel = self._channel
-        properties = message.get("properties", {})
-        expiration = expiration_ms(message, time.time_ns() // 1_000_000)
-        amqp_properties: dict[str, Any] = {
-            "correlation_id": properties.get("correlation_id"),
-            "reply_to": properties.get("reply_to"),
-            "delivery_mode": 2,
-        }
-        if expiration:
-            amqp_properties["expiration"] = str(expiration)
+        body, properties = amqp_message(message, time.time_ns() // 1_000_000)
         prepared = channel.prepare_message(
-            base64.b64decode(message["body"]),
-            content_type=message.get("content-type"),
-            content_encoding=message.get("content-encoding"),
-            headers=message.get("headers"),
-            properties=amqp_properties,
+            body,
+            content_type=properties.pop("content_type"),
+            content_encoding=properties.pop("content_encoding"),
+            headers=properties.pop("headers"),
+            properties={**properties, "delivery_mode": 2},
         )
         timeout = max(timeout_s, 0.001)
         channel.basic_publish(
             prepared, exchange=queue, routing_key=queue, timeout=timeout, confirm_timeout=timeout
         )
+
+
+class _AsyncPublisher:
+    """:class:`AmqpPublisher` for asyncio: admission's calls pipelined on its
+    Redis (:class:`~.pipelined.AsyncBooks`), the message published with
+    aio-pika (:class:`AsyncAmqpPublisher`)."""
+
+    def __init__(self, settings: Settings, config: Config) -> None:
+        self._books = AsyncBooks(settings.admission_url)
+        self._amqp = AsyncAmqpPublisher(settings.broker_url, config, CONNECT_TIMEOUT_S)
+        self._admission = lane_admission_bounds(config)
+        self._pacing = caller_pacing(config)
+
+    async def admit(self, queue: str, message: dict[str, Any]) -> str:
+        plan = _publish_plan(queue, self._admission[queue], message, self._pacing)
+        return await Driver(plan).arun(self)
+
+    async def admit_books(self, keys: list[str], args: list[Any]) -> str:
+        return await self._books.admit(keys, args)
+
+    async def publish(self, queue: str, message: dict[str, Any]) -> None:
+        await self._amqp.publish(queue, message)
+
+    async def withdraw(
+        self, lane: LaneAdmission, message: dict[str, Any], reason: Reason | None
+    ) -> None:
+        await withdraw_async(self._books.client(), lane, message, reason)
+
+    async def epoch(self) -> str | None:
+        return None
+
+    async def aclose(self) -> None:
+        await self._books.aclose()
+        await self._amqp.aclose()
+
+
+class RabbitBroker(Broker):
+    name = "RabbitMQ"
+    has_epoch = False
+    # A publish holds its connection until the broker confirms it, a quorum of
+    # the queue having written it: about a millisecond, as long as the rest of
+    # a call. A few let a client's threads publish side by side.
+    publish_connections = 4
+    errors = (*AMQP_ERRORS, redis.RedisError, kombu.exceptions.LimitExceeded)
+    async_errors = (*ASYNC_AMQP_ERRORS, redis.RedisError, TimeoutError)
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self._publishers: WeakKeyDictionary[Any, AmqpPublisher] = WeakKeyDictionary()
+
+    def where(self) -> str:
+        return where(self.url)
+
+    def unreachable(self, timeout_s: float) -> str:
+        return unreachable(self.url, timeout_s)
+
+    def celery_settings(self, config: Config) -> dict[str, Any]:
+        return broker_settings(self.settings, config)
+
+    def caller_settings(self, conf: Any) -> None:
+        return None
+
+    def admitter(self, connection: Any, books: redis.Redis, config: Config) -> Admit:
+        channel = connection.default_channel
+        publisher = self._publishers.get(channel)
+        if publisher is None:
+            publisher = AmqpPublisher(
+                channel,
+                books,
+                lane_admission_bounds(config),
+                caller_pacing(config),
+                lane_queues(config),
+            )
+            self._publishers[channel] = publisher
+        return publisher.admit
+
+    def async_publisher(self, config: Config) -> AsyncPublisher:
+        return _AsyncPublisher(self.settings, config)
+
+    def depths(self, timeout_s: float = 2.0) -> AmqpDepths:
+        return AmqpDepths(self.url, timeout_s)
+
+    def peek(self, queue: str, limit: int) -> Peek:
+        # RabbitMQ shows a message only by delivering it: even handed back, it
+        # would come to a worker marked redelivered, its delivery count raised,
+        # and no worker could take it meanwhile. So it is counted, not read.
+        depths = self.depths()
+        try:
+            return Peek(depths.depth(queue), None)
+        finally:
+            depths.close()
 
 
 @contextmanager

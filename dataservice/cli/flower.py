@@ -66,7 +66,7 @@ def flower(
     """Flower for the service's broker: the lanes' and the consumers' queues,
     with their lengths, and every worker node. Basic authentication from
     DATASERVICE_FLOWER_AUTH (docs/operations.md, "Flower")."""
-    from dataservice.broker.glue import celery_app, direct_queue
+    from dataservice.broker.celery import celery_app, direct_queue
     from dataservice.observe.logs import configure_logging
     from dataservice.redis.keys import CHANGES_QUEUE
 

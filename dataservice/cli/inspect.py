@@ -76,18 +76,23 @@ def queue(
     as_json: bool = typer.Option(False, "--json", help="One JSON object, for machines."),
 ) -> None:
     """The messages waiting in LANE's queue, decoded, none taken from it."""
-    from dataservice.ops.inspect import waiting
+    from dataservice.broker import broker_for
+    from dataservice.ops.inspect import decoded
 
     if show_payload:
         _may_show_payload()
     settings, config = load()
     queue_name = config.lanes[lane].queue
-    if settings.broker_is_amqp:
-        _count_on_rabbitmq(settings.broker_url, queue_name, as_json)
+    broker = broker_for(settings)
+    try:
+        peek = broker.peek(queue_name, limit)
+    except broker.errors as exc:
+        typer.echo(f"error: the broker: {type(exc).__name__}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if peek.entries is None:
+        _counted(queue_name, peek.total, broker.name, as_json)
         return
-    with _redis(settings.broker_url, "the broker") as client:
-        total = int(client.llen(queue_name))
-        found = waiting(client, queue_name, limit, payload=show_payload)
+    total, found = peek.total, decoded(peek.entries, payload=show_payload)
     if as_json:
         rows = [_as_json(item) for item in found]
         typer.echo(json.dumps({"queue": queue_name, "waiting": total, "shown": rows}, indent=2))
@@ -107,26 +112,15 @@ def queue(
         typer.echo(line)
 
 
-def _count_on_rabbitmq(url: str, queue_name: str, as_json: bool) -> None:
-    """RabbitMQ shows a message only by delivering it: even handed back, it
-    would come to a worker marked redelivered, its delivery count raised, and
-    no worker could take it meanwhile. So on RabbitMQ the queue is counted,
-    not read."""
-    from dataservice.broker.rabbitmq import AMQP_ERRORS, AmqpDepths
-
-    depths = AmqpDepths(url)
-    try:
-        total = depths.depth(queue_name)
-    except AMQP_ERRORS as exc:
-        typer.echo(f"error: the broker: {type(exc).__name__}: {exc}", err=True)
-        raise typer.Exit(1) from None
-    finally:
-        depths.close()
+def _counted(queue_name: str, total: int, broker: str, as_json: bool) -> None:
+    """A broker that shows a message only by delivering it (RabbitMQ: even
+    handed back, it would come to a worker marked redelivered, its delivery
+    count raised, and no worker could take it meanwhile) is counted, not read."""
     if as_json:
         typer.echo(json.dumps({"queue": queue_name, "waiting": total, "shown": []}, indent=2))
         return
     typer.echo(
-        f"{queue_name}: {total} waiting (RabbitMQ: counted, not shown; "
+        f"{queue_name}: {total} waiting ({broker}: counted, not shown; "
         "a message is seen only by taking it from the queue)"
     )
 

@@ -22,8 +22,7 @@ import asyncio
 import builtins
 import inspect
 import time
-from collections.abc import Callable, Coroutine, Generator, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
@@ -35,6 +34,7 @@ from dataservice.config.settings import Settings
 from dataservice.enums import LaneName, ReadMode
 from dataservice.errors import RequestError, ResourceExhausted, RetryableError
 from dataservice.limits.admission import AdmissionRefused
+from dataservice.plans import Driver
 from dataservice.security.callers import CallerKey
 from dataservice.types import (
     DeleteOp,
@@ -106,49 +106,6 @@ class Pause:
 
 Step = Publish | Answer | Pause
 Plan = Generator[Step, Any, R]
-
-
-class Driver(Generic[R]):
-    """Runs one plan: hands it each step's value, or throws in its error,
-    until it returns."""
-
-    def __init__(self, plan: Plan[R]) -> None:
-        self._plan = plan
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self._result: Any = None
-
-    def __iter__(self) -> Iterator[Step]:
-        while True:
-            value, error, self._value, self._error = self._value, self._error, None, None
-            try:
-                step = self._plan.send(value) if error is None else self._plan.throw(error)
-            except StopIteration as done:
-                self._result = done.value
-                return
-            yield step
-
-    @contextmanager
-    def outcome(self) -> Iterator[None]:
-        """What the block raises goes to the plan, not up."""
-        try:
-            yield
-        except BaseException as exc:
-            self._error = exc
-
-    def run(self, transport: Any) -> R:
-        """Every step, blocking."""
-        for step in self:
-            with self.outcome():
-                self._value = step.run(transport)
-        return self._result  # type: ignore[no-any-return]
-
-    async def arun(self, transport: Any) -> R:
-        """Every step, awaited."""
-        for step in self:
-            with self.outcome():
-                self._value = await step.arun(transport)
-        return self._result  # type: ignore[no-any-return]
 
 
 # The public calls -------------------------------------------------------------

@@ -47,8 +47,9 @@ from dataservice.errors import Unavailable
 from dataservice.proto import pb
 from dataservice.redis.bounded import QUIET
 from dataservice.redis.keys import reply_key, result_key
+from dataservice.redis.tasks import stop_task
 
-__all__ = ["AsyncInbox", "Inbox", "Slots", "request_id_of", "stop_task"]
+__all__ = ["AsyncInbox", "Inbox", "Slots", "request_id_of"]
 
 log = logging.getLogger(__name__)
 
@@ -299,21 +300,6 @@ class Inbox:
     def _wake(signals: list[threading.Event]) -> None:
         for signal in signals:
             signal.set()
-
-
-async def stop_task(task: asyncio.Task[None], within_s: float, name: str) -> None:
-    """Cancel ``task`` and wait (``within_s`` at most) until it has ended.
-
-    Cancelled again every 20 ms: redis-py may swallow a cancellation (in a
-    read about to time out), and the task stops at its next step anyway."""
-    until = time.monotonic() + within_s
-    while not task.done() and time.monotonic() < until:
-        task.cancel()
-        await asyncio.wait({task}, timeout=0.02)
-    if task.done() and not task.cancelled():
-        error = task.exception()
-        if error is not None:
-            log.warning("%s failed: %s", name, type(error).__name__)
 
 
 class AsyncInbox:

@@ -3,20 +3,20 @@
 ``Celery.send_task`` builds a protocol 2 task message through several layers
 (the app's task sender, kombu's producer, entity declaration, the channel),
 which costs more CPU than everything else a caller does per request. The
-client builds the same message itself, as kombu's Redis transport stores it,
-and pushes it through the admission script (``dataservice/broker/glue.py``). A
+client builds the same message itself: Celery's headers here, the rest as
+kombu's Redis transport stores it (:func:`dataservice.compat.kombu.stored_message`),
+and hands it to the broker's admission (:mod:`dataservice.broker`). A
 test keeps it equal, field for field, to what ``send_task`` produces.
 """
 
 from __future__ import annotations
 
-import base64
 import os
 import socket
-import uuid
 from typing import Any
 
-from dataservice.broker.glue import CONTENT_TYPE, TASK_NAME
+from dataservice.broker.celery import CONTENT_TYPE, TASK_NAME
+from dataservice.compat import kombu as kombu_compat
 
 # Celery's anonymous node name for a process that is not a worker.
 ORIGIN = f"gen{os.getpid()}@{socket.gethostname()}"
@@ -27,11 +27,13 @@ def task_message(
 ) -> dict[str, Any]:
     """The kombu message for one request to ``queue`` (``headers``: the service's own)."""
     argsrepr = f"<RequestEnvelope {len(body)} bytes>"
-    return {
-        "body": base64.b64encode(body).decode("ascii"),
-        "content-encoding": "binary",
-        "content-type": CONTENT_TYPE,
-        "headers": {
+    return kombu_compat.stored_message(
+        body,
+        queue=queue,
+        content_type=CONTENT_TYPE,
+        content_encoding="binary",
+        # Celery's task protocol 2.
+        headers={
             "lang": "py",
             "task": TASK_NAME,
             "id": request_id,
@@ -55,15 +57,10 @@ def task_message(
             "stamps": {},
             **headers,
         },
-        "properties": {
+        properties={
             "correlation_id": request_id,
             "reply_to": reply_to,
             "argsrepr": argsrepr,
             "kwargsrepr": "{}",
-            "delivery_mode": 2,
-            "delivery_info": {"exchange": "", "routing_key": queue},
-            "priority": 0,
-            "body_encoding": "base64",
-            "delivery_tag": str(uuid.uuid4()),
         },
-    }
+    )

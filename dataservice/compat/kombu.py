@@ -5,7 +5,7 @@ Tested with kombu 5.7.0 (``pyproject.toml`` pins ``kombu~=5.7.0`` for this
 module's sake); ``tests/test_compat.py`` pins each name below, by signature
 and, where cheap, by its behaviour on a real Redis.
 
-The service's channels (:mod:`dataservice.broker.glue`) subclass
+The service's channels (:mod:`dataservice.broker.redis`) subclass
 :class:`RedisChannel` and use only its public hooks: :meth:`~RedisChannel.push`,
 :meth:`~RedisChannel.defers_record`, :meth:`~RedisChannel.client_factory`,
 :attr:`~RedisChannel.redis_options` and the connection classes.
@@ -70,13 +70,16 @@ a delivery; ``answer.lua`` and ``hit.lua`` acknowledge one):
 
 from __future__ import annotations
 
+import base64
 import functools
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, ClassVar, Final
 
 import redis
+from kombu.common import oid_from
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual as kombu_virtual
 from kombu.utils.json import dumps
@@ -91,7 +94,9 @@ __all__ = [
     "delivery_record",
     "queue_entry",
     "recorded_elsewhere",
+    "reply_address",
     "settle_acknowledged",
+    "stored_message",
     "unacked_keys",
     "unacked_record",
     "write_deferred",
@@ -105,9 +110,45 @@ BINDING_PREFIX: Final = "_kombu.binding."
 PERMANENT_BINDING_PREFIX: Final = "_kombu.binding_permanent."
 
 
+def stored_message(
+    body: bytes,
+    *,
+    queue: str,
+    content_type: str,
+    content_encoding: str,
+    headers: dict[str, Any],
+    properties: dict[str, Any],
+) -> dict[str, Any]:
+    """A message for ``queue`` as kombu's Redis transport stores it (what a
+    producer's publish makes of it): the body in base64, and kombu's own
+    properties after the publisher's (persistent, the default exchange and
+    priority, a fresh delivery tag)."""
+    return {
+        "body": base64.b64encode(body).decode("ascii"),
+        "content-encoding": content_encoding,
+        "content-type": content_type,
+        "headers": headers,
+        "properties": {
+            **properties,
+            "delivery_mode": 2,
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "priority": 0,
+            "body_encoding": "base64",
+            "delivery_tag": str(uuid.uuid4()),
+        },
+    }
+
+
 def queue_entry(message: dict[str, Any]) -> str:
     """``message`` as kombu keeps it in a queue's list."""
     return str(dumps(message))
+
+
+def reply_address(owner: object) -> str:
+    """The reply address (``reply_to``) a publisher that is not a Celery app
+    puts on its messages: kombu's object id, as an app's ``thread_oid`` is
+    made (Celery's control plane would reply there; the service never does)."""
+    return str(oid_from(owner, threads=False))
 
 
 def unacked_record(message: Any) -> str:

@@ -2,7 +2,7 @@
 that could not be served before its deadline is refused instead of joining it.
 
 The check and the push are one Lua script (``admit.lua``), run by the
-broker channel (:mod:`dataservice.broker.glue`) in place of kombu's plain LPUSH,
+broker channel (:mod:`dataservice.broker.redis`) in place of kombu's plain LPUSH,
 so concurrent producers cannot overshoot: the queue never holds more than
 ``admission.max_messages``, and queued plus in-flight envelopes never exceed
 ``admission.max_bytes``, however many publish at once. A refusal is a fast,

@@ -30,7 +30,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
-from dataservice.broker import rabbitmq
+from dataservice.broker import broker_for
 from dataservice.cache.guard import stream_status
 from dataservice.changes.behind import describe_events, describe_lag
 from dataservice.changes.server import describe, reason
@@ -60,9 +60,7 @@ def liveness(
     settings: Settings, alive_files: Iterable[Path], max_age_s: float, timeout_s: float
 ) -> list[Check]:
     """The broker answers, and every alive file was touched within ``max_age_s``."""
-    broker = settings.broker_url
-    check = _amqp if settings.broker_is_amqp else _redis
-    checks = [check("broker", broker, timeout_s)]
+    checks = [_broker(settings, timeout_s)]
     checks.extend(_alive(path, max_age_s) for path in alive_files)
     return checks
 
@@ -109,12 +107,12 @@ def _redis(name: str, url: str, timeout_s: float) -> Check:
     return Check(name, True, f"Redis at {_where(url)} answers")
 
 
-def _amqp(name: str, url: str, timeout_s: float) -> Check:
-    where = rabbitmq.where(url)
-    failure = rabbitmq.unreachable(url, timeout_s)
+def _broker(settings: Settings, timeout_s: float) -> Check:
+    broker = broker_for(settings)
+    failure = broker.unreachable(timeout_s)
     if failure:
-        return Check(name, False, f"{where}: {failure}")
-    return Check(name, True, f"{where} answers")
+        return Check("broker", False, f"{broker.where()}: {failure}")
+    return Check("broker", True, f"{broker.where()} answers")
 
 
 def _alive(path: Path, max_age_s: float) -> Check:

@@ -1,8 +1,8 @@
 """What waits in a lane's queue, and what the cache holds for a record.
 
-:func:`waiting` reads a lane's queue without taking anything from it (the
-oldest message first: kombu pushes on the left and pops on the right) and
-decodes each message as the service does: the kombu JSON around it, the
+:func:`decoded` takes what waits in a lane's queue, as the broker shows it
+without taking anything from it (the oldest message first), and decodes each
+message as the service does: the kombu JSON around it, the
 ``SignedRequest`` in its body, the ``RequestEnvelope`` inside. It reports the
 operation, caller, scope, sizes, time left before the deadline and age; a
 payload and the record's id only when asked (``payload=True``: the command
@@ -43,11 +43,11 @@ class Waiting:
     payload: bytes | None = None  # only with payload=True
 
 
-def waiting(client: redis.Redis, queue: str, limit: int, *, payload: bool = False) -> list[Waiting]:
-    """Up to ``limit`` messages of ``queue``, oldest first, none taken."""
-    raw: list[bytes] = client.lrange(queue, -limit, -1)  # type: ignore[assignment]
+def decoded(entries: list[bytes], *, payload: bool = False) -> list[Waiting]:
+    """A queue's entries as stored (the oldest first:
+    :meth:`~dataservice.broker.base.Broker.peek`), decoded."""
     now_ms = time.time_ns() // 1_000_000
-    return [_decode(position, item, now_ms, payload) for position, item in enumerate(reversed(raw))]
+    return [_decode(position, item, now_ms, payload) for position, item in enumerate(entries)]
 
 
 def _undecodable(position: int, size: int) -> Waiting:

@@ -20,7 +20,8 @@ from typing import Any
 
 from rich.table import Table
 
-from dataservice.broker.glue import TASK_NAME, celery_app, queue_depths
+from dataservice.broker import queue_depths
+from dataservice.broker.celery import TASK_NAME, celery_app
 from dataservice.changes.behind import describe_events, describe_lag
 from dataservice.changes.consumer import CHANGES_COMMAND
 from dataservice.compat.celery import broadcast_request

@@ -12,8 +12,8 @@ import redis
 from celery import Celery, Task
 from celery.worker.control import inspect_command
 
-from dataservice.broker.glue import TASK_NAME, celery_app
-from dataservice.broker.rabbitmq import AmqpDepths
+from dataservice.broker import broker_for
+from dataservice.broker.celery import TASK_NAME, celery_app
 from dataservice.broker.results import ResultStore
 from dataservice.cache.runtime import CacheRuntime
 from dataservice.config.budget import pool_size
@@ -135,14 +135,17 @@ class LaneRuntime:
         self._service_times = ServiceTimesPublisher(
             self._broker, admission_key(lane_config.queue), self.handler.service_times
         )
-        # On RabbitMQ the queues are counted by RabbitMQ itself, as briefly.
-        self._depths = (
-            AmqpDepths(settings.broker_url, timeout_s=_BROKER_CHATTER_TIMEOUT_S)
-            if settings.broker_is_amqp
-            else None
-        )
+        # Queues that are not lists on that Redis are counted by the broker
+        # itself, as briefly.
         self._gauges = LaneGauges(
-            lane, config, self.permits, self.engine, self.cache.controls, self._broker, self._depths
+            lane,
+            config,
+            self.permits,
+            self.engine,
+            self.cache.controls,
+            self._broker,
+            broker_for(settings),
+            _BROKER_CHATTER_TIMEOUT_S,
         )
         self.inline = InlineRequests(
             self.handler,
@@ -207,8 +210,6 @@ class LaneRuntime:
         self._service_times.stop()
         self._gauges.close()
         self._broker.close()
-        if self._depths is not None:
-            self._depths.close()
         if self._purger is not None:
             self._purger.stop()
         self.engine.dispose()

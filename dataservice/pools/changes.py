@@ -21,7 +21,7 @@ from weakref import WeakKeyDictionary
 from celery import Celery, bootsteps
 from celery.worker.control import inspect_command
 
-from dataservice.broker.glue import celery_app, direct_queue
+from dataservice.broker.celery import celery_app, direct_queue
 from dataservice.changes.consumer import CHANGES_COMMAND, ChangeConsumer
 from dataservice.changes.server import check_server
 from dataservice.config.model import Config

@@ -10,8 +10,7 @@ import redis
 from sqlalchemy import Engine, event
 from sqlalchemy.pool import QueuePool
 
-from dataservice.broker.glue import QueueDepths
-from dataservice.broker.rabbitmq import AMQP_ERRORS
+from dataservice.broker import Broker
 from dataservice.cache.controls import RolloutControls
 from dataservice.config.model import Config
 from dataservice.enums import LaneName
@@ -43,12 +42,14 @@ class LaneGauges:
         engine: Engine,
         controls: RolloutControls,
         books: redis.Redis,
-        depths: QueueDepths | None = None,
+        broker: Broker,
+        timeout_s: float,
     ) -> None:
         """``books``: admission's Redis (the broker's, or on RabbitMQ the result
         backend's), a client with short timeouts (a scrape must not wait on a
         Redis that stalls: the queues are left out instead), its owner's;
-        ``depths`` counts the queues when they are not its lists."""
+        ``broker`` counts the queues when they are not its lists, within
+        ``timeout_s``."""
         name = lane.value
         PERMITS_IN_USE.labels(name).set_function(lambda: permits.snapshot().in_use)
         PERMITS_IN_CUSTODY.labels(name).set_function(lambda: permits.snapshot().in_custody)
@@ -70,14 +71,17 @@ class LaneGauges:
         CACHE_READ_PERCENT.labels(name).set_function(lambda: controls.current().read_percent)
         CACHE_GENERATION.labels(name).set_function(lambda: controls.current().generation)
         CACHE_BYPASS.labels(name).set_function(lambda: int(controls.current().bypass))
+        self._depths = broker.depths_elsewhere(timeout_s)
         self._watch = QueueWatch(
             books,
             {lane.value: config.lanes[lane].queue for lane in LaneName},
-            depths,
+            self._depths,
             # A broker that does not answer leaves the queues out of the scrape.
-            (redis.RedisError, *AMQP_ERRORS),
+            (redis.RedisError, *broker.errors),
         )
         QUEUES.watch(self._watch)
 
     def close(self) -> None:
         QUEUES.unwatch(self._watch)
+        if self._depths is not None:
+            self._depths.close()

@@ -26,7 +26,7 @@ from typing import Any, ClassVar, NoReturn
 
 from celery import Celery, bootsteps, concurrency, signals
 
-from dataservice.broker.glue import celery_app
+from dataservice.broker.celery import celery_app
 from dataservice.compat.celery import PER_TASK_LOGGERS
 from dataservice.config.budget import require_within_budget
 from dataservice.config.model import Config

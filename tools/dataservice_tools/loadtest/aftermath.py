@@ -24,7 +24,7 @@ from typing import Any
 
 import redis
 
-from dataservice.broker.glue import QueueDepths, queue_depths
+from dataservice.broker import QueueDepths, queue_depths
 from dataservice.cache.controls import RolloutControls
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings

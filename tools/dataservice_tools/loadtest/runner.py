@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from dataservice.broker.glue import celery_app
+from dataservice.broker.celery import celery_app
 from dataservice.broker.rabbitmq import delete_lane_queues
 from dataservice.cache.controls import RolloutControls
 from dataservice.config.model import Config

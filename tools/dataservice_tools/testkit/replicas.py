@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dataservice.broker.glue import TASK_NAME, celery_app
+from dataservice.broker.celery import TASK_NAME, celery_app
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from dataservice.enums import LaneName, ReadMode
