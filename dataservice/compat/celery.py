@@ -26,7 +26,7 @@ Internal names, and why:
   outside Celery's request as Celery would (:func:`count_processed`).
 - ``celery.worker.consumer.Consumer.pool``, ``call_soon``,
   ``connection_errors``, ``disable_rate_limits``, ``task_buckets``,
-  ``event_dispatcher``, ``hostname``: what a strategy uses of the worker's consumer
+  ``event_dispatcher``: what a strategy uses of the worker's consumer
   (:class:`StrategyConsumer`).
 - ``celery.worker.consumer.Consumer.ensure_connected``: where the consumer
   connects, and reconnects, to the broker; :class:`PacedConsumer` paces its
@@ -136,9 +136,6 @@ class LeanRequest:
     ``kwargsrepr``), never the body, whether or not ``inspect`` asks for the
     safe form: a request's payload stays out of control replies.
     """
-
-    __slots__ = ("__weakref__", "_delivery", "_headers", "_hostname", "_started", "eventer",
-                 "id", "name", "task")  # fmt: skip
 
     #: Never before its answer is written (late acknowledgement), and then it
     #: is no longer listed.
