@@ -12,13 +12,15 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Sequence
-from typing import Generic, TypeVar
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from dataservice.client.async_transport import AsyncTransport
 from dataservice.client.transport import Transport
 from dataservice.codec import parse_response, result_of
 from dataservice.errors import DataServiceError, DeadlineExceeded, RequestLost, ResultNotReady
+from dataservice.plans import Driver
 from dataservice.proto import pb
 from dataservice.types import Result
 
@@ -193,6 +195,120 @@ class HandleBase(Generic[T]):
             request_id=self.request_id,
         )
 
+    def _answer(self, timeout: float | None) -> Generator[Any, Any, Result]:
+        """The plan of :meth:`Handle.result` (and of the asyncio one's)."""
+        kept = self._kept()
+        if kept is not None:
+            return kept
+        carrier = self._carrier
+        if carrier is None:
+            body = yield from self._awaiting(self.request_id, self.deadline_ms, timeout)
+            return self._settle(body)
+        if not carrier.settled:
+            remaining = max(0.0, (carrier.deadline_ms - now_ms()) / 1000)
+            wait_s = remaining if timeout is None else min(timeout, remaining)
+            # A sibling may be taking the message's answer: wait for it, as long.
+            release = yield _Take(carrier, wait_s)
+            if release is None:
+                raise self._not_in(timeout, remaining)
+            try:
+                if not carrier.settled:
+                    wait_id, deadline_ms = carrier.message_id, carrier.deadline_ms
+                    carrier.settle((yield from self._awaiting(wait_id, deadline_ms, timeout)))
+            finally:
+                release()
+        return self._take(carrier.answer_for(self.request_id))
+
+    def _awaiting(
+        self, wait_id: str, deadline_ms: int, timeout: float | None
+    ) -> Generator[Any, Any, bytes]:
+        """The body that comes under ``wait_id``, within the deadline (and
+        ``timeout``). Its slot on the reply channel goes once the wait ends
+        for good (an answer, the deadline, a lost request)."""
+        replies = self._transport.replies
+        remaining = (deadline_ms - now_ms()) / 1000
+        until = time.monotonic() + (remaining if timeout is None else min(timeout, remaining))
+        while replies.expecting(wait_id):
+            left = max(0.0, until - time.monotonic())
+            ended = self._transport.ended_for(self.epoch) if self.epoch else None
+            # Past the grace, only an answer already there is taken.
+            hopeless = ended is not None and ended >= LOST_AFTER_S
+            body = yield _Wait(wait_id, 0.0 if hopeless else min(left, EPOCH_CHECK_S))
+            if body is not None:
+                return body  # type: ignore[no-any-return]
+            if hopeless:
+                replies.forget(wait_id)
+                raise self._lost()
+            if time.monotonic() >= until:
+                break
+            if self.epoch:
+                yield _LookAtEpoch(self.epoch, deadline_ms)
+        raise self._gave_up(wait_id, timeout, remaining)
+
+
+# The steps of a handle's wait, run against its transport (blocking or awaited).
+
+
+@dataclass(frozen=True, slots=True)
+class _Wait:
+    """Wait on the reply channel; gives the body, or None."""
+
+    wait_id: str
+    seconds: float
+
+    def run(self, transport: Transport) -> bytes | None:
+        return transport.replies.wait(self.wait_id, self.seconds)
+
+    async def arun(self, transport: AsyncTransport) -> bytes | None:
+        return await transport.replies.wait(self.wait_id, self.seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class _LookAtEpoch:
+    epoch: str
+    deadline_ms: int
+
+    def run(self, transport: Transport) -> None:
+        transport.look_at_epoch(self.epoch, self.deadline_ms)
+
+    async def arun(self, transport: AsyncTransport) -> None:
+        await transport.look_at_epoch(self.epoch, self.deadline_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class _Take:
+    """Take a batch message's carrier; gives how to let it go, or None when
+    ``seconds`` passed first."""
+
+    carrier: Carrier
+    seconds: float
+
+    def run(self, _: Transport) -> Callable[[], None] | None:
+        lock = self.carrier._lock
+        return lock.release if lock.acquire(timeout=self.seconds) else None
+
+    async def arun(self, _: AsyncTransport) -> Callable[[], None] | None:
+        lock = self.carrier.alock
+        try:
+            async with asyncio.timeout(self.seconds):
+                await lock.acquire()
+        except TimeoutError:
+            return None
+        return lock.release
+
+
+@dataclass(frozen=True, slots=True)
+class _Result:
+    """A handle's answer; gives it, or raises its error."""
+
+    handle: Handle | AsyncHandle
+
+    def run(self, _: object) -> Result:
+        return self.handle.result()  # type: ignore[return-value]
+
+    async def arun(self, _: object) -> Result:
+        return await self.handle.result()  # type: ignore[misc,no-any-return]
+
 
 class Handle(HandleBase[Transport]):
     """A submitted request. Wait for it with :meth:`result`, or drop it: an
@@ -219,48 +335,7 @@ class Handle(HandleBase[Transport]):
         ``Unavailable`` means the client's reply channel could not be read; the
         request may still complete: call again.
         """
-        kept = self._kept()
-        if kept is not None:
-            return kept
-        carrier = self._carrier
-        if carrier is None:
-            return self._settle(self._await(self.request_id, self.deadline_ms, timeout))
-        if not carrier.settled:
-            remaining = max(0.0, (carrier.deadline_ms - now_ms()) / 1000)
-            wait_s = remaining if timeout is None else min(timeout, remaining)
-            # A sibling may be taking the message's answer: wait for it, as long.
-            if not carrier._lock.acquire(timeout=wait_s):
-                raise self._not_in(timeout, remaining)
-            try:
-                if not carrier.settled:
-                    carrier.settle(self._await(carrier.message_id, carrier.deadline_ms, timeout))
-            finally:
-                carrier._lock.release()
-        return self._take(carrier.answer_for(self.request_id))
-
-    def _await(self, wait_id: str, deadline_ms: int, timeout: float | None) -> bytes:
-        """The body that comes under ``wait_id``, within the deadline (and
-        ``timeout``). Its slot on the reply channel goes once the wait ends
-        for good (an answer, the deadline, a lost request)."""
-        replies = self._transport.replies
-        remaining = (deadline_ms - now_ms()) / 1000
-        until = time.monotonic() + (remaining if timeout is None else min(timeout, remaining))
-        while replies.expecting(wait_id):
-            left = max(0.0, until - time.monotonic())
-            ended = self._transport.ended_for(self.epoch) if self.epoch else None
-            # Past the grace, only an answer already there is taken.
-            hopeless = ended is not None and ended >= LOST_AFTER_S
-            body = replies.wait(wait_id, 0.0 if hopeless else min(left, EPOCH_CHECK_S))
-            if body is not None:
-                return body
-            if hopeless:
-                replies.forget(wait_id)
-                raise self._lost()
-            if time.monotonic() >= until:
-                break
-            if self.epoch:
-                self._transport.look_at_epoch(self.epoch, deadline_ms)
-        raise self._gave_up(wait_id, timeout, remaining)
+        return Driver(self._answer(timeout)).run(self._transport)
 
 
 class AsyncHandle(HandleBase[AsyncTransport]):
@@ -273,49 +348,7 @@ class AsyncHandle(HandleBase[AsyncTransport]):
 
     async def result(self, timeout: float | None = None) -> Result:
         """As :meth:`Handle.result`."""
-        kept = self._kept()
-        if kept is not None:
-            return kept
-        carrier = self._carrier
-        if carrier is None:
-            return self._settle(await self._await(self.request_id, self.deadline_ms, timeout))
-        if not carrier.settled:
-            remaining = max(0.0, (carrier.deadline_ms - now_ms()) / 1000)
-            wait_s = remaining if timeout is None else min(timeout, remaining)
-            # A sibling may be taking the message's answer: wait for it, as long.
-            try:
-                async with asyncio.timeout(wait_s):
-                    await carrier.alock.acquire()
-            except TimeoutError:
-                raise self._not_in(timeout, remaining) from None
-            try:
-                if not carrier.settled:
-                    body = await self._await(carrier.message_id, carrier.deadline_ms, timeout)
-                    carrier.settle(body)
-            finally:
-                carrier.alock.release()
-        return self._take(carrier.answer_for(self.request_id))
-
-    async def _await(self, wait_id: str, deadline_ms: int, timeout: float | None) -> bytes:
-        """As :meth:`Handle._await`."""
-        replies = self._transport.replies
-        remaining = (deadline_ms - now_ms()) / 1000
-        until = time.monotonic() + (remaining if timeout is None else min(timeout, remaining))
-        while replies.expecting(wait_id):
-            left = max(0.0, until - time.monotonic())
-            ended = self._transport.ended_for(self.epoch) if self.epoch else None
-            hopeless = ended is not None and ended >= LOST_AFTER_S
-            body = await replies.wait(wait_id, 0.0 if hopeless else min(left, EPOCH_CHECK_S))
-            if body is not None:
-                return body
-            if hopeless:
-                replies.forget(wait_id)
-                raise self._lost()
-            if time.monotonic() >= until:
-                break
-            if self.epoch:
-                await self._transport.look_at_epoch(self.epoch, deadline_ms)
-        raise self._gave_up(wait_id, timeout, remaining)
+        return await Driver(self._answer(timeout)).arun(self._transport)
 
 
 def gather(handles: Sequence[Handle]) -> list[Result | DataServiceError]:
@@ -327,21 +360,21 @@ def gather(handles: Sequence[Handle]) -> list[Result | DataServiceError]:
     each handle's own deadline has passed (so a handle still without one is
     told ``DeadlineExceeded`` or ``RequestLost`` as it would be alone).
     """
-    out: list[Result | DataServiceError] = []
-    for handle in handles:
-        try:
-            out.append(handle.result())
-        except DataServiceError as exc:
-            out.append(exc)
-    return out
+    return Driver(_gathered(handles)).run(None)
 
 
 async def gather_async(handles: Sequence[AsyncHandle]) -> list[Result | DataServiceError]:
     """As :func:`gather`, for :class:`AsyncHandle`\\ s."""
+    return await Driver(_gathered(handles)).arun(None)
+
+
+def _gathered(
+    handles: Sequence[Handle] | Sequence[AsyncHandle],
+) -> Generator[_Result, Any, list[Result | DataServiceError]]:
     out: list[Result | DataServiceError] = []
     for handle in handles:
         try:
-            out.append(await handle.result())
+            out.append((yield _Result(handle)))
         except DataServiceError as exc:
             out.append(exc)
     return out
