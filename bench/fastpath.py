@@ -1,4 +1,4 @@
-"""A no-op served inline by :mod:`dataservice.pools.fastpath` vs a stock Celery no-op.
+"""A no-op served inline by :mod:`dataservice.worker.fastpath` vs a stock Celery no-op.
 
     .venv/bin/python bench/fastpath.py [--callers 16] [--requests N] [--json out.json]
 
@@ -52,7 +52,7 @@ from bench.baselines.noop import NOOP_TASK, make_app
 from dataservice.broker.celery import CONTENT_TYPE, SERIALIZER
 from dataservice.config.model import load_config
 from dataservice.ops.processes import WorkerProcess, worker_environ
-from dataservice.pools.fastpath import InlineMessage, serve_inline
+from dataservice.worker.fastpath import InlineMessage, serve_inline
 
 STOCK, POOL, INLINE = "stock", "pool", "inline"
 SYSTEMS = (STOCK, POOL, INLINE)

@@ -3,7 +3,7 @@
     .venv/bin/python bench/worker_ab.py TREE_A TREE_B [--rounds 12]
 
 Measures a worker-side change before it is applied: copy the repository,
-change ``dataservice/`` or ``dataservice/pools/`` in the copy, and pass both trees. Each
+change ``dataservice/`` or ``dataservice/worker/`` in the copy, and pass both trees. Each
 tree gets its own ``dataservice worker --lane interactive`` (started with
 ``PYTHONPATH=<tree>``) on its own Redis db (11 and 12 by default) over one
 shared bench database. The callers are this checkout's ``Client`` for both, so

@@ -48,7 +48,7 @@
 Retryable errors sit on their own branch so callers catch one class. A
 ``RequestError`` never carries SQL text or other internals: its message is
 what the service chose to tell the caller. A ``Refusal`` never reaches a
-caller as such: ``dataservice.worker.failures`` turns it into an answer (and
+caller as such: ``dataservice.handler.failures`` turns it into an answer (and
 the client turns an admission refusal into ``ResourceExhausted``).
 """
 

@@ -12,7 +12,7 @@ request path (kombu's ``OperationalError`` is the model): a permit or pool
 that had no room, a statement or a request out of time, a connect ramp, the
 gate, admission, a revision or idempotency conflict, a database that failed.
 Code that serves a request catches this one class, and
-:mod:`dataservice.worker.failures` maps each kind to the status code and
+:mod:`dataservice.handler.failures` maps each kind to the status code and
 retry-after its caller sees. A refusal's message is for the log, and the
 table chooses what the caller reads, except for :class:`Rejected`, whose
 message was written for the caller by the check that refused.
@@ -53,7 +53,7 @@ class Reason(StrEnum):
     # One read of a read_many whose record did not fit in the answer
     # (limits.max_response_bytes): asked again, it comes in the next one.
     RESPONSE_FULL = "response_full"
-    # On the way to the database, after every check (dataservice.worker.failures).
+    # On the way to the database, after every check (dataservice.handler.failures).
     NO_PERMIT = "no_permit"
     RECONNECTING = "reconnecting"
     DATABASE_BUSY = "database_busy"

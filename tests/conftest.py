@@ -47,9 +47,9 @@ from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
 from dataservice.errors import ServiceSetupError
 from dataservice.ops.supervisor import Supervisor
-from dataservice.pools.app import LaneRuntime, register_task
 from dataservice.security.callers import write_callers_file
 from dataservice.store.migrate import upgrade
+from dataservice.worker.app import LaneRuntime, register_task
 from tests.binlog import BinlogDatabase
 from tests.clients import KINDS, AnyClient, ClientKind, make_client
 from tests.support import TEST_CALLERS, RawPublisher, on_redis, with_test_callers

@@ -37,7 +37,7 @@ from celery import Celery, Task
 from dataservice.broker.celery import CONTENT_TYPE, SERIALIZER
 from dataservice.compat.celery import PacedConsumer
 from dataservice.config.settings import AMQP_SCHEMES
-from dataservice.pools.fastpath import InlineMessage, redelivered, serve_inline
+from dataservice.worker.fastpath import InlineMessage, redelivered, serve_inline
 
 TASK = "tests.fastpath.echo"
 QUEUE = "fastpath"

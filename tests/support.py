@@ -29,6 +29,7 @@ from dataservice.client.transport import Transport
 from dataservice.config.model import Config, load_config
 from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
+from dataservice.handler import Database, RequestHandler, build_handler
 from dataservice.limits.admission import DEADLINE_HEADER, AdmissionRefused
 from dataservice.limits.gate import Gate
 from dataservice.limits.permits import LanePermits
@@ -39,7 +40,6 @@ from dataservice.security.auth import Authenticator, sign
 from dataservice.security.callers import CallerKey, load_keyring
 from dataservice.store import RecordStore
 from dataservice.store.custody import custody_of
-from dataservice.worker import Database, RequestHandler, build_handler
 
 
 def row_count(engine: Engine, scope: str | None = None) -> int:

@@ -16,14 +16,14 @@ from dataservice.codec import decode_response
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from dataservice.enums import LaneName, StatusCode
+from dataservice.handler import RequestHandler
+from dataservice.handler.database import Database
+from dataservice.handler.durations import RecentDurations
 from dataservice.limits.permits import LanePermits
 from dataservice.proto import pb
 from dataservice.redis.keys import admission_key
 from dataservice.security.callers import CallerKey
 from dataservice.store import RecordStore, create_store_engine
-from dataservice.worker import RequestHandler
-from dataservice.worker.database import Database
-from dataservice.worker.durations import RecentDurations
 from tests.support import caller_key, handler_for, signed
 
 
@@ -176,7 +176,7 @@ def test_an_old_estimate_that_nothing_renews_no_longer_refuses(
     """A few slow writes once (a reconnect, a stall) must not refuse every later
     request for good: only successes renew the estimate, so it expires."""
     from dataservice.enums import OperationClass
-    from dataservice.worker.durations import MAX_AGE_S
+    from dataservice.handler.durations import MAX_AGE_S
 
     handler, database = parts
     now = [0.0]

@@ -19,9 +19,9 @@ from dataservice.cache.replicas import ReplicaCoalescing
 from dataservice.cache.store import CacheStore
 from dataservice.config.model import Config
 from dataservice.enums import CacheFormat
+from dataservice.handler.failures import CoalescedWaitExpired, verdict
+from dataservice.handler.source import Found
 from dataservice.proto import pb
-from dataservice.worker.failures import CoalescedWaitExpired, verdict
-from dataservice.worker.source import Found
 from tests.support import now_ms
 
 

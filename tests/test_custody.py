@@ -29,6 +29,7 @@ from sqlalchemy import Engine, event
 from dataservice.config.budget import ADMIN_CONNECTIONS
 from dataservice.config.model import Config, parse_config
 from dataservice.enums import LaneName, OperationClass
+from dataservice.handler.failures import database_errors
 from dataservice.limits.permits import LanePermits
 from dataservice.refusals import Refusal
 from dataservice.store import Bounds, create_store_engine
@@ -36,7 +37,6 @@ from dataservice.store.connections import ConnectionsInDoubt, now_ms
 from dataservice.store.custody import CONNECTION_ID, Custody, custody_of
 from dataservice.store.engine import driver_read_timeout_s
 from dataservice.store.sessions import Sessions
-from dataservice.worker.failures import database_errors
 from tests.conftest import SHIPPED_CONFIG, started_binlog_mariadb
 
 USER = "custody"

@@ -7,7 +7,7 @@ import pytest
 from sqlalchemy.exc import DBAPIError
 
 from dataservice.enums import StatusCode
-from dataservice.worker.failures import database_error, verdict
+from dataservice.handler.failures import database_error, verdict
 
 
 def _driver_error(errno: int | None, lost: bool) -> DBAPIError:

@@ -24,14 +24,14 @@ from dataservice.cache.shadow import Outcome as ShadowOutcome
 from dataservice.changes.behind import EVENTS_CAP
 from dataservice.codec.requests import MAX_CURSOR_CHARS
 from dataservice.enums import StatusCode
+from dataservice.handler import failures
+from dataservice.handler.failures import REASON_CODES
 from dataservice.limits.local import RETRY_LOCAL_FULL_MS
 from dataservice.limits.slots import RETRY_AT_CAP_MS
 from dataservice.observe.metrics import REGISTRY, Dependency, Stage, TimeoutStage
 from dataservice.proto import pb
 from dataservice.redis import keys
 from dataservice.refusals import ADMISSION_REASONS, Reason
-from dataservice.worker import failures
-from dataservice.worker.failures import REASON_CODES
 
 ROOT = Path(__file__).resolve().parents[1]
 PROTOCOL = ROOT / "docs" / "protocol.md"

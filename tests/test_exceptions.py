@@ -56,7 +56,7 @@ def test_the_drawn_tree_is_the_code() -> None:
 
 
 def test_every_refusal_has_a_row_in_the_failures_table() -> None:
-    from dataservice.worker import failures
+    from dataservice.handler import failures
 
     refusals = [cls for cls in _defined_exceptions().values() if issubclass(cls, Refusal)]
     unmapped = sorted(
@@ -73,7 +73,7 @@ def test_every_retryable_refusal_is_answered_with_a_reason() -> None:
     """A caller told to come back is told why, and the rejection counter
     counts it under a reason: a retryable row names its reason, or takes the
     refusal's own, which the refusal's type then requires."""
-    from dataservice.worker import failures
+    from dataservice.handler import failures
 
     unsaid = []
     for kind, (answer, _message, _retry_after_ms) in failures._TABLE.items():

@@ -1,4 +1,4 @@
-"""The inline fast path (:mod:`dataservice.pools.fastpath`) against real worker processes.
+"""The inline fast path (:mod:`dataservice.worker.fastpath`) against real worker processes.
 
 Each worker runs :mod:`tests.fastpath_app`, on each broker in turn (Redis db
 12, then a RabbitMQ virtual host of its own, with the answers on Redis db 12):

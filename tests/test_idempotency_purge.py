@@ -12,7 +12,7 @@ from sqlalchemy import Engine, text
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
-from dataservice.pools.app import LaneRuntime
+from dataservice.worker.app import LaneRuntime
 
 CALLER = "tests-purge"
 

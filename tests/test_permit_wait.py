@@ -25,12 +25,12 @@ from dataservice import Client
 from dataservice.config.model import UNTIL_DEADLINE, Config, PermitWait, parse_config
 from dataservice.config.settings import Settings
 from dataservice.enums import LaneName, OperationClass, StatusCode
+from dataservice.handler.database import Database
+from dataservice.handler.failures import TooLittleTime, verdict
 from dataservice.limits.permits import LanePermits, PermitUnavailable
 from dataservice.refusals import Reason
 from dataservice.store import Bounds
 from dataservice.types import WriteOp, WriteResult
-from dataservice.worker.database import Database
-from dataservice.worker.failures import TooLittleTime, verdict
 from tests.conftest import SHIPPED_CONFIG, require
 from tests.support import now_ms, on_redis, scraped, with_changes, worker_process
 

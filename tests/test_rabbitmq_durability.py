@@ -12,7 +12,7 @@ answer. Mid-backlog:
 - or the Redis of the answers and admission (a server of the test's own) is
   killed and started again, empty: every queued write is still applied
   exactly once. The workers hold each answer due meanwhile and deliver it
-  once Redis is back (``dataservice/pools/app.py``, ``RETRY_ANSWER_S``). Answers Redis
+  once Redis is back (``dataservice/worker/app.py``, ``RETRY_ANSWER_S``). Answers Redis
   held, not yet taken by their caller, are lost with it; each such caller
   hears ``DEADLINE_EXCEEDED`` at its deadline.
 """

@@ -45,7 +45,7 @@ RATE = 0.8 * THREADS * 1000 / DELAY_MS
 TIMEOUT_S = 2.0
 BEFORE_S = 4.0
 # Back just after the consumer's attempt at 0.9 s, so its next comes at 1.6 s
-# (dataservice/pools/reconnect.py: 0.1, 0.4, 0.9, 1.6, 2.5 s ... after the loss).
+# (dataservice/worker/reconnect.py: 0.1, 0.4, 0.9, 1.6, 2.5 s ... after the loss).
 DOWN_S = 1.0
 AFTER_S = 6.0
 

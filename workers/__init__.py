@@ -7,7 +7,7 @@ module (``docs/operations.md``, "Processes"):
     celery -A workers.interactive inspect active
     celery -A workers.interactive flower
 
-Each module is a thin entry over ``dataservice`` (``dataservice/pools/entry.py``):
+Each module is a thin entry over ``dataservice`` (``dataservice/worker/entry.py``):
 the same worker, defaults and checks at start as ``dataservice worker --lane
 LANE`` and ``dataservice changes``, with settings from the environment. Like
 a Procfile, this package belongs to the deployment, not to the ``dataservice``

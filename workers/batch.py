@@ -5,6 +5,6 @@ Without options: the threads pool, ``lanes.batch.concurrency`` threads, the
 """
 
 from dataservice.enums import LaneName
-from dataservice.pools.entry import lane_worker_app
+from dataservice.worker.entry import lane_worker_app
 
 app = lane_worker_app(LaneName.BATCH)

@@ -5,6 +5,6 @@ the ``interactive`` queue alone, prefetch 1, late acknowledgement.
 """
 
 from dataservice.enums import LaneName
-from dataservice.pools.entry import lane_worker_app
+from dataservice.worker.entry import lane_worker_app
 
 app = lane_worker_app(LaneName.INTERACTIVE)

@@ -15,7 +15,7 @@ protobuf. Requests are pushed through the broker channel's admission script
 reads under a point-read permit through ``Database.run``; answers go to the
 service's result lists, giving the request's admission bytes back in the same
 script (``answer.lua``). A cache hit is answered on the consumer thread, as the
-service answers one (``dataservice/pools/fastpath.py``), acknowledging the message in the
+service answers one (``dataservice/worker/fastpath.py``), acknowledging the message in the
 answer's script; anything else goes on to the pool. What (b) leaves out of the
 service: request signatures, the gate's per-caller limits, and ``hit.lua``
 (which splices a v2 entry into a protobuf answer and cannot carry JSON).
@@ -51,22 +51,22 @@ from dataservice.compat.celery import PER_TASK_LOGGERS
 from dataservice.config.model import Config, load_config
 from dataservice.config.settings import Settings
 from dataservice.enums import LaneName, ReadMode
+from dataservice.handler import Database
 from dataservice.limits.admission import SIZE_HEADER, held_member
 from dataservice.limits.permits import LanePermits
 from dataservice.observe.metrics import CACHE_READS
 from dataservice.ops.processes import node_name
-from dataservice.pools.answers import int_header
-from dataservice.pools.fastpath import InlineMessage, Outcome, serve_inline
 from dataservice.proto import pb
 from dataservice.redis.keys import admission_key, held_key
 from dataservice.refusals import Refusal
 from dataservice.store import RecordStore, create_store_engine
-from dataservice.worker import Database
+from dataservice.worker.answers import int_header
+from dataservice.worker.fastpath import InlineMessage, Outcome, serve_inline
 
 log = logging.getLogger(__name__)
 
 PLAIN_QUEUE = "attribution"
-# Celery's per-task lines would drown the logs at these rates (as dataservice/pools/start.py).
+# Celery's per-task lines would drown the logs at these rates (as dataservice/worker/start.py).
 
 
 def _worker(app: Celery, kind: str, queue: str, concurrency: int) -> None:

@@ -4,7 +4,7 @@ Redis broker *and* Redis result backend, awaited with ``.delay().get()``, as
 stock Celery users do; or RabbitMQ as the broker (``--broker-url``), with a
 quorum queue and publisher confirms, as Celery's documentation pairs them and
 as the service runs. The worker is started with exactly the options
-:func:`dataservice.pools.start.run_worker` gives the interactive lane (threads pool, the
+:func:`dataservice.worker.start.run_worker` gives the interactive lane (threads pool, the
 lane's concurrency, prefetch multiplier 1, acks_late, fair scheduling, no
 gossip, no mingle, the same chatty loggers silenced), so the only difference
 between the two systems is what happens per message.

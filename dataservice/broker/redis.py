@@ -66,7 +66,7 @@ class _Channel(kombu_compat.RedisChannel):
       :class:`~dataservice.errors.ResourceExhausted`, whoever publishes;
       other messages (control replies) go as usual.
     - The record of a lane message's delivery waits for the task's strategy
-      (``dataservice/pools/fastpath.py``): a message the worker answers and acknowledges
+      (``dataservice/worker/fastpath.py``): a message the worker answers and acknowledges
       at once needs none (its answer and its acknowledgement are one step).
     """
 

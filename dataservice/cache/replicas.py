@@ -24,14 +24,14 @@ from dataservice.cache.controls import Rollout, RolloutControls
 from dataservice.cache.store import CacheStore, Follow, Hit, Lead, Shared, Sharing, Word
 from dataservice.config.cache import CacheConfig
 from dataservice.enums import CacheFormat
+from dataservice.handler.failures import CoalescedWaitExpired
+from dataservice.handler.source import Found
 from dataservice.observe import trace as tracing
 from dataservice.observe.metrics import CACHE_FILLS, COALESCED, TAKEOVERS, Stage
 from dataservice.observe.metrics.requests import cache_stage
 from dataservice.proto import pb
 from dataservice.refusals import Refusal
 from dataservice.store.connections import now_ms
-from dataservice.worker.failures import CoalescedWaitExpired
-from dataservice.worker.source import Found
 
 T = TypeVar("T")
 # What a follower keeps back from its deadline to get its answer out in time.

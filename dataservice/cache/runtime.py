@@ -14,11 +14,11 @@ from dataservice.cache.store import CacheStore
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
+from dataservice.handler.database import Database
 from dataservice.observe.metrics import FRESHNESS_GUARD
 from dataservice.redis.bounded import QUIET
 from dataservice.redis.packing import packed_connection_class
 from dataservice.store import RecordStore
-from dataservice.worker.database import Database
 
 # A follower's blocking wait lasts at most a lease; its socket must outlast that.
 _WAIT_SOCKET_SLACK_S = 1.0

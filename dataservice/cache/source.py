@@ -32,6 +32,10 @@ from dataservice.cache.store import CacheStore, decode_entry
 from dataservice.codec import record_to_pb
 from dataservice.config.cache import CacheConfig
 from dataservice.enums import CacheFormat, OperationClass, ReadMode
+from dataservice.handler.database import Database
+from dataservice.handler.failures import CoalescedWaitExpired
+from dataservice.handler.operations import read_in_bulk
+from dataservice.handler.source import Found
 from dataservice.observe import trace as tracing
 from dataservice.observe.metrics import (
     BREAKER,
@@ -45,10 +49,6 @@ from dataservice.proto import pb
 from dataservice.redis.keys import record_key
 from dataservice.store import RecordStore
 from dataservice.store.connections import now_ms
-from dataservice.worker.database import Database
-from dataservice.worker.failures import CoalescedWaitExpired
-from dataservice.worker.operations import read_in_bulk
-from dataservice.worker.source import Found
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ def changes(
     Celery worker node on the `changes` queue (inspect: dataservice_changes)."""
     # Imported here: dataservice.cli imports this module to register the command.
     from dataservice.observe.logs import configure_logging
-    from dataservice.pools.changes import run_changes_node
+    from dataservice.worker.changes import run_changes_node
 
     settings, config = load()
     # The node checks the server's settings and its grants as it starts

@@ -45,7 +45,7 @@ def worker(
     --without-mingle` (docs/operations.md)."""
     from dataservice.config.budget import require_within_budget
     from dataservice.observe.logs import configure_logging
-    from dataservice.pools.start import run_worker
+    from dataservice.worker.start import run_worker
 
     settings, config = load()
     threads = config.lanes[lane].concurrency if concurrency is None else concurrency

@@ -9,7 +9,7 @@ Internal names, and why:
 
 - ``celery.app.task.Task.Strategy``: what the worker builds a task's message
   handler from (``Task.start_strategy``, when its consumer connects); the
-  fast path names its own (:func:`use_strategy`, ``dataservice/pools/fastpath.py``).
+  fast path names its own (:func:`use_strategy`, ``dataservice/worker/fastpath.py``).
 - ``celery.worker.strategy.default``: Celery's own strategy, to which the fast
   path hands every message it does not answer (:func:`default_strategy`).
   The handler it returns is called with ``(message, body, ack, reject,
@@ -30,7 +30,7 @@ Internal names, and why:
   (:class:`StrategyConsumer`).
 - ``celery.worker.consumer.Consumer.ensure_connected``: where the consumer
   connects, and reconnects, to the broker; :class:`PacedConsumer` paces its
-  attempts (``dataservice/pools/reconnect.py``).
+  attempts (``dataservice/worker/reconnect.py``).
 - ``celery.worker.consumer.Consumer.Blueprint.default_steps`` and the step
   ``celery.worker.consumer.delayed_delivery:DelayedDelivery``: once Celery
   sees a quorum queue it declares 28 more (``celery_delayed_0`` ...) for

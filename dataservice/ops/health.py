@@ -2,7 +2,7 @@
 
 Whatever evicts or restarts a process on a failed check (a load balancer, an
 orchestrator, a compose healthcheck) must ask only *liveness*: is this
-process's loop turning (its alive file is fresh, ``dataservice/pools/alive.py``) and
+process's loop turning (its alive file is fresh, ``dataservice/worker/alive.py``) and
 does its broker answer. A slow or stopped database then costs refusals and
 timeouts, which the permits and deadlines bound, and never the fleet: checks
 that tested the database once failed on every server at the same moment and

@@ -202,13 +202,13 @@ class Authenticator:
         operation = envelope.WhichOneof("operation")
         if operation == "batch":
             # Each operation is authorised on its own, as the envelope it would
-            # have had alone (dataservice.worker.batch), so that one the caller
+            # have had alone (dataservice.handler.batch), so that one the caller
             # may not do fails alone.
             self._lane_allowed(policy, caller)
             return Authorised(envelope, policy, operation)
         if operation == "read_many":
             # The allowlist's "read"; each read's scope is authorised on its
-            # own before any lookup (dataservice.worker.readmany), so that one
+            # own before any lookup (dataservice.handler.readmany), so that one
             # the caller may not read fails alone.
             if "read" not in policy.operations:
                 raise Rejected(Reason.OPERATION_DENIED, "the caller may not read", caller=caller)

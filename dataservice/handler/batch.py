@@ -33,19 +33,19 @@ from dataservice.codec import validate_operation
 from dataservice.config.model import CallerPolicy, LaneConfig, Limits
 from dataservice.enums import OperationClass, StatusCode
 from dataservice.errors import InvalidArgument
+from dataservice.handler.database import Database
+from dataservice.handler.failures import RecordMissing
+from dataservice.handler.operations import keyed
+from dataservice.handler.source import RecordSource
 from dataservice.proto import pb
 from dataservice.refusals import Reason, Refusal, Rejected
 from dataservice.security.auth import allow_operation
 from dataservice.store import IdempotencyConflict, Mutation, RecordStore, RevisionMismatch
 from dataservice.store.connections import now_ms
 from dataservice.store.idempotency import Outcome, Recorded
-from dataservice.worker.database import Database
-from dataservice.worker.failures import RecordMissing
-from dataservice.worker.operations import keyed
-from dataservice.worker.source import RecordSource
 
 # Builds a batch operation's answer to a refusal (counted and logged as a
-# request's would be): :meth:`dataservice.worker.replies.Replies.refusal`.
+# request's would be): :meth:`dataservice.handler.replies.Replies.refusal`.
 RefusalAnswer = Callable[[str, Refusal], pb.ResponseEnvelope]
 # An operation waiting for its group, with what it asks of the store.
 _Pending = tuple[pb.BatchOperation, Mutation]

@@ -28,9 +28,9 @@ from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from dataservice.errors import DataServiceError
 from dataservice.ops.processes import node_name
-from dataservice.pools.alive import add_alive_file
-from dataservice.pools.start import consume_only, refuse
 from dataservice.redis.keys import CHANGES_QUEUE
+from dataservice.worker.alive import add_alive_file
+from dataservice.worker.start import consume_only, refuse
 
 log = logging.getLogger(__name__)
 

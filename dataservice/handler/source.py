@@ -1,5 +1,5 @@
 """Where a read finds its records: the seam between the operations and what
-stands behind them, the database (:class:`~dataservice.worker.operations.DatabaseSource`)
+stands behind them, the database (:class:`~dataservice.handler.operations.DatabaseSource`)
 or the cache in front of it (:class:`dataservice.cache.CachedSource`)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """How the handler's outcomes become answers: encoded, counted, logged.
 
 A refusal is counted under what it was (a reason, a dependency, a timeout's
-stage: :mod:`dataservice.worker.failures`) and logged without its details
+stage: :mod:`dataservice.handler.failures`) and logged without its details
 reaching the caller; every answer's encoding is timed; and a request's end
 (its answer stored, or its drop) closes its trace into the request histogram
 and its log line (:mod:`dataservice.observe.requestlog`).
@@ -15,16 +15,16 @@ from collections import Counter
 from dataservice.codec import error_response
 from dataservice.codec.requests import MESSAGE_OPERATIONS
 from dataservice.enums import LaneName, StatusCode
+from dataservice.handler.durations import RecentDurations
+from dataservice.handler.failures import Verdict, verdict
+from dataservice.handler.steps import Reply
 from dataservice.observe import trace as tracing
 from dataservice.observe.metrics import DEPENDENCY_FAILURES, REJECTIONS, TIMEOUTS, Stage
 from dataservice.observe.requestlog import DROPPED, Mode, RequestLog
 from dataservice.proto import pb
 from dataservice.refusals import Reason, Refusal
-from dataservice.worker.durations import RecentDurations
-from dataservice.worker.failures import Verdict, verdict
-from dataservice.worker.steps import Reply
 
-log = logging.getLogger("dataservice.worker.handler")
+log = logging.getLogger("dataservice.handler.handler")
 
 # Limits and the way to the database refuse by the hundred under a flood or
 # a reconnect; the counter tells the story. (A dependency that failed is
@@ -56,7 +56,7 @@ class Replies:
         self._lane = lane.value
         self._log = RequestLog(lane.value, requests, MESSAGE_OPERATIONS)
         # How long answered requests take once dequeued, per operation: what
-        # admission adds to a queue's wait (dataservice/pools/servicetimes.py says it).
+        # admission adds to a queue's wait (dataservice/worker/servicetimes.py says it).
         self.service_times: RecentDurations[str] = RecentDurations()
 
     def refused(self, task_id: str, refusal: Refusal, caller: str, expires_at_ms: int) -> Reply:

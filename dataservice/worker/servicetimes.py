@@ -9,8 +9,8 @@ import threading
 
 import redis
 
+from dataservice.handler.durations import RecentDurations
 from dataservice.limits.admission import publish_service_times
-from dataservice.worker.durations import RecentDurations
 
 log = logging.getLogger(__name__)
 

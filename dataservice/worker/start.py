@@ -10,7 +10,7 @@ mysqlclient blocks it.
 
 A lane's app (:func:`lane_app`) is the same whichever command line starts its
 worker, ``dataservice worker --lane LANE`` (:func:`run_worker`) or Celery's
-own ``celery -A workers.LANE worker`` (``dataservice/pools/entry.py``): its
+own ``celery -A workers.LANE worker`` (``dataservice/worker/entry.py``): its
 settings default to the lane's (threads, the lane's concurrency, its queue
 alone, prefetch 1, late acknowledgement, the lane's task events), and its
 :class:`LaneStep` checks what the worker was given before anything connects
@@ -34,9 +34,9 @@ from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
 from dataservice.errors import ConfigError, DataServiceError
 from dataservice.ops.processes import node_name
-from dataservice.pools.alive import add_alive_file
-from dataservice.pools.app import LaneRuntime, register_task
-from dataservice.pools.reconnect import reconnect_promptly
+from dataservice.worker.alive import add_alive_file
+from dataservice.worker.app import LaneRuntime, register_task
+from dataservice.worker.reconnect import reconnect_promptly
 
 log = logging.getLogger(__name__)
 

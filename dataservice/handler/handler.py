@@ -4,13 +4,13 @@ The handler keeps only the order of the contract: open the envelope (its
 size, signature and fields; :mod:`dataservice.security.auth`, no I/O), drop it
 if it is late (:meth:`RequestHandler.open`), authorise it and pass the caller's
 shared limits (:mod:`dataservice.limits.gate`; :meth:`RequestHandler.admit`),
-run its operation (:mod:`dataservice.worker.operations`) and answer
+run its operation (:mod:`dataservice.handler.operations`) and answer
 (:meth:`RequestHandler.serve`). The three steps are separate so that a cache
 hit can be answered on the worker's consumer thread
-(``dataservice/pools/app.py``). Nothing here knows about Celery, SQL or Redis
+(``dataservice/worker/app.py``). Nothing here knows about Celery, SQL or Redis
 keys. :meth:`RequestHandler.handle` never raises:
-every refusal becomes a status code (:mod:`dataservice.worker.failures`;
-:mod:`dataservice.worker.replies` encodes, counts and logs it),
+every refusal becomes a status code (:mod:`dataservice.handler.failures`;
+:mod:`dataservice.handler.replies` encodes, counts and logs it),
 and internal details stay in the log (never the payload, never a key, never
 SQL text) while the caller sees a short message.
 """
@@ -24,6 +24,11 @@ from collections.abc import Callable, Mapping
 from dataservice.codec import operation_count
 from dataservice.config.model import Config, LaneConfig
 from dataservice.enums import LaneName, StatusCode
+from dataservice.handler.batch import Batch
+from dataservice.handler.failures import INTERNAL
+from dataservice.handler.operations import Operation
+from dataservice.handler.replies import Replies, ok_reply
+from dataservice.handler.steps import Admitted, Opened, Reply
 from dataservice.limits.gate import Delivery, Gate, Peek
 from dataservice.limits.slots import Entry
 from dataservice.observe import trace as tracing
@@ -39,11 +44,6 @@ from dataservice.proto import pb
 from dataservice.refusals import Reason, Refusal, Rejected
 from dataservice.security.auth import Authenticator
 from dataservice.store.connections import now_ms
-from dataservice.worker.batch import Batch
-from dataservice.worker.failures import INTERNAL
-from dataservice.worker.operations import Operation
-from dataservice.worker.replies import Replies, ok_reply
-from dataservice.worker.steps import Admitted, Opened, Reply
 
 log = logging.getLogger(__name__)
 

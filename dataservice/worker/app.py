@@ -20,25 +20,25 @@ from dataservice.config.budget import pool_size
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
+from dataservice.handler import Database, build_handler
+from dataservice.handler.steps import Admitted, Opened
 from dataservice.limits.admission import DEADLINE_HEADER, OPS_HEADER, SIZE_HEADER
 from dataservice.limits.gate import Gate
 from dataservice.limits.permits import PERMITS_COMMAND, LanePermits
 from dataservice.observe.metrics import DEPENDENCY_FAILURES, Dependency
-from dataservice.pools.answers import Answers, int_header
-from dataservice.pools.fastpath import redelivered, serve_inline
-from dataservice.pools.gauges import LaneGauges
-from dataservice.pools.inline import InlineRequests
-from dataservice.pools.purger import OutcomePurger
-from dataservice.pools.reconnect import reconnect_promptly
-from dataservice.pools.servicetimes import ServiceTimesPublisher
 from dataservice.redis.bounded import QUIET, within
 from dataservice.redis.keys import admission_key
 from dataservice.redis.packing import packed_connection_class
 from dataservice.security.auth import Authenticator
 from dataservice.security.callers import KeyRing, load_keyring
 from dataservice.store import RecordStore, create_store_engine
-from dataservice.worker import Database, build_handler
-from dataservice.worker.steps import Admitted, Opened
+from dataservice.worker.answers import Answers, int_header
+from dataservice.worker.fastpath import redelivered, serve_inline
+from dataservice.worker.gauges import LaneGauges
+from dataservice.worker.inline import InlineRequests
+from dataservice.worker.purger import OutcomePurger
+from dataservice.worker.reconnect import reconnect_promptly
+from dataservice.worker.servicetimes import ServiceTimesPublisher
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +255,7 @@ def register_task(app: Celery, runtime: LaneRuntime) -> None:
         )
 
     # Cache hits are answered on the consumer thread; everything else goes on
-    # to the pool as above (dataservice/pools/fastpath.py).
+    # to the pool as above (dataservice/worker/fastpath.py).
     serve_inline(handle, runtime.inline)
 
 

@@ -13,14 +13,14 @@ import redis
 
 from dataservice.broker.results import Completion, ResultStore
 from dataservice.enums import LaneName
+from dataservice.handler import RequestHandler
+from dataservice.handler.steps import Reply
 from dataservice.limits.admission import held_member
 from dataservice.limits.gate import Gate, HitAnswer
 from dataservice.observe.metrics import DEPENDENCY_FAILURES, Dependency
 from dataservice.proto import pb
 from dataservice.redis.bounded import within
 from dataservice.redis.keys import admission_key, held_key, reply_key, result_key
-from dataservice.worker import RequestHandler
-from dataservice.worker.steps import Reply
 
 log = logging.getLogger(__name__)
 

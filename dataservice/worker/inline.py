@@ -1,4 +1,4 @@
-"""Requests taken on the worker's consumer thread (``dataservice/pools/fastpath.py``).
+"""Requests taken on the worker's consumer thread (``dataservice/worker/fastpath.py``).
 
 The consumer thread verifies each single request and admits it under its
 caller's limits (with a cached read, the cache entry read in the same round
@@ -7,7 +7,7 @@ acknowledged in the answer's own transaction. Everything that needs the
 database goes to a pool thread as it is, admitted, and is answered there the
 same way: no Celery request object, no trace, no second round trip for the
 acknowledgement (the pool's lean path). A batch never comes here
-(``dataservice/pools/fastpath.py`` hands it to Celery's own strategy).
+(``dataservice/worker/fastpath.py`` hands it to Celery's own strategy).
 """
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ from collections.abc import Callable
 
 from dataservice.cache.source import CachedSource, Peeking
 from dataservice.enums import CacheFormat, ReadMode
+from dataservice.handler import RequestHandler
+from dataservice.handler.steps import Admitted, Opened, Reply
 from dataservice.limits.gate import Delivery, Peek
 from dataservice.observe import trace as tracing
-from dataservice.pools.answers import Answers, int_header
-from dataservice.pools.fastpath import InlineMessage, Outcome, PoolWork
 from dataservice.proto import pb
-from dataservice.worker import RequestHandler
-from dataservice.worker.steps import Admitted, Opened, Reply
+from dataservice.worker.answers import Answers, int_header
+from dataservice.worker.fastpath import InlineMessage, Outcome, PoolWork
 
 # The longest an answer written on the consumer thread may take, as long as
-# the limits' calls there (dataservice/pools/app.py): the thread also runs the worker's
+# the limits' calls there (dataservice/worker/app.py): the thread also runs the worker's
 # control commands, heartbeats and alive file.
 ANSWER_TIMEOUT_S = 0.25
 
@@ -43,7 +43,7 @@ def _cached_read(envelope: pb.RequestEnvelope) -> bool:
 
 
 class InlineRequests:
-    """The lane's inline handler (:class:`~dataservice.pools.fastpath.InlineHandler`)."""
+    """The lane's inline handler (:class:`~dataservice.worker.fastpath.InlineHandler`)."""
 
     def __init__(
         self,

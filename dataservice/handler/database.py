@@ -28,11 +28,11 @@ from typing import TypeVar
 
 from dataservice.config.model import UNTIL_DEADLINE, PermitWait
 from dataservice.enums import OperationClass
+from dataservice.handler.durations import RecentDurations
+from dataservice.handler.failures import TooLittleTime, database_errors
 from dataservice.limits.permits import LanePermits, PermitUnavailable
 from dataservice.store import Bounds
 from dataservice.store.connections import MIN_STATEMENT_MS, now_ms
-from dataservice.worker.durations import RecentDurations
-from dataservice.worker.failures import TooLittleTime, database_errors
 
 T = TypeVar("T")
 

@@ -3,7 +3,7 @@
 Each read is checked and authorised on its own, before any lookup: a
 malformed id is ``INVALID_ARGUMENT`` and a scope the caller may not read is
 ``PERMISSION_DENIED``, for that read alone. The rest go to the lane's
-:class:`~dataservice.worker.source.RecordSource` at once, a mode at a
+:class:`~dataservice.handler.source.RecordSource` at once, a mode at a
 time (the cache in one round trip, the misses a ``SELECT ... IN`` per
 permit). The answer holds one result per read, in the request's order; once
 it would outgrow ``limits.max_response_bytes``, a record that does not fit
@@ -20,13 +20,13 @@ from dataservice.codec import validate_operation
 from dataservice.config.model import Limits
 from dataservice.enums import OperationClass, ReadMode
 from dataservice.errors import InvalidArgument
+from dataservice.handler.failures import RecordMissing, ResponseFull, verdict
 from dataservice.proto import pb
 from dataservice.refusals import Reason, Refusal, Rejected
 from dataservice.security.auth import Authorised, allow_scope
-from dataservice.worker.failures import RecordMissing, ResponseFull, verdict
 
 if TYPE_CHECKING:
-    from dataservice.worker.source import RecordSource
+    from dataservice.handler.source import RecordSource
 
 # The envelope and status around the results, and the most one result that
 # is not a record takes (a status with its message).

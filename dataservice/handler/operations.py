@@ -18,14 +18,14 @@ from google.protobuf.message import Message
 from dataservice.codec import decode_cursor, encode_cursor, page_size, record_to_pb
 from dataservice.config.model import Limits
 from dataservice.enums import OperationClass, ReadMode
+from dataservice.handler.database import Database
+from dataservice.handler.failures import RecordMissing
+from dataservice.handler.readmany import ReadMany
+from dataservice.handler.source import Found, RecordSource
 from dataservice.proto import pb
 from dataservice.refusals import Refusal
 from dataservice.security.auth import Authorised
 from dataservice.store import Idempotency, RecordStore
-from dataservice.worker.database import Database
-from dataservice.worker.failures import RecordMissing
-from dataservice.worker.readmany import ReadMany
-from dataservice.worker.source import Found, RecordSource
 
 T = TypeVar("T")
 # Per-record framing inside a ListRecordsResponse, on top of id and payload.

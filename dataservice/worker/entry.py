@@ -4,7 +4,7 @@
 ``celery -A workers.interactive worker`` (and ``workers.batch``,
 ``workers.changes``) runs the same worker as ``dataservice worker --lane
 interactive`` (``dataservice changes``): the same app, defaults and checks at
-start (``dataservice/pools/start.py``, ``changes.py``). What the command
+start (``dataservice/worker/start.py``, ``changes.py``). What the command
 line adds here:
 
 - settings from the environment, as every ``dataservice`` command reads
@@ -32,7 +32,7 @@ from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
 from dataservice.errors import DataServiceError
-from dataservice.pools.start import lane_app, refuse
+from dataservice.worker.start import lane_app, refuse
 
 __all__ = ["changes_worker_app", "lane_worker_app"]
 
@@ -90,7 +90,7 @@ def lane_worker_app(lane: LaneName) -> Celery:
 
 def changes_worker_app() -> Celery:
     """The change consumer's app for ``celery -A``, with settings from the environment."""
-    from dataservice.pools.changes import changes_app
+    from dataservice.worker.changes import changes_app
 
     settings, config = _from_environment()
     return _command_line(changes_app(settings, config), config)

@@ -80,7 +80,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-INLINE_STRATEGY: Final = "dataservice.pools.fastpath:inline_strategy"
+INLINE_STRATEGY: Final = "dataservice.worker.fastpath:inline_strategy"
 HANDLER_ATTRIBUTE: Final = "inline_handler"
 # kombu's Redis transport sets it, in the headers and the delivery info, on a
 # message it restored after the visibility timeout.

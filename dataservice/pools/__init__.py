@@ -1,2 +1,0 @@
-"""The Celery side: the app, the task, and the per-lane worker pools that run
-:mod:`dataservice.worker`'s request path (which knows nothing of Celery)."""
