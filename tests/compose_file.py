@@ -14,18 +14,22 @@ import re
 import shlex
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import celery
 import click
 import pytest
 import typer
 import typer.main
 import yaml
+from celery.bin.worker import worker as celery_worker
 
 import dataservice.cli
 from dataservice.config.model import Config, load_config
 from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
+from dataservice.worker.entry import WORKER_OPTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_DIR = ROOT / "compose"
@@ -225,6 +229,8 @@ def check_options(path: str, node: click.Command, rest: list[str]) -> None:
 
 def parse(line: list[str]) -> tuple[str, dict[str, Any]]:
     """The subcommand path and its parsed parameters; fails the test on a bad command line."""
+    if line and line[0] == "celery":
+        return parse_celery(line)
     path, node, rest = resolve(line)
     check_options(path, node, rest)
     try:
@@ -234,16 +240,71 @@ def parse(line: list[str]) -> tuple[str, dict[str, Any]]:
     return path, dict(context.params)
 
 
+# The Celery apps of the project's workers/ package, by module.
+CELERY_APPS = {f"workers.{lane.value}": lane for lane in LaneName} | {"workers.changes": None}
+
+
+def parse_celery(line: list[str]) -> tuple[str, dict[str, Any]]:
+    """``celery -A workers.<app> worker [options]``: the path (``celery -A
+    workers.interactive worker``) and the options as Celery's own worker
+    command parses them, with the options the service's apps add."""
+    assert line[:2] in (["celery", "-A"], ["celery", "--app"]), f"{line[:2]}: no -A"
+    module, rest = line[2], line[3:]
+    assert module in CELERY_APPS, f"{module!r} is not one of the apps in workers/"
+    assert (ROOT / Path(*module.split("."))).with_suffix(".py").is_file(), module
+    assert rest[:1] == ["worker"], f"`celery -A {module}` runs {rest[:1]}, not a worker"
+    path = f"celery -A {module} worker"
+    node = click.Command("worker", params=[*celery_worker.params, *WORKER_OPTIONS])
+    check_options(path, node, rest[1:])
+    # Celery's pool option asks its app for the configured pool.
+    app = celery.Celery("compose-check", set_as_current=False)
+    try:
+        context = node.make_context(path, list(rest[1:]), obj=SimpleNamespace(app=app))
+    except _USAGE_ERRORS as exc:
+        pytest.fail(f"`{' '.join(line)}` is not a valid command line: {exc}")
+    finally:
+        app.close()
+    return path, dict(context.params)
+
+
 def subcommand(service: Mapping[str, Any]) -> str | None:
-    """``dataservice worker`` and the like, or None for a service that runs something else."""
+    """``dataservice worker``, ``celery -A workers.interactive worker`` and the
+    like, or None for a service that runs something else."""
     line = command(service)
-    return parse(line)[0] if line and line[0] == "dataservice" else None
+    return parse(line)[0] if line and line[0] in ("dataservice", "celery") else None
 
 
 def worker_lane(service: Mapping[str, Any]) -> LaneName:
-    path, params = parse(command(service))
-    assert path == "dataservice worker", f"not a worker command: {path}"
-    return LaneName(params["lane"])
+    line = command(service)
+    path, params = parse(line)
+    if path == "dataservice worker":
+        return LaneName(params["lane"])
+    assert path.startswith("celery -A workers."), path
+    lane = CELERY_APPS[line[2]]
+    assert lane is not None, f"not a lane's worker: {path}"
+    return lane
+
+
+def is_lane_worker(service: Mapping[str, Any]) -> bool:
+    """A pool of a lane: ``dataservice worker`` or a lane's Celery app."""
+    path = subcommand(service)
+    if path is None:
+        return False
+    return path == "dataservice worker" or (
+        path.startswith("celery -A workers.") and CELERY_APPS.get(command(service)[2]) is not None
+    )
+
+
+def is_change_consumer(service: Mapping[str, Any]) -> bool:
+    """The change consumer: ``dataservice changes`` or ``celery -A workers.changes worker``."""
+    return subcommand(service) in ("dataservice changes", "celery -A workers.changes worker")
+
+
+def worker_threads(service: Mapping[str, Any]) -> int:
+    """The threads of a lane's pool: its ``--concurrency`` or the lane's in queues.yml."""
+    _, params = parse(command(service))
+    given = params.get("concurrency")
+    return int(given) if given else mounted_config(service).lanes[worker_lane(service)].concurrency
 
 
 def health_argv(service: Mapping[str, Any]) -> list[str]:
@@ -257,10 +318,11 @@ def health_argv(service: Mapping[str, Any]) -> list[str]:
 
 
 def dataservice_command_lines() -> Iterator[tuple[str, list[str]]]:
-    """(where, command line) of every ``dataservice`` run: commands and health checks."""
+    """(where, command line) of every ``dataservice`` or ``celery`` run:
+    commands and health checks."""
     for name, service in SERVICES.items():
         line = command(service)
-        if line and line[0] == "dataservice":
+        if line and line[0] in ("dataservice", "celery"):
             yield f"{name} command", line
         if (service.get("healthcheck") or {}).get("test"):
             check = health_argv(service)

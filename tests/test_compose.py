@@ -31,6 +31,7 @@ from tests.compose_file import (
     command,
     dataservice_command_lines,
     dataservice_environment,
+    is_lane_worker,
     mounted_config,
     parse,
     published_ports,
@@ -43,9 +44,9 @@ from tests.compose_file import (
 SUBCOMMANDS = {
     "migrate": "dataservice db upgrade",
     "changes-user": "dataservice db changes-user",
-    "worker-interactive": "dataservice worker",
-    "worker-batch": "dataservice worker",
-    CONSUMER: "dataservice changes",
+    "worker-interactive": "celery -A workers.interactive worker",
+    "worker-batch": "celery -A workers.batch worker",
+    CONSUMER: "celery -A workers.changes worker",
     "flower": "dataservice flower",
 }
 # The URL each project service's work needs, set in its own environment.
@@ -131,7 +132,7 @@ def test_every_lane_has_a_worker_pool() -> None:
     lanes = {
         worker_lane(service)
         for service in SERVICES.values()
-        if built_from_project(service) and subcommand(service) == "dataservice worker"
+        if built_from_project(service) and is_lane_worker(service)
     }
     assert lanes == set(LaneName)
 
@@ -229,4 +230,5 @@ def test_every_project_service_is_listed_here() -> None:
     # A new service built from the project joins the checks above.
     project = {name for name, service in SERVICES.items() if built_from_project(service)}
     assert project == set(PROJECT_SERVICES)
-    assert {name for name in SERVICES if command(SERVICES[name])[:1] == ["dataservice"]} == project
+    runs_the_project = (["dataservice"], ["celery"])
+    assert {name for name in SERVICES if command(SERVICES[name])[:1] in runs_the_project} == project

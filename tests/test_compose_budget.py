@@ -17,12 +17,13 @@ from dataservice.enums import LaneName
 from tests.compose_file import (
     SERVICES,
     built_from_project,
-    command,
+    is_change_consumer,
+    is_lane_worker,
     mounted_config,
-    parse,
     replicas,
     server_options,
-    subcommand,
+    worker_lane,
+    worker_threads,
 )
 
 # Database connections kept free for everything that is not a pool: the
@@ -40,16 +41,13 @@ CONSUMER_CONNECTIONS = 4
 def _workers() -> Iterator[tuple[str, dict[str, Any], LaneName, int]]:
     """(name, service, lane, threads) of each worker pool."""
     for name, service in SERVICES.items():
-        if built_from_project(service) and subcommand(service) == "dataservice worker":
-            _, params = parse(command(service))
-            lane = LaneName(params["lane"])
-            threads = params["concurrency"] or mounted_config(service).lanes[lane].concurrency
-            yield name, service, lane, threads
+        if built_from_project(service) and is_lane_worker(service):
+            yield name, service, worker_lane(service), worker_threads(service)
 
 
 def _consumers() -> Iterator[tuple[str, dict[str, Any]]]:
     for name, service in SERVICES.items():
-        if built_from_project(service) and subcommand(service) == "dataservice changes":
+        if built_from_project(service) and is_change_consumer(service):
             yield name, service
 
 

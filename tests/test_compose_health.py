@@ -77,7 +77,7 @@ def test_pool_health_checks_ask_liveness_only_of_the_file_the_process_touches(na
     assert not params["deep"]
     _, process = parse(command(service))
     assert process["alive_file"] is not None, f"{name} touches no alive file"
-    assert params["alive_file"] == [process["alive_file"]]
+    assert [str(path) for path in params["alive_file"]] == [str(process["alive_file"])]
 
 
 @pytest.mark.parametrize(("name", "page"), OWN_PAGES.items())

@@ -71,7 +71,7 @@ def _metrics_processes() -> Iterator[tuple[str, dict[str, Any]]]:
     """(service, parsed parameters) of each process that serves metrics."""
     for name, service in SERVICES.items():
         line = command(service)
-        if line[:1] == ["dataservice"]:
+        if line[:1] in (["dataservice"], ["celery"]):
             _, params = parse(line)
             if params.get("metrics_port"):
                 yield name, params
