@@ -25,7 +25,7 @@ when phase B starts, so it may take ``burst`` requests above its rate: the
 accepted rate is ``(ok - burst) / span``, span being the time from its first
 to its last request sent. Workers are stopped on any exit. The callers, the
 flood processes and the phases are :mod:`dataservice_tools.testkit.flood`
-(``tests/test_flood.py`` runs them too, shorter).
+(``tests/scenarios/test_flood.py`` runs them too, shorter).
 """
 
 from __future__ import annotations

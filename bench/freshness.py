@@ -37,7 +37,7 @@ found one: too few reads at the bound (``--min-checks``), a checker thread
 that died, a cache hit ratio under 0.5 with the stream, or a control with no
 stale read. Each offset's ``latest_start_s`` says how late its reads started.
 The runs and the checker are :mod:`dataservice_tools.testkit.freshness`
-(``tests/test_freshness.py`` runs them at reduced size).
+(``tests/scenarios/test_freshness.py`` runs them at reduced size).
 """
 
 from __future__ import annotations

@@ -50,9 +50,9 @@ from dataservice.ops.supervisor import Supervisor
 from dataservice.security.callers import write_callers_file
 from dataservice.store.migrate import upgrade
 from dataservice.worker.app import LaneRuntime, register_task
-from tests.binlog import BinlogDatabase
-from tests.clients import KINDS, AnyClient, ClientKind, make_client
-from tests.support import TEST_CALLERS, RawPublisher, on_redis, with_test_callers
+from tests.harness.binlog import BinlogDatabase
+from tests.harness.clients import KINDS, AnyClient, ClientKind, make_client
+from tests.harness.support import TEST_CALLERS, RawPublisher, on_redis, with_test_callers
 
 
 @pytest.fixture(autouse=True)
@@ -224,7 +224,7 @@ def client_kind(request: pytest.FixtureRequest) -> ClientKind:
 
 @pytest.fixture
 def any_client(client_kind: ClientKind, settings: Settings, config: Config) -> Iterator[AnyClient]:
-    """The sync client, then the asyncio one (tests/clients.py)."""
+    """The sync client, then the asyncio one (tests/harness/clients.py)."""
     with make_client(client_kind, "tests", settings, config) as c:
         yield c
 
