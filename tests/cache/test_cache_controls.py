@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 from dataservice_tools.localservices import free_port
+from dataservice_tools.testkit.waits import eventually
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 from typer.testing import CliRunner
@@ -79,14 +80,14 @@ def private_redis(tmp_path: Path) -> Iterator[tuple[redis.Redis, subprocess.Pope
     )  # fmt: skip
     client = redis.Redis(port=port, socket_timeout=0.5, socket_connect_timeout=0.5, retry=NO_RETRY)
     try:
-        deadline = time.monotonic() + 10
-        while True:
+
+        def answers() -> bool:
             try:
-                client.ping()
-                break
+                return bool(client.ping())
             except redis.ConnectionError:
-                assert time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.02)
+                return False
+
+        eventually(answers, timeout=10, interval=0.02, message="redis-server to start")
         yield client, server
     finally:
         client.close()

@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 import redis
+from dataservice_tools.testkit.waits import eventually
 from sqlalchemy import Engine
 
 from dataservice import Client
 from dataservice.cache.controls import RolloutControls
 from dataservice.config.model import Config
 from dataservice.enums import CacheFormat
-from tests.harness.changes import wait_for
 from tests.harness.livecache import (
     Statements,
     cached,
@@ -111,7 +111,7 @@ def test_a_written_record_reads_back_exactly_and_then_from_the_enabled_formats(
         assert statements.since() == 0, f"a {fmt.value} read after the fill ran SQL"
         # Counted on the worker's consumer thread just after the answer went out,
         # so the caller can hold the answer a moment before the counter moves.
-        wait_for(lambda: _hits(fmt) > hits, 2)  # noqa: B023
+        eventually(lambda: _hits(fmt) > hits, timeout=2)  # noqa: B023
         assert _hits(fmt) == hits + 1
 
     assert cached_formats(redis_client, scope, OBJECT_ID, generation) == variant.fill

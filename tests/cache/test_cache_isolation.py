@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import redis
+from dataservice_tools.testkit.waits import eventually
 from sqlalchemy import Engine
 
 from dataservice import Client, PermissionDenied
@@ -29,7 +30,6 @@ from dataservice.config.settings import Settings
 from dataservice.enums import ReadMode
 from dataservice.redis.keys import record_key
 from tests.conftest import TEST_REDIS_URL
-from tests.harness.changes import wait_for
 from tests.harness.livecache import (
     Statements,
     cache_keys,
@@ -119,7 +119,7 @@ def test_a_caller_refused_a_scope_is_refused_before_any_cache_lookup(
     lookups = cache_lookups()
     assert narrow.read(narrow_scope, OBJECT_ID).payload == narrow_scope.encode()
     # A hit is counted just after its answer went out: the caller may be first.
-    wait_for(lambda: cache_lookups() > lookups, 2)
+    eventually(lambda: cache_lookups() > lookups, timeout=2)
     assert cache_lookups() == lookups + 1
 
     statements = Statements(database)

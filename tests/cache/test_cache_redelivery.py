@@ -28,6 +28,7 @@ import pytest
 import redis
 from celery import Celery
 from dataservice_tools.localservices import free_port, redis_reachable
+from dataservice_tools.testkit.waits import eventually
 from sqlalchemy import Engine
 
 from dataservice import Client
@@ -39,8 +40,7 @@ from dataservice.ops.processes import WorkerProcess, stop_all, wait_answering
 from dataservice.redis.keys import REPLAY_PREFIX, RESULT_PREFIX
 from dataservice.types import Record
 from tests.conftest import require
-from tests.harness.changes import wait_for
-from tests.harness.livecache import served_lookups, until
+from tests.harness.livecache import served_lookups
 from tests.harness.support import on_redis, scraped, with_changes, with_retry
 
 OWN_REDIS_URL = "redis://127.0.0.1:6379/6"
@@ -138,7 +138,12 @@ def _held_and_listed(
     """Until A holds a read on every thread; then B consumes again, and both
     are listed with their lane while A's pool is full."""
     a_node = _node(control, a)
-    until(lambda: broker.hlen(UNACKED) == threads, "A holding a read on every thread")
+    eventually(
+        lambda: broker.hlen(UNACKED) == threads,
+        timeout=10.0,
+        interval=0.002,
+        message="A holding a read on every thread",
+    )
     assert broker.llen(queue) == 0
     _consume(control, b_node, queue, on=True)
     inspect = control.control.inspect(destination=[a_node, b_node], timeout=5.0)
@@ -170,7 +175,12 @@ def test_a_replica_killed_holding_cached_reads_loses_none_of_them(
             expected = _seed(client, scope, cold)
             _consume(control, b_node, queue, on=False)
             # A pop B sent before the cancel could still take a message.
-            until(lambda: _pops_waiting(broker) == 0, "B's last BRPOP")
+            eventually(
+                lambda: _pops_waiting(broker) == 0,
+                timeout=10.0,
+                interval=0.002,
+                message="B's last BRPOP",
+            )
             a = _replica(slow, tmp_path / "a.log")
             wait_answering(control, [a, b])
 
@@ -187,7 +197,7 @@ def test_a_replica_killed_holding_cached_reads_loses_none_of_them(
             warm += [_read(client, scope, oid) for oid in WARM]
             answers = {oid: answer.result(TIMEOUT_S + 5) for oid, answer in held.items()}
         # A hit is counted just after its answer went out: the caller may be first.
-        wait_for(lambda: served_lookups(port, "hit") - hits >= len(warm), 2)
+        eventually(lambda: served_lookups(port, "hit") - hits >= len(warm), timeout=2)
         assert served_lookups(port, "hit") - hits == len(warm)
         # Every worker still alive, and only those, answers with its lane.
         queues = control.control.inspect(timeout=1.0).active_queues() or {}
@@ -206,7 +216,12 @@ def test_a_replica_killed_holding_cached_reads_loses_none_of_them(
         assert record == expected[object_id]
         # From the cache, by B: never held up behind A's reads.
         assert answered - asked < VISIBILITY_TIMEOUT_S
-    until(lambda: broker.hlen(UNACKED) == 0, "every message acknowledged")
+    eventually(
+        lambda: broker.hlen(UNACKED) == 0,
+        timeout=10.0,
+        interval=0.002,
+        message="every message acknowledged",
+    )
     assert broker.llen(queue) == 0
     # Answered once each: a second answer would still wait under its result key.
     assert list(broker.scan_iter(f"{RESULT_PREFIX}*")) == []

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import redis
 from dataservice_tools.localservices import redis_reachable
+from dataservice_tools.testkit.waits import eventually
 from sqlalchemy import Engine
 from typer.testing import CliRunner
 
@@ -39,14 +40,12 @@ from dataservice.enums import CacheFormat, LaneName
 from dataservice.redis.keys import lock_key, record_key
 from dataservice.types import Record
 from tests.conftest import require
-from tests.harness.changes import wait_for
 from tests.harness.livecache import (
     Statements,
     cached_formats,
     in_database,
     served_lookups,
     settle,
-    until,
 )
 from tests.harness.support import on_redis, with_changes, worker_process
 
@@ -132,7 +131,12 @@ class Drill:
     def stop_fills_bypass_and_wait(self, scope: str, pool: ThreadPoolExecutor) -> None:
         # A miss whose leader holds the lock, reading the database, as fills stop.
         in_flight = pool.submit(self.client.read, scope, IN_FLIGHT)
-        until(lambda: self.cache.exists(lock_key(scope, IN_FLIGHT)), "the in-flight miss")
+        eventually(
+            lambda: self.cache.exists(lock_key(scope, IN_FLIGHT)),
+            timeout=10.0,
+            interval=0.002,
+            message="the in-flight miss",
+        )
 
         self.changes.append(self.controls.change(WHO, fill=frozenset()))
         self.changes.append(self.controls.change(WHO, bypass=True))
@@ -168,7 +172,7 @@ class Drill:
             lookups = served_lookups(self.port, "hit", "miss")
             assert self.read(scope, object_id) == 0, f"{object_id}: the new generation missed"
             # A hit is counted just after its answer went out: the caller may be first.
-            wait_for(lambda: served_lookups(self.port, "hit", "miss") > lookups, 2)  # noqa: B023
+            eventually(lambda: served_lookups(self.port, "hit", "miss") > lookups, timeout=2)  # noqa: B023
             assert served_lookups(self.port, "hit", "miss") == lookups + 1
         assert _entries(self.cache, scope, 1) == old, "a fill landed in the old generation"
 

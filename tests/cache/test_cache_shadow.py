@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 from dataservice_tools.localservices import redis_reachable
+from dataservice_tools.testkit.waits import eventually
 from sqlalchemy import Engine
 from typer.testing import CliRunner
 
@@ -33,7 +34,7 @@ from dataservice.config.settings import Settings
 from dataservice.enums import CacheFormat, LaneName, ReadMode
 from dataservice.redis.keys import SHADOW_KEY, record_key
 from tests.conftest import SERVICE_USER, require
-from tests.harness.livecache import in_database, restore_defaults, settle, until
+from tests.harness.livecache import in_database, restore_defaults, settle
 from tests.harness.support import on_redis, running_statements, with_changes, worker_process
 
 OWN_REDIS_URL = "redis://127.0.0.1:6379/7"
@@ -78,12 +79,14 @@ def slow_worker(settings: Settings, tmp_path: Path) -> Iterator[tuple[Settings, 
 
 def _counts_settled(cache: redis.Redis, expected: int) -> dict[str, int]:
     """The counts once ``expected`` comparisons (all outcomes) are in, and a flush later."""
-    until(
+    eventually(
         lambda: (
             sum(v for k, v in read_counts(cache).items() if ":" in k and k != "database:ms")
             >= expected
         ),
-        f"{expected} comparisons counted",
+        timeout=10.0,
+        interval=0.002,
+        message=f"{expected} comparisons counted",
     )
     time.sleep(1.2)
     return read_counts(cache)
@@ -156,7 +159,12 @@ def test_with_the_permits_saturated_comparisons_are_skipped_and_counted_never_qu
             settle(config)
             # The lane's only point-read permit, held for SLOW_MS.
             slow = pool.submit(client.read, scope, "slow", mode=ReadMode.PRIMARY, timeout=10)
-            until(lambda: running_statements(database, SERVICE_USER), "the slow read running")
+            eventually(
+                lambda: running_statements(database, SERVICE_USER),
+                timeout=10.0,
+                interval=0.002,
+                message="the slow read running",
+            )
             for _ in range(hits):
                 assert client.read(scope, "warm").payload == b"cached"
             assert slow.result(10).payload == b"held"

@@ -17,6 +17,7 @@ import pytest
 import redis
 import yaml
 from dataservice_tools.localservices import free_port
+from dataservice_tools.testkit.waits import eventually
 from sqlalchemy import Engine, create_engine, text
 from typer.testing import CliRunner
 
@@ -44,7 +45,6 @@ from tests.harness.changes import (
     plant,
     running_consumer,
     upsert,
-    wait_for,
 )
 from tests.harness.support import changed, on_redis
 
@@ -144,7 +144,7 @@ def test_the_consumer_reports_events_behind_while_behind_and_no_lag_once_caught_
 ) -> None:
     scope = f"t-{uuid.uuid4().hex[:10]}"
     with running_consumer(own, config):
-        wait_for(lambda: (stream_status(cache_redis) or {}).get("lag_events") == "0", 10)
+        eventually(lambda: (stream_status(cache_redis) or {}).get("lag_events") == "0", timeout=10)
     # Stopped: the server moves on without it.
     _write(admin, scope, 20)
     plant(cache_redis, scope, "o19", 1)
@@ -158,7 +158,7 @@ def test_the_consumer_reports_events_behind_while_behind_and_no_lag_once_caught_
         return status is not None and status["lag_events"] == "0"
 
     with running_consumer(own, config):
-        wait_for(caught_up, 10)
+        eventually(caught_up, timeout=10)
         assert cached(cache_redis, scope, "o19") == 0
         assert _gauge("dataservice_changes_lag_events") == 0
         assert _gauge("dataservice_changes_lag_bytes") == 0
@@ -212,8 +212,8 @@ def test_a_failing_lag_query_reports_unknown_once_warned_and_invalidation_goes_o
             plant(cache_redis, scope, object_id, 1)
             with admin.connect() as conn:
                 upsert(conn, scope, object_id, 2)
-            wait_for(another_report, 5)  # one a second
-        wait_for(lambda: sum(cached(cache_redis, scope, o) for o in "abc") == 0)
+            eventually(another_report, timeout=5)  # one a second
+        eventually(lambda: sum(cached(cache_redis, scope, o) for o in "abc") == 0, timeout=5.0)
         assert consumer.state.role == "active"
         assert consumer.state.token == token
         status = stream_status(cache_redis)

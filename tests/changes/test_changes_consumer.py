@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from dataservice_tools.testkit.waits import eventually
 from sqlalchemy import create_engine, text
 
 from dataservice.broker.celery import celery_app
@@ -39,7 +40,6 @@ from tests.harness.changes import (
     holder,
     plant,
     running_consumer,
-    wait_for,
 )
 from tests.harness.support import counter, on_redis
 
@@ -71,15 +71,19 @@ def test_a_change_made_by_direct_sql_invalidates_both_formats(
             ),
             {"s": scope},
         )
-    took = wait_for(lambda: cached(cache_redis, scope, "a") + cached(cache_redis, scope, "b") == 0)
+    started = time.monotonic()
+    eventually(
+        lambda: cached(cache_redis, scope, "a") + cached(cache_redis, scope, "b") == 0, timeout=5.0
+    )
+    took = time.monotonic() - started
     assert took < 1.0
     assert cache_redis.get(tombstone_key(scope, "a")) == b"2"
     with engine.begin() as conn:
         conn.execute(text("DELETE FROM records WHERE scope = :s AND object_id = 'b'"), {"s": scope})
-    wait_for(lambda: cache_redis.get(tombstone_key(scope, "b")) == b"6")
+    eventually(lambda: cache_redis.get(tombstone_key(scope, "b")) == b"6", timeout=5.0)
     engine.dispose()
     # The tombstone is written before the transaction is counted.
-    wait_for(lambda: counter("dataservice_changes_transactions") >= transactions + 2)
+    eventually(lambda: counter("dataservice_changes_transactions") >= transactions + 2, timeout=5.0)
     assert counter("dataservice_changes_transactions") == transactions + 2
     assert counter("dataservice_changes_invalidated") == invalidated + 4
 
@@ -111,14 +115,16 @@ def test_one_consumer_applies_and_a_standby_takes_over_when_it_is_killed(
 ) -> None:
     first = consumer_process(binlog_url, tmp_path / "first.log").start()
     try:
-        wait_for(lambda: holder(cache_redis) > 0, 20)
+        eventually(lambda: holder(cache_redis) > 0, timeout=20)
         token = holder(cache_redis)
         second = consumer_process(binlog_url, tmp_path / "second.log").start()
         try:
             time.sleep(config.changes.lease_ms / 1000)
             assert holder(cache_redis) == token  # the standby waits
             first.send_signal(signal.SIGKILL)
-            took = wait_for(lambda: holder(cache_redis) > token, 20)
+            started = time.monotonic()
+            eventually(lambda: holder(cache_redis) > token, timeout=20)
+            took = time.monotonic() - started
             # The dead consumer's lease lapses, then the standby takes it.
             assert took < config.changes.lease_ms / 1000 + 3
             scope = f"t-{uuid.uuid4().hex[:10]}"
@@ -134,7 +140,9 @@ def test_one_consumer_applies_and_a_standby_takes_over_when_it_is_killed(
                     {"s": scope},
                 )
             engine.dispose()
-            assert wait_for(lambda: cached(cache_redis, scope, "a") == 0, 10) < 2
+            started = time.monotonic()
+            eventually(lambda: cached(cache_redis, scope, "a") == 0, timeout=10)
+            assert time.monotonic() - started < 2
             # A worker node: it answers Celery's control channel with its state.
             control = celery_app("changes-probe", on_redis(Settings(), CHANGES_REDIS_URL), config)
             inspect = control.control.inspect(timeout=2.0)
@@ -178,7 +186,10 @@ def test_binlog_rotation_misses_nothing_and_a_purged_position_rotates_the_cache(
         with admin.connect() as conn:
             conn.execute(text("FLUSH BINARY LOGS"))
         write("b", 2)
-        wait_for(lambda: cached(cache_redis, scope, "a") + cached(cache_redis, scope, "b") == 0)
+        eventually(
+            lambda: cached(cache_redis, scope, "a") + cached(cache_redis, scope, "b") == 0,
+            timeout=5.0,
+        )
         assert consumer.state.position is not None
     controls = RolloutControls(cache_redis, config.cache)
     generation = controls.fetch().generation
@@ -196,7 +207,7 @@ def test_binlog_rotation_misses_nothing_and_a_purged_position_rotates_the_cache(
             conn.execute(text(f"PURGE BINARY LOGS TO '{current[0]}'"))
             return len(conn.execute(text("SHOW BINARY LOGS")).all()) == 1
 
-    wait_for(purged)
+    eventually(purged, timeout=5.0)
     with running_consumer(settings, config):
         assert controls.fetch().generation == generation + 1
     admin.dispose()
@@ -213,16 +224,18 @@ def test_lag_grows_with_the_consumer_stopped_and_the_guard_follows(
     guard = FreshnessGuard(cache_redis, 1.0, 50, on_change=engagements.append)
     assert not guard.allows_cache()  # no consumer has ever reported
     with running_consumer(settings, quick):
-        wait_for(guard.allows_cache, 5)
+        eventually(guard.allows_cache, timeout=5)
         status = stream_status(cache_redis)
         assert status is not None
         assert float(status["lag_s"]) <= 1.0
     # Stopped: its status lapses within max_lag_s, and the guard engages.
-    took = wait_for(lambda: not guard.allows_cache(), 5)
+    started = time.monotonic()
+    eventually(lambda: not guard.allows_cache(), timeout=5)
+    took = time.monotonic() - started
     assert took <= 1.5
     assert stream_status(cache_redis) is None
     with running_consumer(settings, quick):
-        wait_for(guard.allows_cache, 5)
+        eventually(guard.allows_cache, timeout=5)
     assert engagements == [True, False, True, False]
 
 
@@ -246,7 +259,7 @@ def test_a_busy_binlog_of_other_tables_keeps_the_lease_and_the_reports(
         token = holder(cache_redis)
         transactions = consumer.state.transactions
         # Active comes a moment before the first report.
-        wait_for(lambda: stream_status(cache_redis) is not None)
+        eventually(lambda: stream_status(cache_redis) is not None, timeout=5.0)
         with engine.connect() as conn:
             started = time.monotonic()
             n = 0
@@ -261,7 +274,7 @@ def test_a_busy_binlog_of_other_tables_keeps_the_lease_and_the_reports(
         plant(cache_redis, scope, "a", 1)
         with engine.connect() as conn:
             changes_harness.upsert(conn, scope, "a", 2)
-        wait_for(lambda: cached(cache_redis, scope, "a") == 0)
+        eventually(lambda: cached(cache_redis, scope, "a") == 0, timeout=5.0)
     engine.dispose()
 
 

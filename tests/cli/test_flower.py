@@ -8,7 +8,6 @@ import base64
 import dataclasses
 import json
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import pytest
 import redis
 from dataservice_tools.localservices import free_port, redis_reachable
 from dataservice_tools.localservices.flower_env import ensure_flower_env
+from dataservice_tools.testkit.waits import eventually
 from rich.console import Console
 
 from dataservice.client import Client
@@ -104,11 +104,12 @@ def test_flower_shows_every_queue_with_its_length_to_an_operator_only(
     ).start()
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while _get(f"{base}/healthcheck")[0] != 200:
+
+        def healthy() -> bool:
             flower.check_alive()
-            assert time.monotonic() < deadline, flower.log_tail()
-            time.sleep(0.2)
+            return bool(_get(f"{base}/healthcheck")[0] == 200)
+
+        eventually(healthy, timeout=30, interval=0.2, message=flower.log_tail)
         assert _get(f"{base}/api/queues/length")[0] == 401
         assert _get(f"{base}/api/queues/length", "ops:wrong")[0] == 401
         status, body = _get(f"{base}/api/queues/length", AUTH)
@@ -131,11 +132,12 @@ def test_run_starts_flower_beside_the_pools_and_shows_its_address(
     supervisor = Supervisor(own, config, tmp_path, lanes=(), flower_port=port)
     supervisor.start()
     try:
-        deadline = time.monotonic() + 30
-        while _get(f"http://127.0.0.1:{port}/healthcheck")[0] != 200:
+
+        def healthy() -> bool:
             supervisor.check_pools()
-            assert time.monotonic() < deadline, (tmp_path / "flower.log").read_text()
-            time.sleep(0.2)
+            return bool(_get(f"http://127.0.0.1:{port}/healthcheck")[0] == 200)
+
+        eventually(healthy, timeout=30, interval=0.2, message=(tmp_path / "flower.log").read_text)
         console = Console(width=200, record=True)
         console.print(supervisor.table(supervisor.snapshot()))
         assert f"Flower: http://127.0.0.1:{port}" in console.export_text()

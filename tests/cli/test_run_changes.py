@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 import redis
+from dataservice_tools.testkit.waits import eventually
 from rich.console import Console
 
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from dataservice.ops.supervisor import Supervisor
 from tests.harness.binlog import BinlogDatabase
-from tests.harness.changes import CHANGES_REDIS_URL, wait_for
+from tests.harness.changes import CHANGES_REDIS_URL
 from tests.harness.support import on_redis
 
 
@@ -35,9 +36,9 @@ def test_the_summary_shows_the_consumer_beside_both_lanes(
     supervisor.start()
     try:
         supervisor.wait_ready()
-        wait_for(lambda: "change consumer: active" in _caption(supervisor), 30)
+        eventually(lambda: "change consumer: active" in _caption(supervisor), timeout=30)
         # Events behind the server beside the seconds: none, once it has caught up.
-        wait_for(lambda: "lag 0.0 s, 0 events behind," in _caption(supervisor), 30)
+        eventually(lambda: "lag 0.0 s, 0 events behind," in _caption(supervisor), timeout=30)
         text = _caption(supervisor)
         assert "interactive" in text
         assert "batch" in text

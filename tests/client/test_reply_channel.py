@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from dataservice_tools.testkit.waits import eventually
 
 from dataservice import Client
 from dataservice.config.settings import Settings
@@ -106,9 +107,7 @@ def test_a_later_answer_with_a_shorter_deadline_never_shortens_the_channels_life
     _send(raw, key, _read(scope, "long", channel, deadline_s=20.0))
     _send(raw, key, _read(scope, "short", channel, deadline_s=3.0))
     channel_key = reply_key(CALLER, channel)
-    until = time.monotonic() + 10
-    while answers.llen(channel_key) < 2 and time.monotonic() < until:
-        time.sleep(0.02)
+    eventually(lambda: answers.llen(channel_key) >= 2, timeout=10, interval=0.02)
     assert answers.llen(channel_key) == 2
     # The first answer's deadline (20 s) plus the grace, not the second's (3 s).
     assert answers.pttl(channel_key) > 15_000

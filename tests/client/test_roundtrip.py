@@ -8,6 +8,7 @@ import time
 
 import pytest
 import redis
+from dataservice_tools.testkit.waits import eventually
 from sqlalchemy import Engine
 
 from dataservice import (
@@ -110,10 +111,7 @@ def test_an_uncollected_answer_is_let_go_at_deadline_plus_grace(
     any_process_client: AnyClient, process_settings: Settings, config: Config, scope: str
 ) -> None:
     handle = any_process_client.submit(WriteOp(scope, "ignored", b"x"), timeout=1)
-    waited = 0.0
-    while not handle.done() and waited < 1.0:
-        time.sleep(0.01)
-        waited += 0.01
+    eventually(handle.done, timeout=1.0)
     assert handle.done()
     # The reader took it off the channel into the handle's slot; nothing of
     # it stays in Redis.

@@ -30,6 +30,7 @@ from celery.worker import state as worker_state
 from celery.worker import strategy as celery_strategy
 from celery.worker.consumer import Consumer as CeleryConsumer
 from dataservice_tools.localservices import redis_reachable
+from dataservice_tools.testkit.waits import eventually
 from kombu import Connection, Consumer, Exchange, Queue
 from kombu.asynchronous.timer import Timer
 from kombu.message import Message
@@ -551,9 +552,7 @@ def test_what_a_strategy_uses_of_the_consumer(consumer: Any) -> None:
     used.soon(ran.append, 1)
     consumer.perform_pending_operations()
     used.in_pool(lambda: ran.append(2))
-    deadline = time.monotonic() + 5
-    while len(ran) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    eventually(lambda: len(ran) >= 2, timeout=5)
     assert ran == [1, 2]
     acked: list[Any] = []
     used.acknowledge(lambda logger, errors: acked.append((logger, errors)), logging.getLogger("t"))

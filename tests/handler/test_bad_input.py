@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from dataservice_tools.testkit.waits import eventually
 from sqlalchemy import Engine
 
 from dataservice import Client, InvalidArgument, ReadMode
@@ -153,13 +154,6 @@ def _malformed_count() -> float:
     return counter("dataservice_rejections", lane="interactive", reason="malformed")
 
 
-def _until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    until = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < until, "timed out"
-        time.sleep(0.01)
-
-
 @pytest.mark.parametrize("case", sorted(UNREADABLE_BODIES))
 def test_unreadable_body_is_counted_and_changes_nothing(
     case: str, transport: Transport, config: Config, database: Engine, client: Client
@@ -173,7 +167,7 @@ def test_unreadable_body_is_counted_and_changes_nothing(
         UNREADABLE_BODIES[case](config), request_id=request_id, lane=LaneName.INTERACTIVE,
         deadline_ms=_deadline(),
     )  # fmt: skip
-    _until(lambda: _malformed_count() == before + 1)
+    eventually(lambda: _malformed_count() == before + 1, timeout=5.0)
     assert statements_by(database, SERVICE_USER) == statements
     assert (row_count(database), table_checksum(database)) == (rows, checksum)
     assert client.read("s", "a", mode=ReadMode.PRIMARY).payload == b"before"
@@ -189,9 +183,9 @@ def test_task_message_in_json_is_counted_and_dropped(
         TASK_NAME, args=["not an envelope"], task_id=request_id,
         queue=config.lanes.interactive.queue, serializer="json",
     )  # fmt: skip
-    _until(lambda: _malformed_count() == before + 1)
+    eventually(lambda: _malformed_count() == before + 1, timeout=5.0)
     # Admission counted the JSON body's bytes; exactly those come back.
-    _until(lambda: int(redis_client.hget(stats, "bytes") or 0) == 0)
+    eventually(lambda: int(redis_client.hget(stats, "bytes") or 0) == 0, timeout=5.0)
 
 
 def test_pickle_is_never_accepted(config: Config) -> None:

@@ -5,13 +5,13 @@ entries, and consumers run in a thread or as ``dataservice changes``."""
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import redis
+from dataservice_tools.testkit.waits import eventually
 from sqlalchemy import Connection, Engine, create_engine, text
 
 from dataservice.cache.formats import CODECS, frame
@@ -101,15 +101,6 @@ def with_changes_config(config: Config, **changes: float) -> Config:
     return config.model_copy(update={"changes": config.changes.model_copy(update=changes)})
 
 
-def wait_for(check: Callable[[], object], timeout_s: float = 5.0) -> float:
-    started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
-        if check():
-            return time.monotonic() - started
-        time.sleep(0.01)
-    raise AssertionError("timed out")
-
-
 def holder(client: redis.Redis) -> int:
     """The active consumer's fencing token; 0 when none holds the lease."""
     return int(client.get(CHANGES_LEASE_KEY) or 0)
@@ -121,7 +112,7 @@ def running_consumer(settings: Settings, config: Config) -> Iterator[ChangeConsu
     thread = threading.Thread(target=consumer.run, daemon=True)
     thread.start()
     try:
-        wait_for(lambda: consumer.state.role == "active", 10)
+        eventually(lambda: consumer.state.role == "active", timeout=10)
         yield consumer
     finally:
         consumer.stop()

@@ -25,6 +25,7 @@ from dataservice_tools.localservices import (
     redis_reachable,
     start_redis,
 )
+from dataservice_tools.testkit.waits import eventually
 from sqlalchemy import Engine, text
 
 from dataservice.cache.formats import CODECS, frame, unframe
@@ -36,7 +37,7 @@ from dataservice.proto import pb
 from dataservice.redis.keys import record_key
 from dataservice.store.migrate import upgrade
 from tests.conftest import require, started_binlog_mariadb
-from tests.harness.changes import consumer_process, holder, wait_for
+from tests.harness.changes import consumer_process, holder
 
 WRITERS, IDS, WRITES = 4, 200, 2_000
 # Paces the writers so that the writes outlast the kills: a killed active
@@ -208,7 +209,7 @@ class OwnRedis:
         pid = int((self.directory / "redis" / "redis.pid").read_text())
         os.kill(pid, signal.SIGKILL)
         # Unreachable once its sockets are closed, reaped or not.
-        wait_for(lambda: not redis_reachable(self.url))
+        eventually(lambda: not redis_reachable(self.url), timeout=5.0)
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ replica to act on a change to the rollout controls."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from datetime import UTC
 
 import redis
@@ -38,14 +37,6 @@ def settle(config: Config) -> None:
     """Until every replica acts on the controls now in Redis: each keeps its
     copy for ``cache.controls_max_age_ms``."""
     time.sleep(config.cache.controls_max_age_ms / 1000 + _SETTLE_SLACK_S)
-
-
-def until(check: Callable[[], object], what: str, timeout_s: float = 10.0) -> None:
-    """Poll ``check`` until it holds; fail naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"{what} did not happen within {timeout_s} s"
-        time.sleep(0.002)
 
 
 def restore_defaults(client: redis.Redis, config: Config) -> None:

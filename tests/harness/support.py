@@ -21,6 +21,7 @@ import yaml
 from celery import Celery
 from dataservice_tools.localservices import free_port
 from dataservice_tools.testkit.sockets import own_local_ports
+from dataservice_tools.testkit.waits import eventually
 from kombu import Connection, Exchange
 from sqlalchemy import Engine, text
 
@@ -87,11 +88,9 @@ def admin_connection_id(store_engine: Engine, timeout_s: float = 5.0) -> int:
     the background after its first pooled connection)."""
     custody = custody_of(store_engine)
     assert custody is not None, "not a store engine"
-    until = time.monotonic() + timeout_s
-    while (found := custody.snapshot().admin_connection_id) is None:
-        assert time.monotonic() < until, "the administrative connection never opened"
-        time.sleep(0.01)
-    return found
+    # A connection id is never 0: the value is the id once there is one.
+    return eventually(lambda: custody.snapshot().admin_connection_id, timeout=timeout_s,
+                      message="the administrative connection to open")  # fmt: skip
 
 
 # The callers the tests sign as. "tests" may do anything; the others exist to

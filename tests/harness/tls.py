@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import redis
 from dataservice_tools.localservices import free_port
+from dataservice_tools.testkit.waits import eventually
 
 from tests.conftest import require
 
@@ -99,17 +99,17 @@ def tls_redis(directory: Path) -> Iterator[TLSRedis]:
 
 def _wait_until_ready(server: TLSRedis, process: subprocess.Popen[bytes]) -> None:
     client = redis.Redis.from_url(server.url(), socket_connect_timeout=1, socket_timeout=1)
-    deadline = time.monotonic() + _START_TIMEOUT_S
+
+    def answers() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"redis-server exited; see {server.log}")
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+
     try:
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"redis-server exited; see {server.log}")
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
+        eventually(answers, timeout=_START_TIMEOUT_S, interval=0.02,
+                   message=f"redis-server over TLS to answer; see {server.log}")  # fmt: skip
     finally:
         client.close()

@@ -13,6 +13,7 @@ import kombu.exceptions
 import pytest
 import redis
 from dataservice_tools.localservices import redis_reachable
+from dataservice_tools.testkit.waits import eventually
 
 from dataservice import Client, ReadOp, ResourceExhausted, WriteOp
 from dataservice.broker import queue_depths
@@ -284,10 +285,10 @@ def test_workers_say_how_long_answered_requests_take(
     for _ in range(5):
         client.read("admission", "timed")
     # Earlier tests' requests may have said so already: wait for what these did.
-    until = time.monotonic() + 5
-    while int(redis_client.hget(key, "service_at") or 0) < started_ms - 1000:
-        assert time.monotonic() < until, "the workers said nothing of these requests"
-        time.sleep(0.05)
+    eventually(
+        lambda: int(redis_client.hget(key, "service_at") or 0) >= started_ms - 1000,
+        timeout=5, interval=0.05, message="the workers to say something of these requests",
+    )  # fmt: skip
     read_ms = float(redis_client.hget(key, "service:read") or -1)
     assert 0 < read_ms < 1000
     # And their mean, which says how many the workers hold at once.
@@ -310,9 +311,7 @@ def test_answered_requests_give_their_bytes_back(
     rid = uuid.uuid4().hex
     transport.publish(b"\xff" * 500, request_id=rid, lane=LaneName.INTERACTIVE,
                       deadline_ms=_deadline(5))  # fmt: skip
-    until = time.monotonic() + 5
-    while int(redis_client.hget(key, "done") or 0) < done + 1 and time.monotonic() < until:
-        time.sleep(0.01)
+    eventually(lambda: int(redis_client.hget(key, "done") or 0) >= done + 1, timeout=5)
     assert int(redis_client.hget(key, "done") or 0) == done + 1
     assert int(redis_client.hget(key, "bytes") or 0) == 0
 

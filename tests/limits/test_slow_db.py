@@ -15,6 +15,7 @@ import redis
 import yaml
 from celery import Celery
 from dataservice_tools.localservices import redis_reachable
+from dataservice_tools.testkit.waits import eventually
 from sqlalchemy import Engine
 
 from dataservice import (
@@ -153,11 +154,10 @@ def test_no_permit_is_released_while_its_statement_runs_and_all_return(
     assert outcomes.get("DeadlineExceeded", 0) > 0, outcomes
     assert not any(k.startswith("other") for k in outcomes), outcomes
     # Afterwards: no permit held, nothing running for the service.
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if _gauge(slow_worker)[0] == 0 and not running_statements(database, SERVICE_USER):
-            break
-        time.sleep(0.1)
+    eventually(
+        lambda: _gauge(slow_worker)[0] == 0 and not running_statements(database, SERVICE_USER),
+        timeout=10, interval=0.1, message="every permit back and no statement running",
+    )  # fmt: skip
     assert _gauge(slow_worker)[0] == 0
     assert not running_statements(database, SERVICE_USER)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import redis
+from dataservice_tools.testkit.waits import eventually
 
 from dataservice import Client, ReadMode
 from dataservice.broker.celery import celery_app
@@ -28,7 +29,6 @@ from dataservice.observe.lines import RequestLines
 from dataservice.observe.logs import JsonFormatter, configure_logging, stop_request_lines
 from dataservice.observe.metrics import REGISTRY, Stage
 from dataservice.observe.requestlog import RequestLog
-from tests.harness.changes import wait_for
 from tests.harness.support import TaskEvents, on_redis, with_changes, worker_process
 from tests.project.test_docs import table
 
@@ -183,11 +183,13 @@ def test_a_lane_sends_task_events_only_when_queues_yml_says_so(
             Client("tests", own, own_config) as client,
         ):
             # Heartbeats are always sent: the first says the receiver listens.
-            wait_for(lambda: any(e["type"] == "worker-heartbeat" for e in events.seen), 10)
+            eventually(
+                lambda: any(e["type"] == "worker-heartbeat" for e in events.seen), timeout=10
+            )
             client.write("events", "e1", b"x")
             client.read("events", "e1", mode=ReadMode.PRIMARY)
             if task_events:
-                wait_for(lambda: "task-succeeded" in {e["type"] for e in events.seen}, 10)
+                eventually(lambda: "task-succeeded" in {e["type"] for e in events.seen}, timeout=10)
             else:
                 # Events would have followed the answers within a heartbeat or so.
                 time.sleep(1.5)

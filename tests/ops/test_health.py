@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 import yaml
+from dataservice_tools.testkit.waits import eventually
 
 from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
@@ -36,11 +37,12 @@ def _health(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _wait_for_file(path: Path, worker: WorkerProcess, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
+    def appeared() -> bool:
         worker.check_alive()
-        assert time.monotonic() < deadline, f"{path} never appeared:\n{worker.log_tail()}"
-        time.sleep(0.1)
+        return path.exists()
+
+    eventually(appeared, timeout=timeout_s, interval=0.1,
+               message=lambda: f"{path} to appear:\n{worker.log_tail()}")  # fmt: skip
 
 
 def test_an_alive_file_must_exist_and_be_fresh(tmp_path: Path) -> None:

@@ -7,10 +7,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+from dataservice_tools.testkit.waits import eventually
 
 from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
@@ -35,16 +35,15 @@ def _sleeper(tmp_path: Path, name: str = "sleeper", **env: str) -> WorkerProcess
 
 def _gone(pid: int, within_s: float) -> bool:
     """Exited within ``within_s`` (a zombie counts: whoever adopted it may not reap it)."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
+
+    def exited() -> bool:
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             return True
-        if state in ("Z", "X"):
-            return True
-        time.sleep(0.05)
-    return False
+        return state in ("Z", "X")
+
+    return eventually(exited, timeout=within_s, interval=0.05, message=f"process {pid} to exit")
 
 
 def test_worker_gets_its_lane_and_only_the_given_settings(
@@ -78,10 +77,8 @@ def test_stop_sends_sigterm_then_sigkill_after_the_grace(tmp_path: Path) -> None
     polite = _sleeper(tmp_path, "polite").start()
     stubborn = _sleeper(tmp_path, "stubborn", IGNORE="1").start()
     for worker in (polite, stubborn):
-        until = time.monotonic() + 10
-        while "up" not in worker.log_tail():
-            assert time.monotonic() < until, worker.log_tail()
-            time.sleep(0.05)
+        eventually(lambda w=worker: "up" in w.log_tail(), timeout=10, interval=0.05,
+                   message=worker.log_tail)  # fmt: skip
     stop_all([polite, stubborn], grace_s=1.0)
     assert polite.returncode == -signal.SIGTERM
     assert stubborn.returncode == -signal.SIGKILL
@@ -104,11 +101,12 @@ def test_a_worker_does_not_outlive_a_killed_parent(tmp_path: Path) -> None:
     """)
     parent = subprocess.Popen([sys.executable, "-c", parent_code])
     try:
-        until = time.monotonic() + 15
-        while not pid_file.exists() or "up" not in (tmp_path / "child.log").read_text():
-            assert time.monotonic() < until, "the parent did not start its worker"
+
+        def started() -> bool:
             assert parent.poll() is None
-            time.sleep(0.05)
+            return pid_file.exists() and "up" in (tmp_path / "child.log").read_text()
+
+        eventually(started, timeout=15, interval=0.05, message="the parent to start its worker")
         child = int(pid_file.read_text())
     finally:
         parent.kill()

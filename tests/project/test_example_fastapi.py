@@ -8,7 +8,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import httpx
 import pytest
 import redis
 from dataservice_tools.localservices import free_port
+from dataservice_tools.testkit.waits import eventually
 
 from dataservice import Client, WriteOp
 from dataservice.config.model import Config
@@ -43,15 +43,16 @@ def _serve(settings: Settings, log: Path) -> Iterator[str]:
         )
     base = f"http://127.0.0.1:{port}"
     try:
-        until = time.monotonic() + 20
-        while True:
+
+        def serving() -> bool:
             assert server.poll() is None, log.read_text()
             try:
                 httpx.get(f"{base}/docs", timeout=1)
-                break
             except httpx.TransportError:
-                assert time.monotonic() < until, log.read_text()
-                time.sleep(0.1)
+                return False
+            return True
+
+        eventually(serving, timeout=20, interval=0.1, message=log.read_text)
         yield base
     finally:
         server.terminate()

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +30,7 @@ import redis
 from dataservice_tools.testkit.bursts import Outcome, burst
 from dataservice_tools.testkit.counting_database import CountingDatabase
 from dataservice_tools.testkit.replicas import Replicas, replicas, until_each_answers
+from dataservice_tools.testkit.waits import eventually
 
 from dataservice.config.model import Config, load_config
 from dataservice.config.settings import Settings
@@ -61,13 +61,6 @@ def fleet(
     )
     with replicas(replica_settings, config, tmp_path, 3, settings_of={0: leader}) as started:
         yield leader, started
-
-
-def _poll(check: Callable[[], object], what: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"{what} did not happen within {timeout_s} s"
-        time.sleep(0.002)
 
 
 @pytest.mark.slow
@@ -108,11 +101,21 @@ def test_followers_of_a_killed_leader_get_the_record_through_exactly_one_takeove
     )  # fmt: skip
     try:
         leader_read.start()
-        _poll(lambda: cache.exists(lock_key(scope, KEY)), "A taking the lock", 15)
+        eventually(
+            lambda: cache.exists(lock_key(scope, KEY)),
+            timeout=15,
+            interval=0.002,
+            message="A taking the lock",
+        )
         token = cache.get(lock_key(scope, KEY))
         followers.start()
         # Both B and C wait for A (each replica waits once, for all its threads).
-        _poll(lambda: int(cache.get(lockwait_key(scope, KEY)) or 0) >= 2, "B and C following", 0.8)
+        eventually(
+            lambda: int(cache.get(lockwait_key(scope, KEY)) or 0) >= 2,
+            timeout=0.8,
+            interval=0.002,
+            message="B and C following",
+        )
         reads_before_kill = counting_database.reads(scope, KEY)
         a.send_signal(signal.SIGKILL)
         # Still A's token after the kill: A held the lock when it died.

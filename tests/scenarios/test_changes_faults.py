@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 from dataservice_tools.localservices import PrivateMariaDB
+from dataservice_tools.testkit.waits import eventually
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
@@ -36,7 +37,6 @@ from tests.harness.changes import (
     running_consumer,
     tomb,
     upsert,
-    wait_for,
     with_changes_config,
 )
 from tests.harness.changes_faults import (
@@ -76,7 +76,7 @@ def test_consumers_sigkilled_at_random_points_leave_no_entry_older_than_the_data
     consumers = Consumers(binlog_url, settings.config_path, tmp_path, 2)
     try:
         # The first one active may rotate the generation (no saved position yet).
-        wait_for(lambda: consumers.active(cache_redis) is not None, 30)
+        eventually(lambda: consumers.active(cache_redis) is not None, timeout=30)
         first_token = holder(cache_redis)
         generation = RolloutControls(cache_redis, config.cache).fetch().generation
         kills = sorted(rng.sample(range(50, WRITES - 50), KILLS))
@@ -93,7 +93,10 @@ def test_consumers_sigkilled_at_random_points_leave_no_entry_older_than_the_data
             filler = pool.submit(writes.fill, rng.random(), config.cache.ttl_s * 1000)
             try:
                 for at in kills:
-                    wait_for(lambda at=at: writes.done >= at or any(w.done() for w in writers), 120)
+                    eventually(
+                        lambda at=at: writes.done >= at or any(w.done() for w in writers),
+                        timeout=120,
+                    )
                     slot = consumers.active(cache_redis)
                     active_kills += slot is not None
                     consumers.kill(rng.randrange(2) if slot is None else slot)
@@ -105,7 +108,9 @@ def test_consumers_sigkilled_at_random_points_leave_no_entry_older_than_the_data
         wrote_s = time.monotonic() - began
         # Caught up once a change committed after all the others is applied.
         change(engine, cache_redis, scope, "marker", 1, generation)
-        caught_up_s = wait_for(lambda: not cached(cache_redis, scope, "marker", generation), 60)
+        started = time.monotonic()
+        eventually(lambda: not cached(cache_redis, scope, "marker", generation), timeout=60)
+        caught_up_s = time.monotonic() - started
     finally:
         consumers.stop()
     with engine.connect() as conn:
@@ -155,12 +160,14 @@ def test_binlog_rotations_and_database_restarts_mid_stream_miss_no_change(
         write("a")
         flush_binary_logs(engine)
         write("b")
-        wait_for(lambda: invalidated("a", "b"))
+        eventually(lambda: invalidated("a", "b"), timeout=5.0)
         PrivateMariaDB.stop(server)  # SIGTERM: a clean shutdown
         time.sleep(1)  # down long enough for the consumer to fail and back off
         server.start()
         write("c")
-        after_stop_s = wait_for(lambda: invalidated("c"), 30)
+        started = time.monotonic()
+        eventually(lambda: invalidated("c"), timeout=30)
+        after_stop_s = time.monotonic() - started
         write("d")
         assert server.process is not None
         server.process.kill()  # a crash just after a commit the consumer may not have read
@@ -169,7 +176,9 @@ def test_binlog_rotations_and_database_restarts_mid_stream_miss_no_change(
         write("e")
         flush_binary_logs(engine)
         write("f")
-        after_crash_s = wait_for(lambda: invalidated("d", "e", "f"), 30)
+        started = time.monotonic()
+        eventually(lambda: invalidated("d", "e", "f"), timeout=30)
+        after_crash_s = time.monotonic() - started
         assert consumer.state.role == "active"
     assert {o: tomb(cache_redis, scope, o) for o in floors} == floors
     # Each time the consumer went on from its saved position: nothing to rotate for.
@@ -209,7 +218,7 @@ def test_unrelated_tables_and_ddl_neither_stop_nor_skip_invalidations_and_trunca
             "INSERT INTO elsewhere.records VALUES (:s, 'a', 5, 'x', NOW(6), NOW(6))",
             "INSERT INTO records VALUES (:s, 'b', 2, 'x', NOW(6), NOW(6))",
         )
-        wait_for(lambda: not cached(cache_redis, scope, "b", generation))
+        eventually(lambda: not cached(cache_redis, scope, "b", generation), timeout=5.0)
         assert cached(cache_redis, scope, "a", generation) == 2
         assert tomb(cache_redis, scope, "a") == 0
         for object_id, ddl in (
@@ -218,13 +227,15 @@ def test_unrelated_tables_and_ddl_neither_stop_nor_skip_invalidations_and_trunca
         ):
             run(ddl)
             change(engine, cache_redis, scope, object_id, 2, generation)
-            wait_for(lambda o=object_id: not cached(cache_redis, scope, o, generation))
+            eventually(
+                lambda o=object_id: not cached(cache_redis, scope, o, generation), timeout=5.0
+            )
         assert controls.fetch().generation == generation
         # Rows gone without row events: only a new generation covers them.
         run("TRUNCATE records")
-        wait_for(lambda: controls.fetch().generation == generation + 1)
+        eventually(lambda: controls.fetch().generation == generation + 1, timeout=5.0)
         change(engine, cache_redis, scope, "e", 2, generation + 1)
-        wait_for(lambda: not cached(cache_redis, scope, "e", generation + 1))
+        eventually(lambda: not cached(cache_redis, scope, "e", generation + 1), timeout=5.0)
         # One active spell throughout: nothing it read made it stop or start again.
         assert (consumer.state.role, consumer.state.token) == ("active", token)
     assert [tomb(cache_redis, scope, o) for o in "bcde"] == [2, 2, 2, 2]
@@ -251,8 +262,8 @@ def test_the_consumer_rides_out_its_redis_restarting_empty_and_goes_on_saving(
     ) as consumer:
         generation = RolloutControls(client, config.cache).fetch().generation
         change(engine, client, scope, "a", 2, generation)
-        wait_for(lambda: not cached(client, scope, "a", generation))
-        wait_for(lambda: saved_beyond(consumer.state.position))
+        eventually(lambda: not cached(client, scope, "a", generation), timeout=5.0)
+        eventually(lambda: saved_beyond(consumer.state.position), timeout=5.0)
         before = consumer.state.token
         own_redis.kill()
         with engine.begin() as conn:
@@ -260,14 +271,16 @@ def test_the_consumer_rides_out_its_redis_restarting_empty_and_goes_on_saving(
         time.sleep(1)  # long enough for the consumer to meet the dead Redis
         own_redis.start()  # empty: no entries, tombstones, lease or fencing counter
         # Tokens still only grow: the database remembers the largest one.
-        back_s = wait_for(lambda: holder(client) > before, 20)
+        started = time.monotonic()
+        eventually(lambda: holder(client) > before, timeout=20)
+        back_s = time.monotonic() - started
         # Read again from the saved position: the change made meanwhile is applied.
-        wait_for(lambda: tomb(client, scope, "b") == 2, 10)
+        eventually(lambda: tomb(client, scope, "b") == 2, timeout=10)
         generation = RolloutControls(client, config.cache).fetch().generation
         change(engine, client, scope, "c", 2, generation)
-        wait_for(lambda: not cached(client, scope, "c", generation))
+        eventually(lambda: not cached(client, scope, "c", generation), timeout=5.0)
         # The position it saves moves on too, past the change after the restart.
-        wait_for(lambda: saved_beyond(consumer.state.position), 5)
+        eventually(lambda: saved_beyond(consumer.state.position), timeout=5)
     assert tomb(client, scope, "c") == 2
     client.close()
     engine.dispose()
@@ -287,10 +300,10 @@ def test_a_change_just_after_an_operator_rotation_reaches_the_new_generation(
     with running_consumer(settings, config.model_copy(update={"cache": cache})):
         generation = controls.fetch().generation
         change(engine, cache_redis, scope, "a", 2, generation)
-        wait_for(lambda: not cached(cache_redis, scope, "a", generation))
+        eventually(lambda: not cached(cache_redis, scope, "a", generation), timeout=5.0)
         controls.rotate("tests")
         # A worker that saw the rotation first filled the new generation.
         change(engine, cache_redis, scope, "b", 2, generation + 1)
-        wait_for(lambda: tomb(cache_redis, scope, "b") == 2)
+        eventually(lambda: tomb(cache_redis, scope, "b") == 2, timeout=5.0)
         assert not cached(cache_redis, scope, "b", generation + 1)
     engine.dispose()

@@ -10,10 +10,10 @@ failover, a proxy or an operator would, and releases the lock.
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import Future
 
 import pytest
+from dataservice_tools.testkit.waits import eventually
 from sqlalchemy import Engine, text
 
 from dataservice import Client
@@ -31,14 +31,14 @@ _WAITING_WRITE = text(
 
 def _waiting_write(database: Engine, timeout_s: float) -> int:
     """The id of the service's connection whose write is waiting on the lock."""
-    until = time.monotonic() + timeout_s
-    while time.monotonic() < until:
+
+    def waiting() -> int | None:
         with database.connect() as conn:
             found = conn.execute(_WAITING_WRITE, {"user": SERVICE_USER}).scalar()
-        if found is not None:
-            return int(found)
-        time.sleep(0.02)
-    raise AssertionError("the service's write never reached the database")
+        return None if found is None else int(found)  # a connection id is never 0
+
+    return eventually(waiting, timeout=timeout_s, interval=0.02,
+                      message="the service's write to reach the database")  # fmt: skip
 
 
 @pytest.mark.fault

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import redis
 from dataservice_tools.localservices import PrivateRedis
+from dataservice_tools.testkit.waits import eventually
 from sqlalchemy import Engine, text
 
 from dataservice import Client, DataServiceError, DeadlineExceeded, Unavailable, WriteOp
@@ -79,10 +80,8 @@ def _submit(client: Client, scope: str, timeout_s: float) -> list[Handle]:
 
 
 def _wait_until_answered(handles: list[Handle], share: float) -> None:
-    until = time.monotonic() + 60
-    while sum(h.done() for h in handles) < share * len(handles):
-        assert time.monotonic() < until, "the backlog did not start draining"
-        time.sleep(0.01)
+    eventually(lambda: sum(h.done() for h in handles) >= share * len(handles), timeout=60,
+               message="the backlog to start draining")  # fmt: skip
 
 
 def _revisions(database: Engine, scope: str) -> dict[int, int]:

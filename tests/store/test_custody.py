@@ -24,6 +24,7 @@ import MySQLdb
 import pytest
 import yaml
 from dataservice_tools.localservices import TemporaryBinlogMariaDB
+from dataservice_tools.testkit.waits import eventually
 from sqlalchemy import Engine, event
 
 from dataservice.config.budget import ADMIN_CONNECTIONS
@@ -214,15 +215,6 @@ def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
     return thread, outcome
 
 
-def _until(condition: Callable[[], bool], timeout_s: float) -> bool:
-    until = time.monotonic() + timeout_s
-    while time.monotonic() < until:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return condition()
-
-
 def _cut(fileno: int) -> None:
     """End the client's side of a connection, as a failed network path would:
     its statement's read returns at once, the server's goes on."""
@@ -251,16 +243,24 @@ def test_a_statement_cut_off_from_its_client_is_killed_before_its_permit_returns
         worker = Worker(engine, config)
         worker.run("SELECT 1", now_ms() + 2000)  # the pool's connection, then the admin's
         custody = _custody(engine)
-        assert _until(lambda: custody.snapshot().admin_connects_total == 1, 5)
+        assert eventually(
+            lambda: custody.snapshot().admin_connects_total == 1, timeout=5, interval=0.005
+        )
         thread, outcome = _in_thread(lambda: worker.run("SELECT SLEEP(4)", now_ms() + 5000))
-        assert _until(lambda: worker.permits.snapshot().connection_ids != [], 2)
+        assert eventually(
+            lambda: worker.permits.snapshot().connection_ids != [], timeout=2, interval=0.005
+        )
         (connection_id,) = worker.permits.snapshot().connection_ids
         with ProcessList(server) as listing:
-            assert _until(lambda: listing.last_seen(connection_id) is not None, 2)
+            assert eventually(
+                lambda: listing.last_seen(connection_id) is not None, timeout=2, interval=0.005
+            )
             # The statement's connection, as the server lists it: cut it on the client's side.
             _cut(worker.checked_out[connection_id])
             thread.join(5)
-            assert _until(lambda: worker.permits.snapshot().in_use == 0, 4)
+            assert eventually(
+                lambda: worker.permits.snapshot().in_use == 0, timeout=4, interval=0.005
+            )
         assert isinstance(outcome[0], Refusal), outcome
         released = worker.released_at[-1]
         last_seen = listing.last_seen(connection_id)
@@ -346,13 +346,15 @@ def test_a_discarded_connection_is_confirmed_gone_before_its_slot_connects_again
     with ProcessList(server) as listing:
         worker.run("SELECT 1", now_ms() + 2000)
         (first,) = worker.checked_out
-        assert _until(lambda: listing.last_seen(first) is not None, 2)
+        assert eventually(lambda: listing.last_seen(first) is not None, timeout=2, interval=0.005)
         with pytest.raises(Refusal):
             worker.run("SELECT no_such_column", now_ms() + 2000)
         worker.run("SELECT 1", now_ms() + 2000)
         opened = [i for i in worker.checked_out if i != first]
         assert len(opened) == 1
-        assert _until(lambda: listing.last_seen(opened[0]) is not None, 2)
+        assert eventually(
+            lambda: listing.last_seen(opened[0]) is not None, timeout=2, interval=0.005
+        )
     gone = listing.last_seen(first)
     came = min(sample.t for sample in listing.samples if opened[0] in sample.ids)
     assert gone is not None

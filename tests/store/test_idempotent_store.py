@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from dataservice_tools.testkit.waits import eventually
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
@@ -287,7 +288,6 @@ class KeyHeld:
 
 def waiting_insert(database: Engine, caller: str) -> int:
     """The id of the connection whose INSERT of ``caller``'s key is waiting."""
-    deadline = time.monotonic() + 5
     query = text(
         "SELECT ID FROM information_schema.PROCESSLIST"
         " WHERE USER = :u AND INFO LIKE :insert AND INFO LIKE :caller"
@@ -297,13 +297,13 @@ def waiting_insert(database: Engine, caller: str) -> int:
         "insert": "%INSERT INTO idempotency_keys%",
         "caller": f"%{caller}%",
     }
-    while time.monotonic() < deadline:
+
+    def waiting() -> int | None:
         with database.connect() as conn:
             found = conn.execute(query, params).scalar()
-        if found is not None:
-            return int(found)
-        time.sleep(0.01)
-    raise AssertionError("the keyed request never waited for the key")
+        return None if found is None else int(found)  # a connection id is never 0
+
+    return eventually(waiting, timeout=5, message="the keyed request to wait for the key")
 
 
 @pytest.mark.parametrize("operation", ["write", "delete"])

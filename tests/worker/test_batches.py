@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import random
 import signal
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 from dataservice_tools.localservices import redis_reachable
+from dataservice_tools.testkit.waits import eventually
 from sqlalchemy import Engine, text
 
 from dataservice import Client, Conflict, DataServiceError, InvalidArgument
@@ -259,8 +259,8 @@ def test_a_worker_killed_again_and_again_loses_no_acknowledged_write_and_applies
             handles = client.submit_many(ops, timeout=KILLED_TIMEOUT_S)
             pending_at_kills = []
             for round_, share in enumerate(sorted(chance.uniform(0.05, 0.8) for _ in range(3))):
-                while done(config) < share * KILLED_WRITES:
-                    time.sleep(0.005)
+                eventually(lambda share=share: done(config) >= share * KILLED_WRITES,
+                           timeout=KILLED_TIMEOUT_S, interval=0.005)  # fmt: skip
                 victim = workers[round_ % 2]
                 pending_at_kills.append(KILLED_WRITES - done(config))
                 victim.send_signal(signal.SIGKILL)

@@ -17,10 +17,9 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,6 +29,7 @@ import pytest
 import redis
 import yaml
 from dataservice_tools.localservices import free_port, redis_reachable
+from dataservice_tools.testkit.waits import eventually
 from sqlalchemy import Engine
 
 from dataservice import Client, NotFound, ReadMode, ReadOp, Record, WriteOp, WriteResult
@@ -77,15 +77,6 @@ def celery(
     )  # fmt: skip
 
 
-def eventually(check: Callable[[], Any], what: str, timeout_s: float = 30.0) -> Any:
-    """``check()``'s first true value, tried until ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not (found := check()):
-        assert time.monotonic() < deadline, f"never: {what}"
-        time.sleep(0.1)
-    return found
-
-
 def inspect_json(settings: Settings, app: str, command: str, node: str) -> Any:
     """``celery -A APP inspect COMMAND -d NODE --json``: the node's reply."""
     done = celery(settings, "-A", app, "inspect", command, "-d", node, "--json", "-t", "5")
@@ -118,7 +109,7 @@ def wait_answering(settings: Settings, config: Config, nodes: list[Node]) -> Non
         return {str(next(iter(reply))) for reply in replies} == names
 
     try:
-        eventually(answered, f"{sorted(names)} answer a ping", 60)
+        eventually(answered, timeout=60, interval=0.1, message=f"{sorted(names)} answer a ping")
     finally:
         control.close()
 
@@ -216,7 +207,12 @@ def test_a_read_on_the_lean_path_is_listed_by_inspect_active_while_it_is_served(
             def listed() -> list[dict[str, Any]]:
                 return inspect_json(slow, "workers.interactive", "active", node.name)
 
-            (entry,) = eventually(listed, "the read in flight listed by inspect active")
+            (entry,) = eventually(
+                listed,
+                timeout=30.0,
+                interval=0.1,
+                message="the read in flight listed by inspect active",
+            )
             assert not read.done()
             assert entry["name"] == TASK_NAME
             assert entry["hostname"] == node.name
@@ -226,7 +222,12 @@ def test_a_read_on_the_lean_path_is_listed_by_inspect_active_while_it_is_served(
             assert entry["args"].startswith("<RequestEnvelope ")
             with pytest.raises(NotFound):
                 read.result()
-            eventually(lambda: not listed(), "the answered read off the list")
+            eventually(
+                lambda: not listed(),
+                timeout=30.0,
+                interval=0.1,
+                message="the answered read off the list",
+            )
 
 
 @pytest.mark.slow
@@ -325,7 +326,9 @@ def test_flower_loads_the_lanes_app_and_sees_its_workers(
                 return {}
             return found if celery_workers["interactive"].name in found else {}
 
-        seen = eventually(workers, "Flower lists the interactive worker", 60)
+        seen = eventually(
+            workers, timeout=60, interval=0.1, message="Flower lists the interactive worker"
+        )
     finally:
         flower.stop(10)
     assert celery_workers["batch"].name in seen
@@ -348,7 +351,9 @@ def test_the_change_consumers_app_runs_its_node_and_refuses_a_server_without_a_b
         wait_answering(settings, config, [node])
         state = eventually(
             lambda: inspect_json(settings, "workers.changes", "dataservice_changes", node.name),
-            "the consumer's state over the control channel",
+            timeout=30.0,
+            interval=0.1,
+            message="the consumer's state over the control channel",
         )
         assert state["role"] in ("active", "standby")
         queues = inspect_json(settings, "workers.changes", "active_queues", node.name)

@@ -30,6 +30,7 @@ import pytest
 import redis
 from celery import Celery
 from dataservice_tools.localservices import redis_reachable
+from dataservice_tools.testkit.waits import eventually
 from kombu import Connection
 
 from dataservice.broker.rabbitmq import AmqpDepths
@@ -73,15 +74,6 @@ def _start(
     return WorkerProcess(argv, environ, log_dir / f"{name}.log", name).start()
 
 
-def _wait_until(predicate: Callable[[], bool], timeout_s: float = SETTLE_S) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def publish(app: Celery, mode: str, queue: str = QUEUE, **options: Any) -> str:
     token = uuid.uuid4().hex
     send(app, f"{mode}:{token}".encode(), token, queue, **options)
@@ -122,7 +114,7 @@ class Queues:
 
     def settled(self) -> bool:
         """Nothing unacknowledged, within a moment (where it is counted)."""
-        return _wait_until(lambda: self.unacked() in (0, None))
+        return eventually(lambda: self.unacked() in (0, None), timeout=SETTLE_S, interval=0.02)
 
     def delete(self, queue: str) -> None:
         if not self.on_rabbitmq:
@@ -263,14 +255,14 @@ def test_control_commands_answer_while_inline_requests_flow(
     thread = threading.Thread(target=traffic, daemon=True)
     thread.start()
     try:
-        assert _wait_until(lambda: served[0] >= 20)
+        assert eventually(lambda: served[0] >= 20, timeout=SETTLE_S, interval=0.02)
         for _ in range(5):
             before = served[0]
             queues = app.control.inspect(destination=[node], timeout=2).active_queues()
             assert queues
             assert [q["name"] for q in queues[node]] == [QUEUE]
             assert app.control.ping(destination=[node], timeout=1) == [{node: {"ok": "pong"}}]
-            assert _wait_until(lambda: served[0] > before)  # noqa: B023
+            assert eventually(lambda: served[0] > before, timeout=SETTLE_S, interval=0.02)  # noqa: B023
     finally:
         stop.set()
         thread.join(ANSWER_TIMEOUT_S + 1)
@@ -284,8 +276,10 @@ def test_task_events_are_sent_for_inline_tasks_only_while_events_are_enabled(
     events = TaskEvents(app)
     try:
         # Worker heartbeats are always on: the first one says the receiver listens.
-        assert _wait_until(
-            lambda: any(e["type"] == "worker-heartbeat" for e in list(events.seen)), 10
+        assert eventually(
+            lambda: any(e["type"] == "worker-heartbeat" for e in list(events.seen)),
+            timeout=10,
+            interval=0.02,
         )
         quiet = publish(app, "inline")
         assert answer(broker, quiet) == ("inline", False)
@@ -293,7 +287,9 @@ def test_task_events_are_sent_for_inline_tasks_only_while_events_are_enabled(
         try:
             heard = publish(app, "inline")
             assert answer(broker, heard) == ("inline", False)
-            assert _wait_until(lambda: "task-succeeded" in events.of(heard))
+            assert eventually(
+                lambda: "task-succeeded" in events.of(heard), timeout=SETTLE_S, interval=0.02
+            )
         finally:
             app.control.disable_events(destination=[node], reply=True)
         assert events.of(heard) == ["task-received", "task-started", "task-succeeded"]
@@ -327,7 +323,7 @@ def test_reservations_stay_within_the_pools_threads(
     try:
         wait_answering(app, [worker])
         holds = [publish(app, "hold-pool", own_queue) for _ in range(2)]
-        assert _wait_until(_held(broker, *holds))
+        assert eventually(_held(broker, *holds), timeout=SETTLE_S, interval=0.02)
         waiting = [publish(app, "inline", own_queue) for _ in range(3)]
         # Both threads busy fill the prefetch window: the consumer takes no
         # more, so even a message the handler could answer waits in the queue.
@@ -354,20 +350,22 @@ def test_a_worker_killed_holding_unacknowledged_messages_loses_none(
     try:
         wait_answering(app, [first])
         held_in_pool = publish(app, "hold-pool", own_queue)
-        assert _wait_until(_held(broker, held_in_pool))
+        assert eventually(_held(broker, held_in_pool), timeout=SETTLE_S, interval=0.02)
         # One thread busy: the other prefetch slot still serves inline answers.
         served = [publish(app, "inline", own_queue) for _ in range(2)]
         assert [answer(broker, t) for t in served] == [("inline", False)] * 2
         held_inline = publish(app, "hold-inline", own_queue)
-        assert _wait_until(_held(broker, held_in_pool, held_inline))
+        assert eventually(_held(broker, held_in_pool, held_inline), timeout=SETTLE_S, interval=0.02)
         queued = [publish(app, "inline", own_queue) for _ in range(2)]
-        assert _wait_until(lambda: queues.unacked() in (2, None))
+        assert eventually(lambda: queues.unacked() in (2, None), timeout=SETTLE_S, interval=0.02)
 
         first.send_signal(signal.SIGKILL)
         assert first.wait(5) == -signal.SIGKILL
         if queues.on_rabbitmq:
             # The connection gone, RabbitMQ returns what it had delivered at once.
-            assert _wait_until(lambda: queues.waiting(own_queue) == 4)
+            assert eventually(
+                lambda: queues.waiting(own_queue) == 4, timeout=SETTLE_S, interval=0.02
+            )
         else:
             assert (queues.unacked(), queues.waiting(own_queue)) == (2, 2)
 

@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from dataservice_tools.testkit.waits import eventually
 from sqlalchemy import Engine, text
 
 from dataservice.config.model import Config
@@ -52,11 +53,9 @@ def test_batch_workers_purge_expired_outcomes_only(
         settings, config.model_copy(update={"idempotency": quick}), LaneName.BATCH
     )
     try:
-        until = time.monotonic() + 10
         # Other tests' expired outcomes may be purged too; this caller's live one never.
-        while _left(outcomes) != {"live"}:
-            assert time.monotonic() < until, _left(outcomes)
-            time.sleep(0.1)
+        eventually(lambda: _left(outcomes) == {"live"}, timeout=10, interval=0.1,
+                   message=lambda: f"only the live outcome left: {_left(outcomes)}")  # fmt: skip
         # Each round was a write under a batch permit, given back.
         snapshot = runtime.permits.snapshot()
         assert snapshot.acquired_total >= 3  # 7 rows, 3 per statement

@@ -8,7 +8,6 @@ import random
 import shutil
 import socket
 import stat
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import MySQLdb
 import redis
 
 from dataservice.errors import ServiceSetupError
+from dataservice_tools.testkit.waits import eventually
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 START_TIMEOUT_S = 30.0
@@ -104,14 +104,15 @@ def server_dir(state_dir: Path, name: str) -> Path:
 
 
 def wait_until(check: Callable[[], bool], what: str, log: Path | None = None) -> None:
-    """Poll ``check`` until it holds; fail naming ``what`` (and its log) after a while."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    hint = f"; see {log}" if log else ""
-    raise ServiceSetupError(f"{what} did not become ready within {START_TIMEOUT_S:.0f} s{hint}")
+    """Poll ``check`` until it holds; fail naming ``what`` (and its log) after a while,
+    as the set-up's own error (an operator reads it, not a test report)."""
+    try:
+        eventually(check, timeout=START_TIMEOUT_S, interval=0.1, message=what)
+    except AssertionError:
+        hint = f"; see {log}" if log else ""
+        raise ServiceSetupError(
+            f"{what} did not become ready within {START_TIMEOUT_S:.0f} s{hint}"
+        ) from None
 
 
 def is_local(host: str | None) -> bool:

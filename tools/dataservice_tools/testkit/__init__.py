@@ -17,7 +17,9 @@ to send it, and ways to measure what it did. A module per concern:
   of one system;
 - :mod:`~dataservice_tools.testkit.callers`: closed-loop caller threads and a
   round of them;
-- :mod:`~dataservice_tools.testkit.machine`: the machine and versions a run is on.
+- :mod:`~dataservice_tools.testkit.machine`: the machine and versions a run is on;
+- :mod:`~dataservice_tools.testkit.waits`: :func:`~dataservice_tools.testkit.waits.eventually`,
+  the one wait on a condition.
 
 The service never imports it.
 """
