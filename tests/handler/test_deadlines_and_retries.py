@@ -34,6 +34,7 @@ from tests.harness.clients import ClientKind, make_client
 from tests.harness.rabbit import BROKERS, depth, on_rabbitmq
 from tests.harness.support import (
     RedisWatch,
+    now_ms,
     on_redis,
     scraped,
     statements_by,
@@ -79,7 +80,9 @@ def test_a_request_late_by_the_time_it_is_dequeued_does_no_database_work(
     queue = config.lanes.batch.queue
     assert depth(settings, queue) == 1
     # No worker yet: the request waits out its deadline, and the grace, in the queue.
-    time.sleep((handle.deadline_ms / 1000 - time.time()) + grace_s + 0.2)
+    eventually(lambda: now_ms() > handle.deadline_ms + config.results.grace_ms,
+               timeout=0.5 + grace_s + 5, interval=0.05,
+               message="the deadline and the grace to pass")  # fmt: skip
 
     statements = statements_by(database, SERVICE_USER)
     with worker_process(settings, config, LaneName.BATCH, tmp_path / "batch.log") as (_, port):
