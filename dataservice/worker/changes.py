@@ -29,8 +29,7 @@ from dataservice.config.settings import Settings
 from dataservice.errors import DataServiceError
 from dataservice.ops.processes import node_name
 from dataservice.redis.keys import CHANGES_QUEUE
-from dataservice.worker.alive import add_alive_file
-from dataservice.worker.start import consume_only, refuse
+from dataservice.worker.start import SideServices, consume_only, refuse
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +70,8 @@ class ChangesStep(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is u
     settings: ClassVar[Settings]
     config: ClassVar[Config]
 
-    def __init__(
-        self,
-        worker: Any,
-        metrics_port: int | None = None,
-        metrics_address: str | None = None,
-        alive_file: Path | str | None = None,
-        **options: Any,
-    ) -> None:
+    def __init__(self, worker: Any, **options: Any) -> None:
+        side = SideServices.taken_from(options)
         super().__init__(worker, **options)
         settings, config = self.settings, self.config
         try:
@@ -87,12 +80,7 @@ class ChangesStep(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is u
             check_server(settings.changes_url, replica_server_id=config.changes.server_id)
         except DataServiceError as exc:
             refuse(exc)
-        if metrics_port:
-            from dataservice.observe.metrics import serve
-
-            serve(metrics_port, metrics_address or "127.0.0.1")
-        if alive_file is not None:
-            add_alive_file(worker.app, Path(alive_file))
+        side.start(worker)
         consumer = ChangeConsumer(settings, config)
         _CONSUMERS[worker.app] = consumer
         self._consumer = consumer

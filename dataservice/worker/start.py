@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn
 
@@ -67,6 +68,34 @@ def consume_only(worker: Any, queue: str, who: str) -> None:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class SideServices:
+    """What a worker started by Celery's command line serves beside its work
+    (the options :data:`dataservice.worker.entry.WORKER_OPTIONS` adds):
+    metrics on ``metrics_address:metrics_port``, an alive file touched from
+    the consumer loop."""
+
+    metrics_port: int | None = None
+    metrics_address: str | None = None
+    alive_file: Path | str | None = None
+
+    @classmethod
+    def taken_from(cls, options: dict[str, Any]) -> SideServices:
+        """The side services' options, taken out of a step's ``options``."""
+        return cls(
+            *(options.pop(name, None) for name in ("metrics_port", "metrics_address", "alive_file"))
+        )
+
+    def start(self, worker: Any) -> None:
+        if self.metrics_port:
+            from dataservice.observe.metrics import serve
+
+            serve(self.metrics_port, self.metrics_address or "127.0.0.1")
+        if self.alive_file is not None:
+            # A consumer step: the consumer is built after every worker step's __init__.
+            add_alive_file(worker.app, Path(self.alive_file))
+
+
 class LaneStep(bootsteps.Step):  # type: ignore[misc]  # celery is untyped
     """The lane's worker at start: its pool, queue and thread count checked
     (the database budget as ``dataservice check-config`` computes it), then
@@ -81,14 +110,8 @@ class LaneStep(bootsteps.Step):  # type: ignore[misc]  # celery is untyped
     config: ClassVar[Config]
     lane: ClassVar[LaneName]
 
-    def __init__(
-        self,
-        worker: Any,
-        metrics_port: int | None = None,
-        metrics_address: str | None = None,
-        alive_file: Path | str | None = None,
-        **options: Any,
-    ) -> None:
+    def __init__(self, worker: Any, **options: Any) -> None:
+        side = SideServices.taken_from(options)
         super().__init__(worker, **options)
         lane, config = self.lane, self.config
         lane_config = config.lanes[lane]
@@ -109,13 +132,7 @@ class LaneStep(bootsteps.Step):  # type: ignore[misc]  # celery is untyped
         # request is noise at this rate, and operators watch counters instead.
         for name in PER_TASK_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
-        if metrics_port:
-            from dataservice.observe.metrics import serve
-
-            serve(metrics_port, metrics_address or "127.0.0.1")
-        if alive_file is not None:
-            # A consumer step: the consumer is built after every worker step's __init__.
-            add_alive_file(worker.app, Path(alive_file))
+        side.start(worker)
         runtime = LaneRuntime(self.settings, config, lane, threads)
         register_task(worker.app, runtime)
 
