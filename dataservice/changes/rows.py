@@ -14,13 +14,13 @@ type outside the plan, a table map without column names, an image without
 the three columns (a row image other than FULL), a null in one of them, or
 bytes that do not add up to the event's rows (:func:`read_keys` answers
 None and leaves the event as it found it). Both ways give the same changes
-(``tests/test_binlog_rows.py`` compares them on the same binlog).
+(``tests/changes/test_binlog_rows.py`` compares them on the same binlog).
 
 This is the one module that uses mysql-replication's event internals: the
 packet wrapper's ``read``, ``unread`` and ``read_bytes``, the event's
 ``event_size``, ``complete``, ``columns`` (``type``, ``name``, ``unsigned``,
 ``character_set_name``, ``max_length``, ``length_size``, ``fsp``) and its
-present-column bitmaps. ``tests/test_binlog_rows.py`` pins each of them.
+present-column bitmaps. ``tests/changes/test_binlog_rows.py`` pins each of them.
 """
 
 from __future__ import annotations

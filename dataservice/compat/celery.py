@@ -2,7 +2,7 @@
 its state, its consumer, and the control channel's raw request.
 
 Tested with celery 5.7.0 (``pyproject.toml`` pins ``celery~=5.7.0`` for this
-module's sake); ``tests/test_compat.py`` pins each name below, by signature
+module's sake); ``tests/compat/test_compat.py`` pins each name below, by signature
 and, where cheap, by behaviour.
 
 Internal names, and why:

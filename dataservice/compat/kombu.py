@@ -2,7 +2,7 @@ r"""kombu's internals the service relies on: its Redis transport's hooks and
 key layout.
 
 Tested with kombu 5.7.0 (``pyproject.toml`` pins ``kombu~=5.7.0`` for this
-module's sake); ``tests/test_compat.py`` pins each name below, by signature
+module's sake); ``tests/compat/test_compat.py`` pins each name below, by signature
 and, where cheap, by its behaviour on a real Redis.
 
 The service's channels (:mod:`dataservice.broker.redis`) subclass

@@ -3,7 +3,7 @@ socket timeouts, how an open connection takes a new one, how a blocking pool
 waits for a free connection, and where a command is packed.
 
 Tested with redis-py 8.2.0 (``pyproject.toml`` pins ``redis~=8.2.0`` for this
-module's sake); ``tests/test_compat_redis.py`` pins each name below, by
+module's sake); ``tests/compat/test_compat_redis.py`` pins each name below, by
 signature and by its behaviour on a real Redis, so that an upgrade that
 changes one fails there rather than as a call that waits past its deadline.
 

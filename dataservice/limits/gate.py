@@ -7,7 +7,7 @@ both take a caller's last token or last slot.
 When Redis cannot be reached the gate does not become unlimited: it falls
 back to this replica's share (:mod:`dataservice.limits.local`) and tries
 Redis again after ``REDIS_RETRY_S``; the fallback is logged and counted.
-Both backends keep one contract (``tests/test_limits_contract.py``).
+Both backends keep one contract (``tests/limits/test_limits_contract.py``).
 """
 
 from __future__ import annotations

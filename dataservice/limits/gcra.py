@@ -9,7 +9,7 @@ message of many operations is charged in one step of a rate made for it
 :meth:`~dataservice.config.rate.Rate.paced` by a sender).
 
 The same arithmetic in Lua is ``gcra.lua``,
-which the Redis scripts include; ``tests/test_limits_contract.py`` runs the
+which the Redis scripts include; ``tests/limits/test_limits_contract.py`` runs the
 same cases against both.
 """
 

@@ -6,7 +6,7 @@ the 4,000 keys of a big transaction's invalidation, and a few per cent of a
 worker's CPU on every request's scripts. hiredis packs ``str`` (as UTF-8),
 ``bytes``, ``int`` and ``float`` (as its ``repr``) itself, byte for byte as
 redis-py does
-(``tests/test_packing.py``). A :class:`Packed` connection hands it a command
+(``tests/redis/test_packing.py``). A :class:`Packed` connection hands it a command
 made only of those, on a connection with redis-py's default encoding; any
 other command goes redis-py's way. The service's Redis clients are made with
 one (:func:`packed_connection_class`; :mod:`dataservice.redis.bounded`'s connections
