@@ -1,6 +1,6 @@
 """Latency samples and what is drawn from them: the one percentile the tests,
 the benches, the load harness and the demo report, and the runs of one system
-in one phase of a closed-loop bench."""
+in one phase of a closed-loop benchmark."""
 
 from __future__ import annotations
 
