@@ -100,7 +100,9 @@ def _root(server: TemporaryBinlogMariaDB) -> Any:
 @dataclass
 class ProcessList:
     """The service user's connections and active statements, read as root
-    every few ms; ``admin`` names the administrative connection, counted apart."""
+    every few ms; ``admin`` names the administrative connection, counted apart
+    (in every sample, once the run is over: a new administrative connection
+    runs its first statement before custody knows its id)."""
 
     server: TemporaryBinlogMariaDB
     admin: Callable[[], int | None] = lambda: None
@@ -108,6 +110,8 @@ class ProcessList:
     samples: list[Sample] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _raw: list[tuple[float, list[tuple[int, str]]]] = field(default_factory=list)
+    _admins: set[int] = field(default_factory=set)
 
     def __enter__(self) -> ProcessList:
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -118,6 +122,18 @@ class ProcessList:
         self._stop.set()
         assert self._thread is not None
         self._thread.join(10)
+        self.samples[:] = [self._sample(t, rows, self._admins) for t, rows in self._raw]
+
+    @staticmethod
+    def _sample(t: float, rows: list[tuple[int, str]], admins: set[int]) -> Sample:
+        pool = [(i, command) for i, command in rows if i not in admins]
+        return Sample(
+            t,
+            connections=len(pool),
+            active=sum(1 for _, command in pool if command == "Query"),
+            admin=len(rows) - len(pool),
+            ids=frozenset(i for i, _ in pool),
+        )
 
     def _run(self) -> None:
         conn: Any = None
@@ -136,16 +152,11 @@ class ProcessList:
                 conn = None
                 continue
             admin = self.admin()
-            pool = [(int(i), command) for i, command in rows if i != admin]
-            self.samples.append(
-                Sample(
-                    time.monotonic(),
-                    connections=len(pool),
-                    active=sum(1 for _, command in pool if command == "Query"),
-                    admin=len(rows) - len(pool),
-                    ids=frozenset(i for i, _ in pool),
-                )
-            )
+            if admin is not None:
+                self._admins.add(admin)
+            now, listed = time.monotonic(), [(int(i), str(command)) for i, command in rows]
+            self._raw.append((now, listed))
+            self.samples.append(self._sample(now, listed, {admin} if admin is not None else set()))
             self._stop.wait(self.interval_s)
 
     def last_seen(self, connection_id: int) -> float | None:
