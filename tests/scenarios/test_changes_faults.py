@@ -272,7 +272,12 @@ def test_the_consumer_rides_out_its_redis_restarting_empty_and_goes_on_saving(
         own_redis.start()  # empty: no entries, tombstones, lease or fencing counter
         # Tokens still only grow: the database remembers the largest one.
         started = time.monotonic()
-        eventually(lambda: holder(client) > before, timeout=20)
+        eventually(
+            lambda: holder(client) > before,
+            timeout=20,
+            # What a failure needs to be read: where the consumer stood.
+            message=lambda: f"the lease taken again (token {before}); consumer: {consumer.state!r}",
+        )
         back_s = time.monotonic() - started
         # Read again from the saved position: the change made meanwhile is applied.
         eventually(lambda: tomb(client, scope, "b") == 2, timeout=10)
