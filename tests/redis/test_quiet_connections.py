@@ -8,6 +8,7 @@ The commands are taken from what redis-py sends, to the real Redis."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from typing import Any
 
@@ -28,14 +29,18 @@ HANDSHAKE = {"HELLO", "AUTH", "PING", "SELECT"}
 
 @pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The name of every command redis-py sends, in order (a command that the
-    service's packed connections leave to redis-py, twice)."""
+    """The name of every command redis-py sends from the test's own thread, in
+    order (a command that the service's packed connections leave to redis-py,
+    twice); a worker another test left in this process may be waiting on
+    another thread."""
     names: list[str] = []
+    mine = threading.get_ident()
     for owner in (redis.connection.AbstractConnection, Packed):
         send = owner.send_command
 
         def recording(self: Any, *args: Any, _send: Any = send, **kwargs: Any) -> None:
-            names.append(" ".join(str(a) for a in args[:2]).upper())
+            if threading.get_ident() == mine:
+                names.append(" ".join(str(a) for a in args[:2]).upper())
             _send(self, *args, **kwargs)
 
         monkeypatch.setattr(owner, "send_command", recording)
