@@ -43,6 +43,7 @@ from dataservice.limits.admission import (
     lane_admission_bounds,
     lane_admissions,
 )
+from dataservice.redis import where
 from dataservice.redis.bounded import QUIET, BoundedConnection, BoundedSSLConnection
 from dataservice.redis.keys import EPOCH_KEY
 from dataservice.redis.packing import PackedConnection, PackedSSLConnection
@@ -184,13 +185,7 @@ class RedisBroker(Broker):
     async_errors = (redis.RedisError, OSError, TimeoutError)
 
     def where(self) -> str:
-        client = redis.Redis.from_url(self.url, **QUIET)
-        kwargs = client.connection_pool.connection_kwargs
-        client.close()
-        if "path" in kwargs:
-            return f"Redis at {kwargs['path']}"
-        host, port = kwargs.get("host", "localhost"), kwargs.get("port", 6379)
-        return f"Redis at {host}:{port}/{kwargs.get('db', 0)}"
+        return f"Redis at {where(self.url)}"
 
     def unreachable(self, timeout_s: float) -> str:
         client = redis.Redis.from_url(

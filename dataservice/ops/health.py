@@ -36,6 +36,7 @@ from dataservice.changes.behind import describe_events, describe_lag
 from dataservice.changes.server import describe, reason
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
+from dataservice.redis import where
 from dataservice.redis.bounded import QUIET
 from dataservice.redis.keys import CHANGES_FRESH_KEY
 
@@ -91,20 +92,15 @@ def _client(url: str, timeout_s: float) -> redis.Redis:
     )
 
 
-def _where(url: str) -> str:
-    parsed = make_url(url.replace("rediss://", "redis://", 1))
-    return f"{parsed.host or 'localhost'}:{parsed.port or 6379}/{parsed.database or 0}"
-
-
 def _redis(name: str, url: str, timeout_s: float) -> Check:
     client = _client(url, timeout_s)
     try:
         client.ping()
     except redis.RedisError as exc:
-        return Check(name, False, f"Redis at {_where(url)}: {type(exc).__name__}")
+        return Check(name, False, f"Redis at {where(url)}: {type(exc).__name__}")
     finally:
         client.close()
-    return Check(name, True, f"Redis at {_where(url)} answers")
+    return Check(name, True, f"Redis at {where(url)} answers")
 
 
 def _broker(settings: Settings, timeout_s: float) -> Check:
