@@ -123,7 +123,8 @@ def print_report(console: Console, report: dict[str, Any]) -> None:
         "CPU ms mariadb",
     )
     for column in columns:
-        table.add_column(column, justify="left" if column in ("phase", "kind") else "right")
+        left = column in ("phase", "kind")
+        table.add_column(column, justify="left" if left else "right", no_wrap=left)
     for phase, kinds in report["phases"].items():
         for kind, r in kinds.items():
             cpu = r["cpu_ms"]
@@ -160,6 +161,11 @@ def print_report(console: Console, report: dict[str, Any]) -> None:
             if r["errors"]:
                 console.print(
                     f"[red]{phase}, {kind}: {r['errors']} failed ({r['first_error']})[/red]"
+                )
+            if r["refused_and_made_again"]:
+                console.print(
+                    f"[yellow]{phase}, {kind}: {r['refused_and_made_again']} calls refused by"
+                    " admission and made again (their cost is counted)[/yellow]"
                 )
     if report["idle_per_s"]["other_side_segments"] or any(
         r["segments"][OTHER] for kinds in report["phases"].values() for r in kinds.values()

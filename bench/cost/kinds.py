@@ -13,13 +13,15 @@ import itertools
 import os
 import random
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from dataservice_tools.testkit.callers import Call
 
 from bench import _env
-from dataservice import Record, WriteOp, WriteResult
+from dataservice import Record, ResourceExhausted, WriteOp, WriteResult
 from dataservice.client import Client
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
@@ -31,6 +33,8 @@ SCOPE = "cost"
 # What the write kinds write: never the read kinds' records, which stay cached.
 WRITE_SCOPE = "cost-writes"
 PAYLOAD = os.urandom(PAYLOAD_BYTES)
+# Refusals in a row after which a call fails (the lane is then not just busy).
+MAX_REFUSALS = 20
 
 Make = Callable[[Client, list[str], random.Random, int], Call]
 
@@ -120,6 +124,7 @@ class Clients:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._made: list[Client] = []
+        self.refused: Counter[str] = Counter()
 
     def mine(self) -> Client:
         client: Client | None = getattr(self._local, "client", None)
@@ -131,10 +136,30 @@ class Clients:
         return client
 
     def factories(self, ids: list[str], batch: int) -> dict[str, Callable[[random.Random], Call]]:
-        """What :class:`~dataservice_tools.testkit.callers.Caller` makes its calls with."""
+        """What :class:`~dataservice_tools.testkit.callers.Caller` makes its calls
+        with: each call made again after its retry-after when admission refuses
+        it, as a caller that must have its answer would (:attr:`refused` counts
+        those refusals by kind; what they cost is in the kind's figures)."""
 
         def factory(kind: Kind) -> Callable[[random.Random], Call]:
-            return lambda rng: kind.make(self.mine(), ids, rng, batch)
+            def make(rng: random.Random) -> Call:
+                call = kind.make(self.mine(), ids, rng, batch)
+
+                def patient() -> None:
+                    for _ in range(MAX_REFUSALS):
+                        try:
+                            call()
+                        except ResourceExhausted as exc:
+                            with self._lock:
+                                self.refused[kind.name] += 1
+                            time.sleep(exc.retry_after)
+                        else:
+                            return
+                    call()
+
+                return patient
+
+            return make
 
         return {kind.name: factory(kind) for kind in KINDS}
 

@@ -103,6 +103,8 @@ class Measured:
     phase: str
     requests: int
     calls: int
+    # Calls admission refused and that were made again (each counted once more).
+    refused: int
     run: RunResult
     busy: Delta
     idle: Delta
@@ -252,14 +254,16 @@ class Bench:
             for kind in KINDS:
                 # No spinner while measuring: its thread would compete with the callers.
                 self.console.print(f"[dim]{phase}: {kind.name}[/dim]")
+                refused = self.clients.refused[kind.name]
                 before = meter.read()
                 run, calls = self.round(group, kind, self.args.requests)
                 busy = meter.delta(before, meter.read())
+                refused = self.clients.refused[kind.name] - refused
                 before = meter.read()
                 time.sleep(busy.seconds)
                 idle = meter.delta(before, meter.read())
                 requests = calls * kind.per_call(self.args.batch)
-                measured.append(Measured(kind, phase, requests, calls, run, busy, idle))
+                measured.append(Measured(kind, phase, requests, calls, refused, run, busy, idle))
         return measured
 
     def cleanup(self) -> None:
@@ -330,6 +334,7 @@ def _figures(m: Measured, seen: dict[str, Counter[str]]) -> dict[str, Any]:
         "calls": m.calls,
         "errors": m.run.errors,
         "first_error": m.run.first_error,
+        "refused_and_made_again": m.refused,
         "seconds": round(m.busy.seconds, 3),
         "p50_ms_per_call": round((percentile(lat, 50) or 0) / 1e6, 3),
         "calls_per_s": round(m.calls / m.run.wall_s, 1) if m.run.wall_s else None,
