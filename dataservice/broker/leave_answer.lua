@@ -29,19 +29,22 @@
 --   unacked    kombu's unacknowledged messages, a hash (KEYS[5]; KEYS[8]); both
 --              are kombu's layout, which dataservice/compat/kombu.py owns
 --   tag        the message's delivery tag there; '' when kombu acknowledges it
---              itself (ARGV[5]; ARGV[12])
+--              itself, or when its delivery was never recorded (ARGV[5]; ARGV[12])
+--   now        the server's time (ms) if the including script read it (nil; hit.lua's)
 --
 -- Returns nothing.
 local function leave_answer(a)
   if a.body ~= '' then
-    redis.call('RPUSH', a.list, a.body)
-    -- Only ever lengthened: a reply channel's earlier answers may have later
-    -- deadlines.
-    if redis.call('PTTL', a.list) < tonumber(a.ttl_ms) then
+    -- A list this push created has no expiry; one that was there already
+    -- (a reply channel's) keeps a longer one: its earlier answers may have
+    -- later deadlines.
+    if redis.call('RPUSH', a.list, a.body) == 1 then
       redis.call('PEXPIRE', a.list, a.ttl_ms)
+    else
+      redis.call('PEXPIRE', a.list, a.ttl_ms, 'GT')
     end
   end
-  complete(a.admission, a.held, a.member, a.size, a.ops)
+  complete(a.admission, a.held, a.member, a.size, a.ops, a.now)
   if a.slot ~= nil then
     redis.call('ZREM', a.inflight, a.slot)
   end

@@ -181,6 +181,13 @@ def delivery_record(message: Any) -> Callable[[], str] | None:
     return functools.partial(unacked_record, message)
 
 
+def record_pending(message: Any) -> bool:
+    """Whether the record of ``message``'s delivery waits for the consumer's
+    decision (nothing in Redis says it was delivered yet)."""
+    qos = _qos(message)
+    return isinstance(qos, RedisQoS) and qos.pending(message)
+
+
 def write_deferred(message: Any) -> None:
     """Write the record of a delivery that ``message``'s channel deferred
     (:meth:`RedisChannel.defers_record`), unless it was acknowledged since."""
@@ -235,6 +242,10 @@ class RedisQoS(kombu_redis.QoS):
         pending, self._pending = self._pending, None
         if pending is not None and not pending[0].acknowledged:
             self._write(*pending)
+
+    def pending(self, message: Any) -> bool:
+        """Whether ``message``'s record is the one waiting to be written."""
+        return self._pending is not None and self._pending[0] is message
 
     def recorded(self, message: Any) -> None:
         """``message``'s record was written elsewhere: it is not pending any more."""

@@ -32,6 +32,17 @@
 --                     back within three quarters of it (or empty)
 --            extra_ops the operations of held batch messages beyond one per
 --                     message: queue lengths and counts are in operations
+--            epoch    the broker's epoch (KEYS[4]) as this script last read it: the
+--                     two go together (a Redis that restarted empty has neither),
+--                     so the key is read only when the hash does not say
+--            kept_at  when this script last renewed the expiry of the hash and
+--                     of KEYS[3] (server time, ms): renewed once a quarter of
+--                     ARGV[7] has passed, so an idle lane starts afresh after
+--                     between three quarters of ARGV[7] and all of it
+--            lapse_at no held request lapses before then (server time, ms): the
+--                     lowest score this script gave or found in KEYS[3]. Until
+--                     then no lapsed one is looked for; a request done since only
+--                     makes the next look find nothing
 -- ARGV[1]  the message, as kombu stores it in the list (compat/kombu.py's queue_entry)
 -- ARGV[2]  the request envelope's size in bytes
 -- ARGV[3]  the most messages that may wait in the queue
@@ -87,6 +98,13 @@
 -- the workers would refuse it).
 --#include limits/gcra.lua
 
+-- Every field this script changes is written once, at its end (finish).
+local changed = {}
+local function put(field, value)
+  changed[#changed + 1] = field
+  changed[#changed + 1] = value
+end
+
 local elsewhere = ARGV[17] == '1'
 local depth = 0
 if not elsewhere then depth = redis.call('LLEN', KEYS[1]) end
@@ -94,7 +112,7 @@ local service_field = ARGV[8] ~= '' and ARGV[8] or 'service:'
 local mean_field = (ARGV[18] or '') ~= '' and ARGV[18] or 'mean:'
 local h = redis.call('HMGET', KEYS[2], 'bytes', 'done', 'rate', 'rate_at', 'done_at',
   'service_at', service_field, 'empty_at', 'shedding', 'busy_at', 'arrivals', 'arrivals_at',
-  'extra_ops', mean_field)
+  'extra_ops', mean_field, 'offered', 'admitted', 'epoch', 'kept_at', 'lapse_at')
 -- Workers only subtract; a negative balance (a completion counted twice after
 -- a redelivery) must not become room beyond the bound.
 local bytes = math.max(tonumber(h[1]) or 0, 0)
@@ -109,6 +127,23 @@ local ops = tonumber(ARGV[16]) or 1
 local extra = math.max(tonumber(h[13]) or 0, 0)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expiry = tonumber(ARGV[7])
+local kept_at = tonumber(h[18])
+local lapse_at = tonumber(h[19])
+
+-- Written at every return: the changed fields, then the expiries when due (a
+-- hash this script just created has none yet). Returns whether it renewed them.
+local function finish()
+  local renew = kept_at == nil or now - kept_at >= expiry / 4
+  if renew then put('kept_at', now) end
+  if #changed > 0 then redis.call('HSET', KEYS[2], unpack(changed)) end
+  if renew then
+    redis.call('PEXPIRE', KEYS[2], expiry)
+    redis.call('PEXPIRE', KEYS[3], expiry)
+  end
+  return renew
+end
+
 -- Past its deadline and the grace, a held request was lost on the way (a
 -- worker past its deadline has long given it back): it stops counting. On
 -- another broker (RabbitMQ) a message expires at its deadline, unseen by any
@@ -116,22 +151,37 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- it took just before.
 local HELD_GRACE_MS = 5000
 local HELD_GRACE_ELSEWHERE_MS = 250
-local lapsed = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 100)
-if #lapsed > 0 then
-  for _, member in ipairs(lapsed) do
-    bytes = bytes - (tonumber(string.match(member, ':(%d+)$')) or 0)
-    -- A batch's member is '<id>:<operations>:<bytes>'.
-    extra = extra - ((tonumber(string.match(member, ':(%d+):%d+$')) or 1) - 1)
+local held_count = redis.call('ZCARD', KEYS[3])
+if held_count > 0 and (lapse_at == nil or now >= lapse_at) then
+  local lapsed = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 100)
+  if #lapsed > 0 then
+    for _, member in ipairs(lapsed) do
+      bytes = bytes - (tonumber(string.match(member, ':(%d+)$')) or 0)
+      -- A batch's member is '<id>:<operations>:<bytes>'.
+      extra = extra - ((tonumber(string.match(member, ':(%d+):%d+$')) or 1) - 1)
+    end
+    bytes = math.max(bytes, 0)
+    extra = math.max(extra, 0)
+    redis.call('ZREM', KEYS[3], unpack(lapsed))
+    held_count = held_count - #lapsed
+    put('bytes', bytes)
+    put('extra_ops', extra)
   end
-  bytes = math.max(bytes, 0)
-  extra = math.max(extra, 0)
-  redis.call('ZREM', KEYS[3], unpack(lapsed))
-  redis.call('HSET', KEYS[2], 'bytes', bytes, 'extra_ops', extra)
+  -- The next to lapse; more than a hundred lapsed: look again next time.
+  lapse_at = nil
+  if #lapsed < 100 then
+    local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+    if first[2] then lapse_at = tonumber(first[2]) end
+  else
+    lapse_at = now
+  end
+  put('lapse_at', lapse_at or '')
 end
+
 -- In operations: each message in the list counts one, and a held batch its
 -- further operations too (while in a worker's hands as well: a little more
 -- than waits, never less).
-local held = redis.call('ZCARD', KEYS[3]) + extra
+local held = held_count + extra
 depth = depth + extra
 -- On another broker, all that is known of the queue is what was admitted and
 -- not yet answered: the count and byte bounds take it all as queued.
@@ -184,10 +234,10 @@ local empty_at = tonumber(h[8])
 local shedding = h[9] == '1'
 if waiting < 1 or empty_at == nil then
   empty_at = now
-  redis.call('HSET', KEYS[2], 'empty_at', now)
+  put('empty_at', now)
   if shedding then
     shedding = false
-    redis.call('HDEL', KEYS[2], 'shedding')
+    put('shedding', '0')
   end
 end
 
@@ -198,10 +248,9 @@ local arrivals_at = tonumber(h[12]) or now
 local decay = math.exp(-math.max(now - arrivals_at, 0) / ARRIVAL_TAU_MS)
 local arrivals = (tonumber(h[11]) or 0) * decay + ops
 local arriving = arrivals * 1000 / ARRIVAL_TAU_MS
-redis.call('HSET', KEYS[2], 'arrivals', tostring(arrivals), 'arrivals_at', now)
-redis.call('HINCRBY', KEYS[2], 'offered', ops)
-redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[7]))
-redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[7]))
+put('arrivals', tostring(arrivals))
+put('arrivals_at', now)
+put('offered', (tonumber(h[15]) or 0) + ops)
 if rate_at ~= nil and now - rate_at >= 1000 then
   -- A busy window (a queue in the list) measures what the lane can drain. A
   -- window with less to do drained what it was given: a floor, never a
@@ -212,14 +261,17 @@ if rate_at ~= nil and now - rate_at >= 1000 then
     if rate > 0 then rate = (rate + measured) / 2 else rate = measured end
     if rate < 0.01 then rate = 0 end
     busy_at = now
-    redis.call('HSET', KEYS[2], 'busy_at', now)
+    put('busy_at', now)
   elseif measured > rate then
     rate = measured
   end
-  redis.call('HSET', KEYS[2], 'rate', tostring(rate), 'rate_at', now, 'done_at', done)
+  put('rate', tostring(rate))
+  put('rate_at', now)
+  put('done_at', done)
 end
 
 local function refuse(reason, retry_after_ms)
+  finish()
   redis.call('HINCRBY', KEYS[2], 'refused:' .. reason, 1)
   return {reason, retry_after_ms}
 end
@@ -263,16 +315,16 @@ if rate > 0 and busy_at > 0 and waiting >= 1 then
   local overloaded = arriving > OVERLOAD * rate
   if not overloaded and shedding then
     shedding = false
-    redis.call('HDEL', KEYS[2], 'shedding')
+    put('shedding', '0')
   end
   if overloaded and target > 0 and now - empty_at > tonumber(ARGV[11])
       and now - busy_at <= BUSY_RECENT_MS then
     local resume = target * 3 / 4
     if wait > target or (shedding and wait > resume) then
-      if not shedding then redis.call('HSET', KEYS[2], 'shedding', 1) end
+      if not shedding then put('shedding', '1') end
       return refuse('queue_too_long', math.min(cap, math.max(10, math.ceil(wait - resume))))
     end
-    if shedding then redis.call('HDEL', KEYS[2], 'shedding') end
+    if shedding then put('shedding', '0') end
   end
 end
 
@@ -290,21 +342,31 @@ end
 
 local epoch = ''
 if not elsewhere then
-  epoch = redis.call('GET', KEYS[4])
+  epoch = h[17]
   if not epoch then
-    epoch = ARGV[12]
-    redis.call('SET', KEYS[4], epoch)
+    epoch = redis.call('GET', KEYS[4])
+    if not epoch then
+      epoch = ARGV[12]
+      redis.call('SET', KEYS[4], epoch)
+    end
+    put('epoch', epoch)
   end
   redis.call('LPUSH', KEYS[1], ARGV[1])
 end
 local member = ARGV[13] .. ':' .. size
 if ops > 1 then
   member = ARGV[13] .. ':' .. ops .. ':' .. size
-  redis.call('HSET', KEYS[2], 'extra_ops', extra + ops - 1)
+  put('extra_ops', extra + ops - 1)
 end
 local grace = HELD_GRACE_MS
 if elsewhere then grace = HELD_GRACE_ELSEWHERE_MS end
-redis.call('ZADD', KEYS[3], now + remaining + grace, member)
-redis.call('HSET', KEYS[2], 'bytes', bytes + size)
-redis.call('HINCRBY', KEYS[2], 'admitted', ops)
+local lapses = now + remaining + grace
+redis.call('ZADD', KEYS[3], lapses, member)
+if lapse_at == nil or held_count == 0 or lapses < lapse_at then put('lapse_at', lapses) end
+put('bytes', bytes + size)
+put('admitted', (tonumber(h[16]) or 0) + ops)
+-- A set this push created has no expiry yet.
+if not finish() and held_count == 0 then
+  redis.call('PEXPIRE', KEYS[3], expiry)
+end
 return {'', epoch}

@@ -38,10 +38,11 @@
 --#include limits/gate_enter.lua
 --#include limits/delivered.lua
 
-local reason, retry_ms = gate_enter()
+local reason, state = gate_check(true)
 if reason ~= '' then
-  return {reason, retry_ms}
+  return {reason, state}
 end
+gate_commit(state, true)
 local recorded = #ARGV >= 11
 if recorded then
   record_delivery(KEYS[#KEYS - 1], KEYS[#KEYS], ARGV[9], ARGV[10], ARGV[11])

@@ -41,13 +41,16 @@ class Delivery:
     """A message's delivery, to record in the same round trip once the request
     is admitted, as kombu would (``limits/delivered.lua``; the broker being
     this Redis): kombu's unacknowledged index and hash, the delivery tag, the
-    message as kombu keeps it, and when it was delivered (Unix s)."""
+    message as kombu keeps it, and when it was delivered (Unix s).
+    ``pending``: nothing recorded it yet, so a request answered in that round
+    trip has no record to remove."""
 
     index: str
     unacked: str
     tag: str
     record: str
     score: float
+    pending: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +80,7 @@ class HitAnswer:
         args: list[Any] = [self.prefix, self.ttl_ms, self.size, tag, held_member]
         if delivery is not None:
             # Its unacknowledged keys and tag are the answer's own.
-            args += [delivery.record, delivery.score]
+            args += [delivery.record, delivery.score, "1" if delivery.pending else ""]
         return keys, args
 
 

@@ -1,9 +1,18 @@
--- gate_enter(): one request's pass through its caller's limits (gate.lua's
--- KEYS[1..3] and ARGV[1..8], documented there). Returns '' and 0 when
--- admitted, else a dataservice.refusals.Reason value and a retry-after (ms).
--- Needs gcra.lua.
+-- One request's pass through its caller's limits (gate.lua's KEYS[1..3] and
+-- ARGV[1..8], documented there), in two steps, so that a script may decide
+-- between them whether the request needs a slot at all (hit.lua: a hit is
+-- answered in the same step and holds none). Needs gcra.lua.
+--
+-- gate_check(sweep) checks the replay memory, the rate and the in-flight cap
+-- and writes only the replay marker (a request id is remembered whatever the
+-- outcome). With `sweep`, lapsed slots are removed first; without, they are
+-- only left out of the count. Returns '' and the state gate_commit needs
+-- when admitted, else a dataservice.refusals.Reason value and a retry-after (ms).
+--
+-- gate_commit(state, slot) records the pass: the rate's new theoretical
+-- arrival time and, with `slot` and a cap, the request's slot.
 
-local function gate_enter()
+local function gate_check(sweep)
   local t = redis.call('TIME')
   local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local now_ms = math.floor(now_us / 1000)
@@ -30,17 +39,27 @@ local function gate_enter()
   local cap = tonumber(ARGV[4])
   if cap > 0 then
     -- Slots of requests whose worker died lapse on their own.
-    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_ms)
-    if redis.call('ZCARD', KEYS[3]) >= cap then
+    local taken
+    if sweep then
+      redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_ms)
+      taken = redis.call('ZCARD', KEYS[3])
+    else
+      taken = redis.call('ZCOUNT', KEYS[3], '(' .. now_ms, '+inf')
+    end
+    if taken >= cap then
       return 'concurrency_limited', tonumber(ARGV[7])
     end
+  end
+  return '', {now_us = now_us, now_ms = now_ms, new_tat = new_tat, cap = cap}
+end
+
+local function gate_commit(state, slot)
+  if slot and state.cap > 0 then
     local lapse = tonumber(ARGV[6])
     redis.call('ZADD', KEYS[3], lapse, ARGV[5])
-    if redis.call('PTTL', KEYS[3]) < lapse - now_ms then
-      redis.call('PEXPIRE', KEYS[3], lapse - now_ms + 1000)
+    if redis.call('PTTL', KEYS[3]) < lapse - state.now_ms then
+      redis.call('PEXPIRE', KEYS[3], lapse - state.now_ms + 1000)
     end
   end
-
-  gcra_commit(KEYS[2], new_tat, now_us)
-  return '', 0
+  gcra_commit(KEYS[2], state.new_tat, state.now_us)
 end

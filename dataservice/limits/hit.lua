@@ -24,7 +24,13 @@
 --          when it was delivered (Unix s): its delivery is recorded in KEYS[7]
 --          and KEYS[8] under ARGV[12] (limits/delivered.lua), so that it may
 --          be delivered again should the worker that goes on with it die
+-- ARGV[16] (optional, with ARGV[14]) '1' when nothing recorded the delivery
+--          yet (kombu's record waits for this decision): a hit then has no
+--          acknowledgement to remove
 --
+-- A hit holds no slot of the caller's cap: it is answered in this step. The
+-- cap is still checked (the caller is at its cap or not, whatever the cache
+-- holds); a miss takes its slot.
 -- Returns {reason, retry_after_ms} as gate.lua when refused, {'', 0, 'hit'}
 -- when answered, {'', 0, 'miss'} when admitted without an entry (the
 -- request goes on to the database, holding its slot).
@@ -34,18 +40,20 @@
 --#include broker/leave_answer.lua
 --#include limits/delivered.lua
 
-local reason, retry_ms = gate_enter()
+local reason, state = gate_check(false)
 if reason ~= '' then
-  return {reason, retry_ms}
+  return {reason, state}
 end
 local entry = redis.call('GET', KEYS[4])
 local colon = entry and string.find(entry, ':', 1, true)
 if not colon then
+  gate_commit(state, true)
   if #ARGV >= 15 and ARGV[12] ~= '' then
     record_delivery(KEYS[7], KEYS[8], ARGV[12], ARGV[14], ARGV[15])
   end
   return {'', 0, 'miss'}
 end
+gate_commit(state, false)
 
 -- A protobuf length prefix.
 local function varint(n)
@@ -65,8 +73,7 @@ local read = '\10' .. varint(#record) .. record
 leave_answer{
   list = KEYS[5], body = ARGV[9] .. '\82' .. varint(#read) .. read, ttl_ms = ARGV[10],
   admission = KEYS[6], held = KEYS[9], member = ARGV[13], size = ARGV[11], ops = 1,
-  -- The slot gate_enter took, if the caller's cap had it take one.
-  inflight = KEYS[3], slot = tonumber(ARGV[4]) > 0 and ARGV[5] or nil,
-  index = KEYS[7], unacked = KEYS[8], tag = ARGV[12],
+  inflight = KEYS[3], slot = nil, now = state.now_ms,
+  index = KEYS[7], unacked = KEYS[8], tag = ARGV[16] == '1' and '' or ARGV[12],
 }
 return {'', 0, 'hit'}

@@ -112,6 +112,9 @@ class InlineMessage:
     #: that records its delivery itself (:class:`PoolWork`); None if the
     #: channel cannot say.
     record: Callable[[], str] | None = None
+    #: Nothing recorded its delivery yet: the record waits for the handler's
+    #: decision (an answer given now has no record to remove).
+    record_pending: bool = False
 
     @property
     def deadline(self) -> Any:
@@ -320,6 +323,7 @@ class _InlineStrategy:
             redelivered=bool(delivery_info.get(_REDELIVERED) or headers.get(_REDELIVERED)),
             acknowledgement=(index, unacked, str(message.delivery_tag)),
             record=kombu_compat.delivery_record(message),
+            record_pending=kombu_compat.record_pending(message),
         )
 
     def _rate_limited(self) -> bool:

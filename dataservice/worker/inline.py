@@ -140,7 +140,9 @@ class InlineRequests:
         if not self._record_in_gate or message.record is None:
             return None
         index, unacked, tag = message.acknowledgement
-        return Delivery(index, unacked, tag, message.record(), time.time())
+        return Delivery(
+            index, unacked, tag, message.record(), time.time(), pending=message.record_pending
+        )
 
     def _peek(
         self,
