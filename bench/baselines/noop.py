@@ -1,4 +1,4 @@
-"""The baseline for ``bench/roundtrip.py``: a stock Celery app with a no-op task.
+"""The baseline for ``python -m bench.roundtrip``: a stock Celery app with a no-op task.
 
 Redis broker *and* Redis result backend, awaited with ``.delay().get()``, as
 stock Celery users do; or RabbitMQ as the broker (``--broker-url``), with a

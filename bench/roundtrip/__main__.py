@@ -1,29 +1,39 @@
-"""Interactive read round trip vs a bare Celery no-op, same broker, options and machine.
+"""Interactive read round trip against its peers: a stock Celery no-op, a stock
+Dramatiq no-op and the floor of a request and its answer over Redis, same
+machine, same concurrency.
 
-    .venv/bin/python -m bench.roundtrip [--read cached|primary] [--callers 16] [--json out.json]
+    .venv/bin/python -m bench.roundtrip [--read cached|primary] [--callers 16]
+        [--systems service,celery,dramatiq,floor] [--json out.json]
 
 ``--read cached`` (the default) reads ``ALLOW_CACHED`` after every seeded
 record has been read once, so every measured read is a cache hit; ``--read
 primary`` reads ``PRIMARY``, the database under a permit.
 
-Sets everything up itself: flushes its own Redis db numbers (``--service-db``,
-``--bare-db``; never db 0), recreates the ``dataservice_bench`` database with
-``dataservice db upgrade`` and seeds it with 1 KB records, starts
-``dataservice worker --lane interactive`` and a stock Celery worker
-(:mod:`bench.baselines.noop`) with the same worker options as subprocesses, waits
-until both answer, warms up, then measures
+Sets everything up itself: flushes its own Redis db numbers, one per system
+(``--service-db``, ``--celery-db``, ``--dramatiq-db``, ``--floor-db``; never db
+0), recreates the ``dataservice_bench`` database with ``dataservice db upgrade``
+and seeds it with 1 KB records, starts as subprocesses ``dataservice worker
+--lane interactive`` and each peer's worker with the lane's concurrency as its
+threads (a stock Celery worker, :mod:`bench.baselines.noop`, with the lane's
+worker options too; ``dramatiq --processes 1 --threads N``,
+:mod:`bench.baselines.dramatiq_noop`; the floor's, :mod:`bench.baselines.floor`),
+waits until each answers, warms up, then measures
 
 1. one caller, sequential requests;
-2. ``--callers`` threads, each with its own ``Client`` (or stock Celery app),
-   issuing requests back to back (``--shared-client``: one of each for all).
+2. ``--callers`` threads, each with its own ``Client`` (and stock Celery app,
+   Dramatiq broker, Redis client), issuing requests back to back
+   (``--shared-client``: one of each for all).
 
-The two systems alternate in rounds (A B, then B A, ...) so drift on a noisy
-machine hits both alike. Latency is the caller's wall time per call
-(``client.read(...)`` against ``noop.delay().get()``); throughput in the
-concurrent phase counts completions while every caller is still busy. The CPU
-each process used per request (client = this process, worker, redis-server,
-mariadbd, and with ``--broker amqp`` RabbitMQ's Erlang VM) is read from
-``/proc``. Subprocesses are stopped on any exit.
+The systems take turns in rounds whose order rotates by one each round (A B C D,
+B C D A, ...; with two systems A B, B A), so drift on a noisy machine hits all
+alike. Latency is the caller's wall time per call (``client.read(...)`` against
+``noop.delay().get()``, ``actor.send().get_result(block=True)`` and the floor's
+push and pop); throughput in the concurrent phase counts completions while every
+caller is still busy. The CPU each process used per request (client = this
+process, worker, redis-server, mariadbd, and with ``--broker amqp`` RabbitMQ's
+Erlang VM) is read from ``/proc``. The report gives the service / peer ratios and
+each target of ``--read`` (:data:`bench.roundtrip.systems.TARGETS`), met or
+missed. Subprocesses are stopped on any exit.
 """
 
 from __future__ import annotations
@@ -67,6 +77,7 @@ def _print_report(console: Console, report: dict[str, Any]) -> None:
         f"[bold]machine[/bold]: {m['cpu_model']}, {m['cpus']} CPUs ({m['cpus_usable']} usable), "
         f"Linux {m['kernel']}, load {m['loadavg_at_start']}\n"
         f"Python {m['python']}, celery {m['celery']}, kombu {m['kombu']}, "
+        f"dramatiq {m.get('dramatiq', '-')}, "
         f"redis-py {m['redis_py']} (hiredis {m['hiredis']}), SQLAlchemy {m['sqlalchemy']}, "
         f"mysqlclient {m['mysqlclient']}, protobuf {m['protobuf']}\n"
         f"Redis {m['redis_server']}, MariaDB {m['mariadb']}"
@@ -75,11 +86,11 @@ def _print_report(console: Console, report: dict[str, Any]) -> None:
     console.print(
         f"[bold]setup[/bold]: {s['read']} reads; "
         f"threads pool -c{s['worker']['concurrency']}, prefetch 1, acks_late, no gossip/mingle; "
-        f"{s['rounds']} alternating rounds; "
+        f"{s['rounds']} rounds, the order rotating; "
         f"{s['requests_per_system_and_phase']} requests per system and phase; "
         f"{'one client per caller' if s['client_per_caller'] else 'one shared client'}"
     )
-    table = Table(title="round trip: service read vs bare Celery no-op")
+    table = Table(title="round trip: service read and its peers")
     for column in ("phase", "system", "n", "err", "p50 ms", "p95 ms", "p99 ms", "mean ms"):
         table.add_column(column, justify="right" if column not in ("phase", "system") else "left")
     table.add_column("req/s", justify="right")
@@ -109,21 +120,29 @@ def _print_report(console: Console, report: dict[str, Any]) -> None:
                     f"[red]{phase}, {system}: {r['errors']} failed calls "
                     f"(first: {r['first_error']})[/red]"
                 )
-    ratios = Table(title="service / bare")
-    for column in ("phase", "p50", "p50 per round: median (range)", "p99", "throughput", "target"):
+    ratios = Table(title="service / peer")
+    for column in ("peer", "phase", "p50", "p50 per round: median (range)", "p99", "throughput"):
         ratios.add_column(column)
-    for phase, r in report["ratios"].items():
-        met = "[green]met[/green]" if r["meets_target"] else "[red]missed[/red]"
-        verdict = f"{r['target']}: {met}"
-        ratios.add_row(
-            phase,
-            f"{r['p50']:.2f}x",
-            f"{r['p50_rounds_median']:.2f}x ({r['p50_rounds_min']:.2f}-{r['p50_rounds_max']:.2f})",
-            f"{r['p99']:.2f}x",
-            f"{r['throughput']:.2f}x",
-            verdict,
-        )
+    for peer, by_phase in report["peer_ratios"].items():
+        for phase, r in by_phase.items():
+            ratios.add_row(
+                peer,
+                phase,
+                f"{r['p50']:.2f}x",
+                f"{r['p50_rounds_median']:.2f}x "
+                f"({r['p50_rounds_min']:.2f}-{r['p50_rounds_max']:.2f})",
+                f"{r['p99']:.2f}x",
+                f"{r['throughput']:.2f}x",
+            )
+        ratios.add_section()
     console.print(ratios)
+    targets = Table(title=f"targets, {s['read']} reads: service / peer")
+    for column in ("peer", "phase", "target", "ratio", "met or missed"):
+        targets.add_column(column)
+    for t in report["targets"]:
+        met = "[green]met[/green]" if t["met"] else "[red]missed[/red]"
+        targets.add_row(t["peer"], t["phase"], t["target"], f"{t['value']:.2f}x", met)
+    console.print(targets)
     console.print(f"[dim]elapsed {s['elapsed_s']} s[/dim]")
 
 

@@ -5,8 +5,9 @@
 py-spy comes with the project's ``bench`` dependency group.
 
 Same set-up as ``python -m bench.roundtrip`` (same isolated Redis dbs and database,
-same worker subprocesses). For each system in turn it samples the caller
-process and the worker for ``--seconds`` while ``--callers`` threads send
+same worker subprocesses, same ``--systems``). For each system in turn it
+samples the caller process and the worker (Dramatiq's: the process its command
+line forks) for ``--seconds`` while ``--callers`` threads send
 requests back to back, then prints the frames with the largest inclusive share
 of the samples. Only the thread holding the GIL is sampled (``--gil``): both
 processes are GIL-bound, so the shares are of the Python work that limits
@@ -30,7 +31,7 @@ from pathlib import Path
 from rich.table import Table
 
 from bench._env import sigterm_as_exit
-from bench.roundtrip.systems import SYSTEMS, Bench, parse_args
+from bench.roundtrip.systems import Bench, parse_args
 
 
 def py_spy() -> str:
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     with sigterm_as_exit():
         try:
             bench.setup()
-            for system in SYSTEMS:
+            for system in bench.systems:
                 files = {
                     "caller": own_args.out / f"{system}-caller.txt",
                     "worker": own_args.out / f"{system}-worker.txt",
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                 spies = [
                     record(os.getpid(), own_args.seconds, files["caller"], not own_args.no_gil),
                     record(
-                        bench.workers[system].pid,
+                        bench.serving_pid(system),
                         own_args.seconds,
                         files["worker"],
                         not own_args.no_gil,
