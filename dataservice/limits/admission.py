@@ -129,6 +129,12 @@ HELD_GRACE_MS = 5000
 HELD_GRACE_ELSEWHERE_MS = 250
 
 
+def books_expiry_ms(lane: LaneAdmission) -> int:
+    """How long a lane's books (``stats_key``, ``held_key``) outlive its last
+    publish: its longest deadline and a minute (``admit.lua``'s ARGV[7])."""
+    return lane.max_deadline_ms + 60_000
+
+
 def held_member(request_id: str, size: int, ops: int = 1) -> str:
     """A request among its lane's held ones (``held_key``): its id, the
     operations of a batch, and the envelope bytes admission counted for it,
@@ -243,7 +249,7 @@ def admit_call(
         lane.max_bytes,
         remaining_ms(message, lane.max_deadline_ms),
         lane.default_deadline_ms,
-        lane.max_deadline_ms + 60_000,
+        books_expiry_ms(lane),
         SERVICE_PREFIX + operation if operation in OPERATIONS else "",
         SERVICE_STALE_MS,
         lane.target_wait_ms,
@@ -303,7 +309,7 @@ def admitted(answer: Any) -> str:
 
 def publish_service_times(
     client: redis.Redis,
-    stats_key: str,
+    lane: LaneAdmission,
     p90_ms: dict[str, float],
     mean_ms: dict[str, float],
 ) -> None:
@@ -317,4 +323,4 @@ def publish_service_times(
         if operation in OPERATIONS:
             pairs += [MEAN_PREFIX + operation, round(ms, 1)]
     if pairs:
-        _SERVICE(client, [stats_key], pairs)
+        _SERVICE(client, [lane.stats_key, lane.held_key], [books_expiry_ms(lane), *pairs])

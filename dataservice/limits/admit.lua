@@ -38,7 +38,8 @@
 --            kept_at  when this script last renewed the expiry of the hash and
 --                     of KEYS[3] (server time, ms): renewed once a quarter of
 --                     ARGV[7] has passed, so an idle lane starts afresh after
---                     between three quarters of ARGV[7] and all of it
+--                     between three quarters of ARGV[7] and all of it (a held
+--                     set created since gets one from service.lua)
 --            lapse_at no held request lapses before then (server time, ms): the
 --                     lowest score this script gave or found in KEYS[3]. Until
 --                     then no lapsed one is looked for; a request done since only
@@ -365,8 +366,8 @@ redis.call('ZADD', KEYS[3], lapses, member)
 if lapse_at == nil or held_count == 0 or lapses < lapse_at then put('lapse_at', lapses) end
 put('bytes', bytes + size)
 put('admitted', (tonumber(h[16]) or 0) + ops)
--- A set this push created has no expiry yet.
-if not finish() and held_count == 0 then
-  redis.call('PEXPIRE', KEYS[3], expiry)
-end
+-- A set this push created has no expiry until the next renewal, or until
+-- the workers next say their service times (service.lua), each second the
+-- lane answers: one that empties goes with its last request.
+finish()
 return {'', epoch}

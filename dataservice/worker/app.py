@@ -22,12 +22,16 @@ from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
 from dataservice.handler import Database, build_handler
 from dataservice.handler.steps import Admitted, Opened
-from dataservice.limits.admission import DEADLINE_HEADER, OPS_HEADER, SIZE_HEADER
+from dataservice.limits.admission import (
+    DEADLINE_HEADER,
+    OPS_HEADER,
+    SIZE_HEADER,
+    lane_admission_bounds,
+)
 from dataservice.limits.gate import Gate
 from dataservice.limits.permits import PERMITS_COMMAND, LanePermits
 from dataservice.observe.metrics import DEPENDENCY_FAILURES, Dependency
 from dataservice.redis.bounded import QUIET, within
-from dataservice.redis.keys import admission_key
 from dataservice.redis.packing import packed_connection_class
 from dataservice.security.auth import Authenticator
 from dataservice.security.callers import KeyRing, load_keyring
@@ -133,7 +137,9 @@ class LaneRuntime:
             max_connections=4,
         )
         self._service_times = ServiceTimesPublisher(
-            self._broker, admission_key(lane_config.queue), self.handler.service_times
+            self._broker,
+            lane_admission_bounds(config)[lane_config.queue],
+            self.handler.service_times,
         )
         # Queues that are not lists on that Redis are counted by the broker
         # itself, as briefly.

@@ -10,7 +10,7 @@ import threading
 import redis
 
 from dataservice.handler.durations import RecentDurations
-from dataservice.limits.admission import publish_service_times
+from dataservice.limits.admission import LaneAdmission, publish_service_times
 
 log = logging.getLogger(__name__)
 
@@ -21,9 +21,11 @@ class ServiceTimesPublisher:
     """On ``client`` (short timeouts: a slow broker skips a beat, never holds
     the worker up), which stays its owner's."""
 
-    def __init__(self, client: redis.Redis, stats_key: str, times: RecentDurations[str]) -> None:
+    def __init__(
+        self, client: redis.Redis, lane: LaneAdmission, times: RecentDurations[str]
+    ) -> None:
         self._client = client
-        self._stats_key = stats_key
+        self._lane = lane
         self._times = times
         self._said = 0
         self._stop = threading.Event()
@@ -44,7 +46,7 @@ class ServiceTimesPublisher:
             p90 = {operation: t.p90 for operation, t in times.items()}
             mean = {operation: t.mean for operation, t in times.items()}
             try:
-                publish_service_times(self._client, self._stats_key, p90, mean)
+                publish_service_times(self._client, self._lane, p90, mean)
             except redis.RedisError as exc:
                 log.debug("service times not said: %s", type(exc).__name__)
                 continue

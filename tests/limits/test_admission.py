@@ -31,6 +31,8 @@ from dataservice.limits.admission import (
     HELD_GRACE_MS,
     SERVICE_STALE_MS,
     AdmissionRefused,
+    books_expiry_ms,
+    lane_admission_bounds,
     publish_service_times,
 )
 from dataservice.observe.metrics import QUEUES, REGISTRY, QueueWatch
@@ -242,7 +244,8 @@ def test_a_request_that_could_start_but_not_be_served_in_time_is_refused(
         # (On RabbitMQ the queue is not seen: of the 11 held, 2 are taken to
         # be running, 5 a second for 400 ms each, and 9 to wait: 1.8 s, and
         # the read's own 400 ms.)
-        publish_service_times(broker, key, {"read": 400.0}, {"read": 400.0})
+        lane = lane_admission_bounds(config)[config.lanes.batch.queue]
+        publish_service_times(broker, lane, {"read": 400.0}, {"read": 400.0})
         with pytest.raises(ResourceExhausted) as caught:
             client.submit(ReadOp("s", "too-slow"), timeout=2.1)
         assert caught.value.reason == "queue_too_long"
@@ -275,7 +278,8 @@ def test_what_the_workers_hold_beyond_what_they_serve_counts_as_waiting(
         # In hand: 5 a second for 1 s on average (running, or waiting for a
         # permit); so 5 of the 10 still wait, 1 s at 5 a second, and the
         # read's own p90 of 2 s after its dequeue: 3 s.
-        publish_service_times(broker, key, {"read": 2000.0}, {"read": 1000.0})
+        lane = lane_admission_bounds(config)[config.lanes.batch.queue]
+        publish_service_times(broker, lane, {"read": 2000.0}, {"read": 1000.0})
         with pytest.raises(ResourceExhausted) as caught:
             client.submit(ReadOp("s", "too-soon"), timeout=2.6)
         assert caught.value.reason == "queue_too_long"
@@ -734,3 +738,22 @@ def test_the_held_grace_is_the_admission_scripts() -> None:
     script = (Path(admission.__file__).parent / "admit.lua").read_text()
     assert f"local HELD_GRACE_MS = {HELD_GRACE_MS}\n" in script
     assert f"local HELD_GRACE_ELSEWHERE_MS = {HELD_GRACE_ELSEWHERE_MS}\n" in script
+
+
+def test_a_held_set_a_publish_created_gets_an_expiry_when_the_workers_next_speak(
+    bounded: tuple[Settings, Config, redis.Redis],
+) -> None:
+    """admit.lua renews its books' expiry a quarter-period at a time: a held
+    set created in between (its last request done, a new one admitted) has
+    none until the workers say their service times, every second they answer."""
+    settings, config, broker = bounded
+    lane = lane_admission_bounds(config)[config.lanes.batch.queue]
+    with Client("tests", settings, config) as client:
+        client.submit(ReadOp("s", "first"), timeout=60)
+        assert 0 < broker.pttl(lane.held_key) <= books_expiry_ms(lane)
+        broker.delete(lane.held_key)  # its last request done
+        client.submit(ReadOp("s", "second"), timeout=60)
+        assert broker.pttl(lane.held_key) == -1
+        publish_service_times(broker, lane, {"read": 1.0}, {"read": 1.0})
+        assert 0 < broker.pttl(lane.held_key) <= books_expiry_ms(lane)
+        assert 0 < broker.pttl(lane.stats_key) <= books_expiry_ms(lane)

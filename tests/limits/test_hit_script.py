@@ -16,7 +16,7 @@ from dataservice.cache.formats import CODECS, frame
 from dataservice.config.model import Config
 from dataservice.enums import CacheFormat
 from dataservice.limits.admission import held_member
-from dataservice.limits.gate import Gate, HitAnswer, Peek
+from dataservice.limits.gate import Delivery, Gate, HitAnswer, Peek
 from dataservice.limits.slots import Entry
 from dataservice.proto import pb
 from dataservice.redis.keys import (
@@ -101,6 +101,48 @@ def test_a_miss_is_admitted_holding_its_slot_and_nothing_is_written(
     assert not redis_client.exists(result_key("tests", request_id))
     assert redis_client.zscore(INDEX, tag) is not None
     Gate(redis_client, config).leave(slot)
+
+
+def test_a_hit_whose_delivery_was_never_recorded_touches_no_acknowledgement(
+    config: Config, redis_client: redis.Redis, scope: str
+) -> None:
+    """kombu's record of the delivery waits for the worker's decision: a hit
+    answers it in the same step, so there is nothing to remove, and a miss
+    records it (limits/delivered.lua)."""
+    record = pb.Record(object_id="a", revision=3, payload=b"cached")
+    redis_client.set(
+        record_key("v2", scope, "a", 1), frame(3, CODECS[CacheFormat.V2].encode(record))
+    )
+    request_id, tag, peek, entry = _request(config, redis_client, scope, 100)
+    # Another message's delivery, recorded under the same tag: a hit that
+    # believed its own record was there would remove it.
+    delivery = Delivery(INDEX, UNACKED, tag, "message", 1.0, pending=True)
+
+    _, peeked = Gate(redis_client, config).enter_peeking(entry, peek, delivery)
+
+    assert peeked.answered
+    assert not peeked.recorded
+    assert redis_client.lrange(result_key("tests", request_id), 0, -1)
+    assert redis_client.zscore(INDEX, tag) == 1.0
+    assert redis_client.hget(UNACKED, tag) == b"message"
+
+
+def test_a_hit_lengthens_a_reply_channel_that_would_lapse_before_it(
+    config: Config, redis_client: redis.Redis, scope: str
+) -> None:
+    record = pb.Record(object_id="a", revision=3, payload=b"cached")
+    redis_client.set(
+        record_key("v2", scope, "a", 1), frame(3, CODECS[CacheFormat.V2].encode(record))
+    )
+    channel = reply_key("tests", uuid.uuid4().hex)
+    redis_client.rpush(channel, b"earlier")
+    redis_client.pexpire(channel, 5_000)
+    _, _, peek, entry = _request(config, redis_client, scope, 100, answer_key=channel)
+
+    Gate(redis_client, config).enter_peeking(entry, peek)
+
+    assert redis_client.llen(channel) == 2
+    assert 5_000 < redis_client.pttl(channel) <= 60_000
 
 
 def test_a_hit_joins_its_reply_channel_without_shortening_its_life(
