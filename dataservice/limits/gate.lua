@@ -38,9 +38,13 @@
 --#include limits/gate_enter.lua
 --#include limits/delivered.lua
 
-local reason, state = gate_check(true)
+local reason, state = gate_check()
 if reason ~= '' then
   return {reason, state}
+end
+local capped, retry_ms = gate_cap(state, true)
+if capped ~= '' then
+  return {capped, retry_ms}
 end
 gate_commit(state, true)
 local recorded = #ARGV >= 11

@@ -1,18 +1,22 @@
 -- One request's pass through its caller's limits (gate.lua's KEYS[1..3] and
--- ARGV[1..8], documented there), in two steps, so that a script may decide
+-- ARGV[1..8], documented there), in steps, so that a script may decide
 -- between them whether the request needs a slot at all (hit.lua: a hit is
--- answered in the same step and holds none). Needs gcra.lua.
+-- answered in the same step, holds no slot and is not refused at the cap).
+-- Needs gcra.lua.
 --
--- gate_check(sweep) checks the replay memory, the rate and the in-flight cap
--- and writes only the replay marker (a request id is remembered whatever the
--- outcome). With `sweep`, lapsed slots are removed first; without, they are
--- only left out of the count. Returns '' and the state gate_commit needs
--- when admitted, else a dataservice.refusals.Reason value and a retry-after (ms).
+-- gate_check() checks the replay memory and the rate and writes only the
+-- replay marker (a request id is remembered whatever the outcome). Returns ''
+-- and the state the other steps need when admitted, else a
+-- dataservice.refusals.Reason value and a retry-after (ms).
+--
+-- gate_cap(state, sweep) checks the in-flight cap, if the caller has one:
+-- '' and 0, or 'concurrency_limited' and a retry-after. With `sweep`, lapsed
+-- slots are removed first; without, they are only left out of the count.
 --
 -- gate_commit(state, slot) records the pass: the rate's new theoretical
 -- arrival time and, with `slot` and a cap, the request's slot.
 
-local function gate_check(sweep)
+local function gate_check()
   local t = redis.call('TIME')
   local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local now_ms = math.floor(now_us / 1000)
@@ -36,21 +40,23 @@ local function gate_check(sweep)
     return 'rate_limited', retry_ms
   end
 
-  local cap = tonumber(ARGV[4])
-  if cap > 0 then
-    -- Slots of requests whose worker died lapse on their own.
-    local taken
-    if sweep then
-      redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_ms)
-      taken = redis.call('ZCARD', KEYS[3])
-    else
-      taken = redis.call('ZCOUNT', KEYS[3], '(' .. now_ms, '+inf')
-    end
-    if taken >= cap then
-      return 'concurrency_limited', tonumber(ARGV[7])
-    end
+  return '', {now_us = now_us, now_ms = now_ms, new_tat = new_tat, cap = tonumber(ARGV[4])}
+end
+
+local function gate_cap(state, sweep)
+  if state.cap <= 0 then return '', 0 end
+  -- Slots of requests whose worker died lapse on their own.
+  local taken
+  if sweep then
+    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', state.now_ms)
+    taken = redis.call('ZCARD', KEYS[3])
+  else
+    taken = redis.call('ZCOUNT', KEYS[3], '(' .. state.now_ms, '+inf')
   end
-  return '', {now_us = now_us, now_ms = now_ms, new_tat = new_tat, cap = cap}
+  if taken >= state.cap then
+    return 'concurrency_limited', tonumber(ARGV[7])
+  end
+  return '', 0
 end
 
 local function gate_commit(state, slot)

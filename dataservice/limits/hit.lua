@@ -28,9 +28,9 @@
 --          yet (kombu's record waits for this decision): a hit then has no
 --          acknowledgement to remove
 --
--- A hit holds no slot of the caller's cap: it is answered in this step. The
--- cap is still checked (the caller is at its cap or not, whatever the cache
--- holds); a miss takes its slot.
+-- A hit holds no slot of the caller's cap and is not refused at it: it is
+-- answered in this step, and takes none of the workers' time that the cap
+-- shares out. A miss is checked against the cap and takes its slot.
 -- Returns {reason, retry_after_ms} as gate.lua when refused, {'', 0, 'hit'}
 -- when answered, {'', 0, 'miss'} when admitted without an entry (the
 -- request goes on to the database, holding its slot).
@@ -40,13 +40,17 @@
 --#include broker/leave_answer.lua
 --#include limits/delivered.lua
 
-local reason, state = gate_check(false)
+local reason, state = gate_check()
 if reason ~= '' then
   return {reason, state}
 end
 local entry = redis.call('GET', KEYS[4])
 local colon = entry and string.find(entry, ':', 1, true)
 if not colon then
+  local capped, retry_ms = gate_cap(state, false)
+  if capped ~= '' then
+    return {capped, retry_ms}
+  end
   gate_commit(state, true)
   if #ARGV >= 15 and ARGV[12] ~= '' then
     record_delivery(KEYS[7], KEYS[8], ARGV[12], ARGV[14], ARGV[15])

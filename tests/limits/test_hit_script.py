@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pytest
 import redis
 
 import dataservice
@@ -27,6 +28,7 @@ from dataservice.redis.keys import (
     reply_key,
     result_key,
 )
+from dataservice.refusals import Reason, Rejected
 from tests.harness.support import now_ms
 
 INDEX, UNACKED = "hit-test-unacked-index", "hit-test-unacked"
@@ -125,6 +127,31 @@ def test_a_hit_whose_delivery_was_never_recorded_touches_no_acknowledgement(
     assert redis_client.lrange(result_key("tests", request_id), 0, -1)
     assert redis_client.zscore(INDEX, tag) == 1.0
     assert redis_client.hget(UNACKED, tag) == b"message"
+
+
+def test_a_hit_is_answered_at_the_callers_cap_and_a_miss_is_refused_there(
+    config: Config, redis_client: redis.Redis, scope: str
+) -> None:
+    """A hit holds no slot: the caller's requests being served, up to its cap,
+    do not keep it from the cache. A miss would take a slot, and is refused."""
+    record = pb.Record(object_id="a", revision=3, payload=b"cached")
+    redis_client.set(
+        record_key("v2", scope, "a", 1), frame(3, CODECS[CacheFormat.V2].encode(record))
+    )
+    cap = config.callers["tests"].max_interactive
+    redis_client.zadd(inflight_key("tests"), {f"busy-{n}": now_ms() + 60_000 for n in range(cap)})
+    gate = Gate(redis_client, config)
+    try:
+        _, _, peek, entry = _request(config, redis_client, scope, 100)
+        _, peeked = gate.enter_peeking(entry, peek)
+        assert peeked.answered
+        redis_client.delete(record_key("v2", scope, "a", 1))
+        _, _, peek, entry = _request(config, redis_client, scope, 100)
+        with pytest.raises(Rejected) as refused:
+            gate.enter_peeking(entry, peek)
+        assert refused.value.reason is Reason.CONCURRENCY_LIMITED
+    finally:
+        redis_client.delete(inflight_key("tests"))
 
 
 def test_a_hit_lengthens_a_reply_channel_that_would_lapse_before_it(
