@@ -16,6 +16,7 @@ from redis.backoff import NoBackoff
 
 from dataservice.broker.base import CONNECT_TIMEOUT_S
 from dataservice.limits.admission import ADMIT, admitted
+from dataservice.limits.pacing import Pacing
 from dataservice.redis.bounded import QUIET
 from dataservice.redis.packing import async_packed_connection_class
 from dataservice.redis.scripts import run_pipelined_async
@@ -122,9 +123,16 @@ class AsyncBooks:
             self._client = AsyncRedis(connection_pool=pool, retry=AsyncRetry(NoBackoff(), 0))
         return self._client
 
-    async def admit(self, keys: list[str], args: list[Any]) -> str:
-        """The epoch admission answered with, or its refusal raised."""
-        return admitted(await self.calls.call(keys, args))
+    async def admit(
+        self,
+        keys: list[str],
+        args: list[Any],
+        pacing: Pacing | None = None,
+        message: dict[str, Any] | None = None,
+    ) -> str:
+        """The epoch admission answered with, or its refusal raised (a lease
+        it took for ``message``'s caller goes to ``pacing``)."""
+        return admitted(await self.calls.call(keys, args), pacing, message)
 
     async def aclose(self) -> None:
         await self.calls.aclose()

@@ -63,6 +63,7 @@ from dataservice.limits.admission import (
     withdraw,
     withdraw_async,
 )
+from dataservice.limits.pacing import Pacing
 from dataservice.plans import Driver
 from dataservice.refusals import Reason
 
@@ -305,7 +306,7 @@ class _Do:
 
 
 def _publish_plan(
-    queue: str, lane: LaneAdmission, message: dict[str, Any], pacing: dict[str, Any]
+    queue: str, lane: LaneAdmission, message: dict[str, Any], pacing: Pacing
 ) -> Generator[_Do, Any, str]:
     """Admit the message on admission's Redis (recorded as held, nothing
     pushed), then publish it, confirmed. A publish RabbitMQ refuses, or that
@@ -313,7 +314,7 @@ def _publish_plan(
     backlog across restarts: there is no epoch to watch)."""
     message.setdefault("headers", {})[SIZE_HEADER] = envelope_size(message)
     keys, args = admit_call(queue, lane, "", message, pacing, elsewhere=True)
-    yield _Do("admit_books", (keys, args))
+    yield _Do("admit_books", (keys, args, message))
     try:
         yield _Do("publish", (queue, message))
     except amqp.exceptions.MessageNacked:
@@ -337,7 +338,7 @@ class AmqpPublisher:
         channel: Any,
         books: redis.Redis,
         admission: dict[str, LaneAdmission],
-        pacing: dict[str, Any],
+        pacing: Pacing,
         queues: list[Queue],
     ) -> None:
         self._channel = channel
@@ -356,8 +357,8 @@ class AmqpPublisher:
         plan = _publish_plan(queue, self._admission[queue], message, self._pacing)
         return Driver(plan).run(self)
 
-    def admit_books(self, keys: list[str], args: list[Any]) -> str:
-        return admitted(ADMIT(self._books, keys, args))
+    def admit_books(self, keys: list[str], args: list[Any], message: dict[str, Any]) -> str:
+        return admitted(ADMIT(self._books, keys, args), self._pacing, message)
 
     def withdraw(self, lane: LaneAdmission, message: dict[str, Any], reason: Reason | None) -> None:
         withdraw(self._books, lane, message, reason)
@@ -397,14 +398,14 @@ class _AsyncPublisher:
         self._books = AsyncBooks(settings.admission_url)
         self._amqp = AsyncAmqpPublisher(settings.broker_url, config, CONNECT_TIMEOUT_S)
         self._admission = lane_admission_bounds(config)
-        self._pacing = caller_pacing(config)
+        self._pacing = Pacing(caller_pacing(config))
 
     async def admit(self, queue: str, message: dict[str, Any]) -> str:
         plan = _publish_plan(queue, self._admission[queue], message, self._pacing)
         return await Driver(plan).arun(self)
 
-    async def admit_books(self, keys: list[str], args: list[Any]) -> str:
-        return await self._books.admit(keys, args)
+    async def admit_books(self, keys: list[str], args: list[Any], message: dict[str, Any]) -> str:
+        return await self._books.admit(keys, args, self._pacing, message)
 
     async def publish(self, queue: str, message: dict[str, Any]) -> None:
         await self._amqp.publish(queue, message)
@@ -456,7 +457,7 @@ class RabbitBroker(Broker):
                 channel,
                 books,
                 lane_admission_bounds(config),
-                caller_pacing(config),
+                Pacing(caller_pacing(config)),
                 lane_queues(config),
             )
             self._publishers[channel] = publisher

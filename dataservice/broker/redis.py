@@ -43,6 +43,7 @@ from dataservice.limits.admission import (
     lane_admission_bounds,
     lane_admissions,
 )
+from dataservice.limits.pacing import Pacing
 from dataservice.redis import where
 from dataservice.redis.bounded import QUIET, BoundedConnection, BoundedSSLConnection
 from dataservice.redis.keys import EPOCH_KEY
@@ -82,7 +83,7 @@ class _Channel(kombu_compat.RedisChannel):
         lanes = options.get("dataservice_admission") or {}
         self._admission = {queue: LaneAdmission(**lane) for queue, lane in lanes.items()}
         self.lane_queues = frozenset(self._admission)
-        self._pacing = options.get("dataservice_pacing") or {}
+        self._pacing = Pacing(options.get("dataservice_pacing") or {})
 
     def push(self, queue: str, message: dict[str, Any]) -> bool:
         if queue not in self._admission:
@@ -161,13 +162,13 @@ class _AsyncPublisher:
     def __init__(self, url: str, config: Config) -> None:
         self._books = AsyncBooks(url)
         self._admission = lane_admission_bounds(config)
-        self._pacing = caller_pacing(config)
+        self._pacing = Pacing(caller_pacing(config))
 
     async def admit(self, queue: str, message: dict[str, Any]) -> str:
         message["headers"][SIZE_HEADER] = envelope_size(message)
         entry = kombu_compat.queue_entry(message)
         keys, args = admit_call(queue, self._admission[queue], entry, message, self._pacing)
-        return await self._books.admit(keys, args)
+        return await self._books.admit(keys, args, self._pacing, message)
 
     async def epoch(self) -> str | None:
         value = await self._books.client().get(EPOCH_KEY)

@@ -47,8 +47,8 @@ from redis.asyncio import Redis as AsyncRedis
 
 from dataservice.codec.requests import OPERATIONS
 from dataservice.config.model import Config
-from dataservice.config.rate import Rate
 from dataservice.errors import ResourceExhausted
+from dataservice.limits.pacing import Pacing
 from dataservice.redis.keys import EPOCH_KEY, admission_key, held_key, pace_key
 from dataservice.redis.scripts import LuaScript
 from dataservice.refusals import LIMIT_MESSAGES, Reason, Refusal
@@ -216,15 +216,16 @@ def admit(
     lane: LaneAdmission,
     encoded: str,
     message: dict[str, Any],
-    pacing: dict[str, Any] | None = None,
+    pacing: Pacing | None = None,
 ) -> str:
     """Push ``encoded`` onto the lane's queue and return the broker's epoch
     (:data:`~dataservice.redis.keys.EPOCH_KEY`) it was pushed in, or raise
     AdmissionRefused.
 
-    With ``pacing`` (caller -> (interval µs, burst)), a message whose caller
-    header names a known caller is also held to that caller's rate."""
-    return admitted(ADMIT(client, *admit_call(queue_key, lane, encoded, message, pacing)))
+    With ``pacing``, a message whose caller header names a known caller is
+    also held to that caller's rate (:mod:`dataservice.limits.pacing`)."""
+    answer = ADMIT(client, *admit_call(queue_key, lane, encoded, message, pacing))
+    return admitted(answer, pacing, message)
 
 
 def admit_call(
@@ -232,7 +233,7 @@ def admit_call(
     lane: LaneAdmission,
     encoded: str,
     message: dict[str, Any],
-    pacing: dict[str, Any] | None = None,
+    pacing: Pacing | None = None,
     *,
     elsewhere: bool = False,
 ) -> tuple[list[str], list[Any]]:
@@ -259,16 +260,15 @@ def admit_call(
     ]
     ops = message_ops(message)
     caller = message.get("headers", {}).get(CALLER_HEADER)
-    paced = pacing.get(caller) if pacing and isinstance(caller, str) else None
-    if paced is not None:
-        keys.append(pace_key(caller))
-        # One step charges the batch's every operation, paced (config/rate.py, Rate.paced).
-        rate = Rate(int(paced[0]), paced[1]).paced(ops)
-        args += [rate.interval_us, rate.burst]
+    # One step charges a batch's every operation, paced (config/rate.py, Rate.paced).
+    step = pacing.step(caller, ops) if pacing is not None else None
+    if step is not None:
+        keys.append(pace_key(str(caller)))
+        args += [step.rate.interval_us, step.rate.burst]
     else:
         args += [0, 0]
     mean = MEAN_PREFIX + operation if operation in OPERATIONS else ""
-    args += [ops, "1" if elsewhere else "", mean]
+    args += [ops, "1" if elsewhere else "", mean, step.lease if step is not None else 0]
     return keys, args
 
 
@@ -299,11 +299,16 @@ def _withdraw_call(
     return [lane.stats_key, lane.held_key], [member, size, ops, reason.value if reason else ""]
 
 
-def admitted(answer: Any) -> str:
-    """The epoch :data:`ADMIT` answered with, or its refusal raised."""
+def admitted(
+    answer: Any, pacing: Pacing | None = None, message: dict[str, Any] | None = None
+) -> str:
+    """The epoch :data:`ADMIT` answered with, or its refusal raised; a lease
+    it took for the message's caller goes to ``pacing``."""
     reason = answer[0].decode() if isinstance(answer[0], bytes) else str(answer[0])
     if reason:
         raise AdmissionRefused(Reason(reason), int(answer[1]))
+    if pacing is not None and message is not None and len(answer) > 2 and int(answer[2]) > 0:
+        pacing.granted(message.get("headers", {}).get(CALLER_HEADER), int(answer[2]))
     return answer[1].decode() if isinstance(answer[1], bytes) else str(answer[1])
 
 

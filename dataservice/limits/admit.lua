@@ -44,6 +44,12 @@
 --                     lowest score this script gave or found in KEYS[3]. Until
 --                     then no lapsed one is looked for; a request done since only
 --                     makes the next look find nothing
+--            held     how many requests KEYS[3] holds: this script adds its push
+--                     and takes off what lapsed, a completion (complete.lua) or a
+--                     withdrawal (withdraw.lua) takes off what it removes. Counted
+--                     again from KEYS[3] at every look for lapsed ones and when
+--                     the hash is new, so a count that drifted (the set lost
+--                     apart from the hash) holds until the next look at most
 -- ARGV[1]  the message, as kombu stores it in the list (compat/kombu.py's queue_entry)
 -- ARGV[2]  the request envelope's size in bytes
 -- ARGV[3]  the most messages that may wait in the queue
@@ -88,9 +94,14 @@
 --          '' otherwise
 -- ARGV[18] the hash field of the operation's mean service time ('mean:read', ...);
 --          '' when the operation is not known (the p90 stands in for it)
+-- ARGV[19] with KEYS[5]: how many more requests' worth the caller's pacing may
+--          take for the publishing process's next messages, as far as the rate
+--          and burst allow now (a lease: dataservice/limits/pacing.py); else 0
 --
--- Returns {'', epoch} when the message was pushed (ARGV[17]: {'', ''}, admitted) (the epoch it was pushed
--- in, which its caller keeps to tell a lost request from a slow one), or
+-- Returns {'', epoch, leased} when the message was pushed (ARGV[17]: {'', '', leased},
+-- admitted) (the epoch it was pushed in, which its caller keeps to tell a lost
+-- request from a slow one; the requests' worth the pacing took beyond this
+-- one, for ARGV[19]), or
 -- {reason, retry_after_ms} with a
 -- dataservice.refusals.Reason value: 'queue_full' (messages), 'queue_bytes',
 -- 'queue_too_long' (the queue ahead of it and its own service time would take
@@ -113,7 +124,7 @@ local service_field = ARGV[8] ~= '' and ARGV[8] or 'service:'
 local mean_field = (ARGV[18] or '') ~= '' and ARGV[18] or 'mean:'
 local h = redis.call('HMGET', KEYS[2], 'bytes', 'done', 'rate', 'rate_at', 'done_at',
   'service_at', service_field, 'empty_at', 'shedding', 'busy_at', 'arrivals', 'arrivals_at',
-  'extra_ops', mean_field, 'offered', 'admitted', 'epoch', 'kept_at', 'lapse_at')
+  'extra_ops', mean_field, 'offered', 'admitted', 'epoch', 'kept_at', 'lapse_at', 'held')
 -- Workers only subtract; a negative balance (a completion counted twice after
 -- a redelivery) must not become room beyond the bound.
 local bytes = math.max(tonumber(h[1]) or 0, 0)
@@ -152,8 +163,14 @@ end
 -- it took just before.
 local HELD_GRACE_MS = 5000
 local HELD_GRACE_ELSEWHERE_MS = 250
-local held_count = redis.call('ZCARD', KEYS[3])
-if held_count > 0 and (lapse_at == nil or now >= lapse_at) then
+local held_count = math.max(tonumber(h[20]) or 0, 0)
+local look = kept_at == nil or (lapse_at ~= nil and now >= lapse_at)
+    or (lapse_at == nil and held_count > 0)
+if look then
+  held_count = redis.call('ZCARD', KEYS[3])
+  put('held', held_count)
+end
+if look and held_count > 0 then
   local lapsed = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 100)
   if #lapsed > 0 then
     for _, member in ipairs(lapsed) do
@@ -165,6 +182,7 @@ if held_count > 0 and (lapse_at == nil or now >= lapse_at) then
     extra = math.max(extra, 0)
     redis.call('ZREM', KEYS[3], unpack(lapsed))
     held_count = held_count - #lapsed
+    put('held', held_count)
     put('bytes', bytes)
     put('extra_ops', extra)
   end
@@ -332,11 +350,20 @@ end
 -- The caller's rate, as the workers' gate will apply it: a request it would
 -- refuse is not queued. The gate stays the authority (a caller can reset its
 -- own pacing key); this only keeps a well-behaved caller's excess off the queue.
+local leased = 0
 if KEYS[5] then
   local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local new_tat, retry_ms = gcra_check(KEYS[5], now_us, tonumber(ARGV[14]), tonumber(ARGV[15]))
+  local interval, burst = tonumber(ARGV[14]), tonumber(ARGV[15])
+  local new_tat, retry_ms = gcra_check(KEYS[5], now_us, interval, burst)
   if not new_tat then
     return refuse('rate_limited', retry_ms)
+  end
+  -- The lease: each request more moves the TAT an interval on, as long as
+  -- the burst would have let that many pass at once.
+  local want = tonumber(ARGV[19]) or 0
+  if want > 0 then
+    leased = math.max(0, math.min(want, math.floor((now_us + burst * interval - new_tat) / interval)))
+    new_tat = new_tat + leased * interval
   end
   gcra_commit(KEYS[5], new_tat, now_us)
 end
@@ -364,10 +391,11 @@ if elsewhere then grace = HELD_GRACE_ELSEWHERE_MS end
 local lapses = now + remaining + grace
 redis.call('ZADD', KEYS[3], lapses, member)
 if lapse_at == nil or held_count == 0 or lapses < lapse_at then put('lapse_at', lapses) end
+put('held', held_count + 1)
 put('bytes', bytes + size)
 put('admitted', (tonumber(h[16]) or 0) + ops)
 -- A set this push created has no expiry until the next renewal, or until
 -- the workers next say their service times (service.lua), each second the
 -- lane answers: one that empties goes with its last request.
 finish()
-return {'', epoch}
+return {'', epoch, leased}

@@ -21,9 +21,10 @@ local function complete(admission, held, member, size, ops, now)
     redis.call('HINCRBY', admission, 'done', ops)
     return
   end
-  local h = redis.call('HMGET', admission, 'bytes', 'done', 'rate_at', 'extra_ops')
+  local h = redis.call('HMGET', admission, 'bytes', 'done', 'rate_at', 'extra_ops', 'held')
   local done = (tonumber(h[2]) or 0) + ops
-  local fields = {'bytes', math.max((tonumber(h[1]) or 0) - tonumber(size), 0), 'done', done}
+  local fields = {'bytes', math.max((tonumber(h[1]) or 0) - tonumber(size), 0), 'done', done,
+    'held', math.max((tonumber(h[5]) or 0) - 1, 0)}
   if ops > 1 then
     fields[#fields + 1] = 'extra_ops'
     fields[#fields + 1] = math.max((tonumber(h[4]) or 0) - (ops - 1), 0)

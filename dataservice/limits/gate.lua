@@ -38,7 +38,7 @@
 --#include limits/gate_enter.lua
 --#include limits/delivered.lua
 
-local reason, state = gate_check()
+local reason, state = gate_check(nil)
 if reason ~= '' then
   return {reason, state}
 end

@@ -4,10 +4,11 @@
 -- answered in the same step, holds no slot and is not refused at the cap).
 -- Needs gcra.lua.
 --
--- gate_check() checks the replay memory and the rate and writes only the
--- replay marker (a request id is remembered whatever the outcome). Returns ''
--- and the state the other steps need when admitted, else a
--- dataservice.refusals.Reason value and a retry-after (ms).
+-- gate_check(tat) checks the replay memory and the rate and writes only the
+-- replay marker (a request id is remembered whatever the outcome). `tat`: the
+-- rate's state (KEYS[2]) if the including script read it already (false:
+-- none), else nil. Returns '' and the state the other steps need when
+-- admitted, else a dataservice.refusals.Reason value and a retry-after (ms).
 --
 -- gate_cap(state, sweep) checks the in-flight cap, if the caller has one:
 -- '' and 0, or 'concurrency_limited' and a retry-after. With `sweep`, lapsed
@@ -16,7 +17,7 @@
 -- gate_commit(state, slot) records the pass: the rate's new theoretical
 -- arrival time and, with `slot` and a cap, the request's slot.
 
-local function gate_check()
+local function gate_check(tat)
   local t = redis.call('TIME')
   local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local now_ms = math.floor(now_us / 1000)
@@ -35,7 +36,7 @@ local function gate_check()
     redis.call('SET', KEYS[1], deliveries + 1, 'KEEPTTL')
   end
 
-  local new_tat, retry_ms = gcra_check(KEYS[2], now_us, tonumber(ARGV[2]), tonumber(ARGV[3]))
+  local new_tat, retry_ms = gcra_check(KEYS[2], now_us, tonumber(ARGV[2]), tonumber(ARGV[3]), tat)
   if not new_tat then
     return 'rate_limited', retry_ms
   end

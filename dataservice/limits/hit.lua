@@ -40,11 +40,14 @@
 --#include broker/leave_answer.lua
 --#include limits/delivered.lua
 
-local reason, state = gate_check()
+-- The rate's state and the entry in one read: the entry is looked at only
+-- once the request is admitted.
+local looked = redis.call('MGET', KEYS[2], KEYS[4])
+local reason, state = gate_check(looked[1])
 if reason ~= '' then
   return {reason, state}
 end
-local entry = redis.call('GET', KEYS[4])
+local entry = looked[2]
 local colon = entry and string.find(entry, ':', 1, true)
 if not colon then
   local capped, retry_ms = gate_cap(state, false)

@@ -15,8 +15,9 @@ if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then
   return 0
 end
 local ops = tonumber(ARGV[3]) or 1
-local h = redis.call('HMGET', KEYS[1], 'bytes', 'extra_ops')
-redis.call('HSET', KEYS[1], 'bytes', math.max((tonumber(h[1]) or 0) - tonumber(ARGV[2]), 0))
+local h = redis.call('HMGET', KEYS[1], 'bytes', 'extra_ops', 'held')
+redis.call('HSET', KEYS[1], 'bytes', math.max((tonumber(h[1]) or 0) - tonumber(ARGV[2]), 0),
+  'held', math.max((tonumber(h[3]) or 0) - 1, 0))
 if ops > 1 then
   redis.call('HSET', KEYS[1], 'extra_ops', math.max((tonumber(h[2]) or 0) - (ops - 1), 0))
 end

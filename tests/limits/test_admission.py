@@ -549,7 +549,8 @@ def test_what_the_workers_prefetched_waits_too(
             client.submit(ReadOp("s", "behind-the-prefetch"), timeout=1.5)
         assert caught.value.reason == "queue_too_long"
         # Answered all but what runs: nothing waits, and it is admitted.
-        broker.zrem(held, *[f"r{n}:100" for n in range(15)])
+        for n in range(15):
+            ResultStore(broker).complete(Completion(key, (held, f"r{n}:100"), 100))
         client.submit(ReadOp("s", "nothing-waits"), timeout=1.5)
     assert broker.llen(config.lanes.batch.queue) == 1
 
@@ -757,3 +758,21 @@ def test_a_held_set_a_publish_created_gets_an_expiry_when_the_workers_next_speak
         publish_service_times(broker, lane, {"read": 1.0}, {"read": 1.0})
         assert 0 < broker.pttl(lane.held_key) <= books_expiry_ms(lane)
         assert 0 < broker.pttl(lane.stats_key) <= books_expiry_ms(lane)
+
+
+def test_a_held_count_that_drifted_is_counted_again_at_the_next_look(
+    bounded: tuple[Settings, Config, redis.Redis],
+) -> None:
+    """The books count the held set's requests without reading it at every
+    publish: a count that drifted from it (the set lost apart from the hash)
+    is counted again once the earliest held request may have lapsed."""
+    settings, config, broker = bounded
+    lane = lane_admission_bounds(config)[config.lanes.batch.queue]
+    with Client("tests", settings, config) as client:
+        client.submit(ReadOp("s", "first"), timeout=60)
+        assert broker.hget(lane.stats_key, "held") == b"1"
+        broker.delete(lane.held_key)
+        broker.hset(lane.stats_key, mapping={"held": 5, "lapse_at": _redis_ms(broker) - 1})
+        client.submit(ReadOp("s", "second"), timeout=60)
+    assert broker.zcard(lane.held_key) == 1
+    assert broker.hget(lane.stats_key, "held") == b"1"

@@ -246,7 +246,7 @@ def test_a_hit_leaves_what_the_workers_answer_leaves_for_the_same_answer(
     assert 0 < redis_client.pttl(by_hit) <= 60_000
     assert 0 < redis_client.pttl(by_answer) <= 60_000
     assert _books(redis_client, "hit-test") == _books(redis_client, "answer-test")
-    assert _books(redis_client, "hit-test") == {b"bytes": b"600", b"done": b"5"}
+    assert _books(redis_client, "hit-test") == {b"bytes": b"600", b"done": b"5", b"held": b"0"}
     assert redis_client.zscore(held_key("hit-test"), member) is None
     assert redis_client.zscore(held_key("answer-test"), member) is None
     assert redis_client.zscore(inflight_key("tests"), request_id) is None
