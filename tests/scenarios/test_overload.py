@@ -94,7 +94,12 @@ def broker_counts(redis_url: str, queue: str) -> tuple[int, int]:
     client = redis.Redis.from_url(redis_url)
     try:
         stored = client.hgetall(admission_key(queue))
-        fields = {k.decode(): int(float(v)) for k, v in stored.items()}
+        # The counts; the books also keep times, rates and the broker's epoch.
+        fields = {
+            k.decode(): int(v)
+            for k, v in stored.items()
+            if k == b"offered" or k.startswith(b"refused:")
+        }
     finally:
         client.close()
     refused = sum(v for k, v in fields.items() if k.startswith("refused:"))
