@@ -22,9 +22,9 @@ checks") describes the same table, and a test keeps the two in step.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import TracebackType
 
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -107,17 +107,29 @@ def database_error(exc: DBAPIError) -> Refusal:
     return DatabaseFailure(detail)
 
 
-@contextmanager
-def database_errors() -> Iterator[None]:
-    """Raise the driver's and the pool's exceptions as refusals."""
-    try:
-        yield
-    except PoolTimeout:
-        raise PermitUnavailable("no pooled connection in time") from None
-    except DBAPIError as exc:
-        raise database_error(exc) from None
-    except SQLAlchemyError as exc:
-        raise DatabaseFailure(f"store error ({type(exc).__name__})") from None
+class database_errors:
+    """Raise the driver's and the pool's exceptions as refusals. A class
+    rather than a generator: every database operation runs inside one."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            return
+        if isinstance(exc, PoolTimeout):
+            raise PermitUnavailable("no pooled connection in time") from None
+        if isinstance(exc, DBAPIError):
+            raise database_error(exc) from None
+        if isinstance(exc, SQLAlchemyError):
+            raise DatabaseFailure(f"store error ({type(exc).__name__})") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,7 +128,10 @@ class Read:
         )
         if record is None:
             raise RecordMissing
-        return pb.ResponseEnvelope(read=pb.ReadRecordResponse(record=record))
+        # One copy of the record into the answer; nested constructors copy it twice.
+        response = pb.ResponseEnvelope()
+        response.read.record.CopyFrom(record)
+        return response
 
 
 def idempotency(envelope: pb.RequestEnvelope) -> Idempotency:

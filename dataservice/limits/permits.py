@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import TracebackType
 
 from dataservice.config.model import LaneConfig
 from dataservice.enums import OperationClass
@@ -75,6 +76,34 @@ class PermitSnapshot:
     refused_total: int
 
 
+class _Holding:
+    """The block of one permit of ``op_class``: taken on entry (waiting at
+    most ``wait_s``), given back at the block's end however it ends, unless
+    it was handed over. A class rather than a generator: every database
+    operation takes one."""
+
+    __slots__ = ("_op_class", "_owner", "_permit", "_wait_s")
+
+    def __init__(self, owner: LanePermits, op_class: OperationClass, wait_s: float) -> None:
+        self._owner = owner
+        self._op_class = op_class
+        self._wait_s = wait_s
+
+    def __enter__(self) -> Permit:
+        self._permit = self._owner._take(self._op_class, self._wait_s)
+        return self._permit
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        permit = self._permit
+        if not permit.handed_over:
+            self._owner._give_back(permit)
+
+
 class LanePermits:
     """The permits of one lane in one replica (one worker process)."""
 
@@ -90,9 +119,11 @@ class LanePermits:
         # Told how long each permit was held, as it is given back (a metric).
         self.on_released: Callable[[float], None] = lambda held_s: None
 
-    @contextmanager
-    def acquire(self, op_class: OperationClass, wait_s: float) -> Iterator[Permit]:
+    def acquire(self, op_class: OperationClass, wait_s: float) -> _Holding:
         """Hold a permit of ``op_class`` for the block, waiting at most ``wait_s``."""
+        return _Holding(self, op_class, wait_s)
+
+    def _take(self, op_class: OperationClass, wait_s: float) -> Permit:
         started = time.monotonic()
         deadline = started + max(wait_s, 0.0)
         class_slot = self._classes[op_class]
@@ -103,9 +134,13 @@ class LanePermits:
         if not self._lane.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
             class_slot.release()
             self._refuse(started)
-        with self._held(op_class, class_slot) as permit:
+        permit = self._held(op_class, class_slot)
+        try:
             tracing.record(Stage.PERMIT_WAIT, time.monotonic() - started)
-            yield permit
+        except BaseException:
+            self._give_back(permit)
+            raise
+        return permit
 
     @contextmanager
     def try_acquire(self, op_class: OperationClass) -> Iterator[Permit | None]:
@@ -120,15 +155,16 @@ class LanePermits:
             class_slot.release()
             yield None
             return
-        with self._held(op_class, class_slot) as permit:
+        permit = self._held(op_class, class_slot)
+        try:
             yield permit
+        finally:
+            if not permit.handed_over:
+                self._give_back(permit)
 
-    @contextmanager
-    def _held(
-        self, op_class: OperationClass, class_slot: threading.BoundedSemaphore
-    ) -> Iterator[Permit]:
-        """The block of a permit whose lane and class slots are taken: they are
-        given back at its end, unless the permit was handed over."""
+    def _held(self, op_class: OperationClass, class_slot: threading.BoundedSemaphore) -> Permit:
+        """A permit whose lane and class slots are taken, on the books: its
+        holder gives it back (:meth:`_give_back`) unless it hands it over."""
         try:
             permit = Permit(op_class, self, class_slot)
             with self._lock:
@@ -138,11 +174,7 @@ class LanePermits:
             self._lane.release()
             class_slot.release()
             raise
-        try:
-            yield permit
-        finally:
-            if not permit.handed_over:
-                self._give_back(permit)
+        return permit
 
     def _give_back(self, permit: Permit) -> None:
         # Once, whoever calls: the block's end or the custody.

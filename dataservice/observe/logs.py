@@ -96,10 +96,15 @@ def stop_request_lines() -> None:
         lines.close()
 
 
+# Built once: json.dumps with options builds an encoder per call, and a
+# request's line is written on every request.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str)
+
+
 def json_line(created: float, level: str, logger: str, msg: str, fields: dict[str, Any]) -> str:
     """One log line as JSON: ``ts``, ``level``, ``logger``, ``msg``, then ``fields``."""
     line = {"ts": utc(created), "level": level, "logger": logger, "msg": msg, **fields}
-    return json.dumps(line, separators=(",", ":"), ensure_ascii=False, default=str)
+    return _ENCODER.encode(line)
 
 
 def configure_logging(

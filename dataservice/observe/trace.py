@@ -23,14 +23,17 @@ from dataservice.observe.metrics.requests import STAGE_SECONDS, Stage
 
 _local = threading.local()
 # The labelled children, resolved once per lane: a label lookup per
-# observation would cost more than the observation.
-_CHILDREN: dict[str, dict[Stage, Histogram]] = {}
+# observation would cost more than the observation. Each with its stage's
+# name, which an enum's ``value`` would look up again on every call.
+_CHILDREN: dict[str, dict[Stage, tuple[Histogram, str]]] = {}
 
 
-def _children(lane: str) -> dict[Stage, Histogram]:
+def _children(lane: str) -> dict[Stage, tuple[Histogram, str]]:
     children = _CHILDREN.get(lane)
     if children is None:
-        children = {stage: STAGE_SECONDS.labels(lane, stage.value) for stage in Stage}
+        children = {
+            stage: (STAGE_SECONDS.labels(lane, stage.value), stage.value) for stage in Stage
+        }
         _CHILDREN[lane] = children
     return children
 
@@ -59,8 +62,10 @@ class Trace:
         self._histograms = _children(lane)
 
     def add(self, stage: Stage, seconds: float) -> None:
-        self._histograms[stage].observe(seconds)
-        self.stages[stage.value] = self.stages.get(stage.value, 0.0) + seconds * 1000
+        histogram, name = self._histograms[stage]
+        histogram.observe(seconds)
+        stages = self.stages
+        stages[name] = stages.get(name, 0.0) + seconds * 1000
 
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.started
