@@ -1,6 +1,6 @@
 """A/B of two service *worker* source trees, same callers, alternating rounds.
 
-    .venv/bin/python bench/worker_ab.py TREE_A TREE_B [--rounds 12]
+    .venv/bin/python bench/worker_ab.py TREE_A TREE_B [--rounds 12] [--read primary]
 
 Measures a worker-side change before it is applied: copy the repository,
 change ``dataservice/`` or ``dataservice/worker/`` in the copy, and pass both trees. Each
@@ -47,6 +47,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("tree_b", type=Path)
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--callers", type=int, default=16)
+    p.add_argument(
+        "--read",
+        choices=("cached", "primary"),
+        default="cached",
+        help="ALLOW_CACHED reads (the default) or PRIMARY (the database, under a permit)",
+    )
     p.add_argument("--redis", default="redis://127.0.0.1:6379")
     p.add_argument("--dbs", type=int, nargs=2, default=[11, 12], metavar=("A", "B"))
     p.add_argument(
@@ -56,6 +62,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if 0 in args.dbs or args.dbs[0] == args.dbs[1]:
         p.error("--dbs must be two different non-zero db numbers")
     return args
+
+
+_MODES = {"cached": ReadMode.ALLOW_CACHED, "primary": ReadMode.PRIMARY}
 
 
 def start_worker(
@@ -158,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
         factories = {
-            k: service_factory(settings[k], config, ids, None, ReadMode.ALLOW_CACHED) for k in trees
+            k: service_factory(settings[k], config, ids, None, _MODES[args.read]) for k in trees
         }
         callers = [Caller(i, factories) for i in range(args.callers)]
         for caller in callers:
