@@ -22,6 +22,7 @@ rejection counters) and what the caller is told.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from dataclasses import dataclass
 
@@ -42,7 +43,7 @@ SIGNED_OVERHEAD = 256
 
 def sign(envelope: bytes, key: CallerKey) -> bytes:
     """The ``SignedRequest`` bytes a caller publishes for an encoded envelope."""
-    signature = hmac.digest(key.secret.value, envelope, "sha256")
+    signature = hmac.new(key.secret.value, envelope, hashlib.sha256).digest()
     return pb.SignedRequest(
         envelope=envelope, key_id=key.key_id, signature=signature
     ).SerializeToString()
@@ -125,8 +126,7 @@ class Authenticator:
                 "unknown signing key",
                 caller=_claimed_caller(signed.envelope, task_id),
             )
-        # One call into OpenSSL, without an HMAC object per request.
-        expected = hmac.digest(key.secret.value, signed.envelope, "sha256")
+        expected = hmac.new(key.secret.value, signed.envelope, hashlib.sha256).digest()
         if not hmac.compare_digest(expected, signed.signature):
             raise Rejected(
                 Reason.BAD_SIGNATURE,
