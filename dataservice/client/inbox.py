@@ -67,7 +67,7 @@ FIRST_LOOK_S = 1.0
 
 
 class Signal(Protocol):
-    """What wakes a waiting call: ``threading.Event`` or ``asyncio.Event``."""
+    """What wakes a waiting call: :class:`Arrival` or ``asyncio.Event``."""
 
     def set(self) -> None: ...
 
@@ -100,6 +100,38 @@ def request_id_of(body: bytes) -> str:
         return pb.ResponseEnvelope.FromString(body).request_id
     except Exception:
         return ""
+
+
+class Arrival:
+    """A slot's signal for a waiting thread, set once: a lock held from the
+    start and released by :meth:`set`. ``threading.Event`` builds a condition
+    (two locks) per slot, and its ``set`` and ``wait`` go through it in
+    Python, on the reader thread and the caller's (bench/results/caller-cpu.md)."""
+
+    __slots__ = ("_done", "_lock")
+
+    def __init__(self) -> None:
+        self._done = False
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        # Slots.hand_over fills a slot once, so it is set once.
+        self._done = True
+        self._lock.release()
+
+    def is_set(self) -> bool:
+        return self._done
+
+    def wait(self, timeout: float) -> bool:
+        """Whether it is set, waiting up to ``timeout`` seconds for it."""
+        if self._done:
+            return True
+        if self._lock.acquire(timeout=max(timeout, 0.0)):
+            # Released again for any other thread waiting on the same slot.
+            self._lock.release()
+            return True
+        return self._done
 
 
 class Slots(Generic[S]):
@@ -183,7 +215,7 @@ class Inbox:
     """A client's reply channel and the thread that reads it."""
 
     def __init__(self, url: str, caller: str, *, channel: str | None = None) -> None:
-        self.slots: Slots[threading.Event] = Slots(caller, channel)
+        self.slots: Slots[Arrival] = Slots(caller, channel)
         self.caller = caller
         self.channel = self.slots.channel
         # Its own connection (a blocking read holds it), as the caller's Redis
@@ -209,7 +241,7 @@ class Inbox:
     def expect(self, request_id: str, lapses_in_s: float) -> None:
         """Make room for the answer to ``request_id`` before it is sent; the
         room goes after ``lapses_in_s`` if nobody takes its answer."""
-        self.slots.expect(request_id, lapses_in_s, threading.Event())
+        self.slots.expect(request_id, lapses_in_s, Arrival())
         if self._thread is None:
             with self._start:
                 if self._thread is None and not self._stop.is_set():
@@ -297,7 +329,7 @@ class Inbox:
         self._wake(self.slots.hand_over(found, looked_up=True))
 
     @staticmethod
-    def _wake(signals: list[threading.Event]) -> None:
+    def _wake(signals: list[Arrival]) -> None:
         for signal in signals:
             signal.set()
 

@@ -43,7 +43,8 @@ def _plain(args: tuple[Any, ...]) -> bool:
     # redis-py splits a first argument with a space ("CLIENT SETNAME") in two.
     if not args or type(args[0]) is not str or " " in args[0]:
         return False
-    return all(type(arg) in _PLAIN for arg in args)
+    # A script's call has dozens of arguments: checked in C, not a generator.
+    return _PLAIN.issuperset(map(type, args))
 
 
 class PackedConnection(Packed, redis.Connection):

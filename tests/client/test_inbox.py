@@ -14,7 +14,7 @@ import redis
 from dataservice_tools.testkit.sockets import own_local_ports
 
 from dataservice import ReadMode
-from dataservice.client.inbox import FIRST_LOOK_S, SLICE_S, Inbox, request_id_of
+from dataservice.client.inbox import FIRST_LOOK_S, SLICE_S, Arrival, Inbox, request_id_of
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from dataservice.errors import Unauthenticated, Unavailable
@@ -60,6 +60,23 @@ def results(settings: Settings) -> Iterator[redis.Redis]:
 def test_the_request_id_is_read_from_the_answers_bytes(request_id: str) -> None:
     assert request_id_of(_answer(request_id, b"\x0a\x05payload")) == request_id
     assert request_id_of(b"not protobuf at all\xff") == ""
+
+
+def test_an_arrival_wakes_every_thread_waiting_for_it_and_stays_set() -> None:
+    arrival = Arrival()
+    assert not arrival.is_set()
+    assert not arrival.wait(0.0)
+    assert not arrival.wait(0.01)
+    woken: list[bool] = []
+    waiters = [threading.Thread(target=lambda: woken.append(arrival.wait(5.0))) for _ in range(3)]
+    for waiter in waiters:
+        waiter.start()
+    arrival.set()
+    for waiter in waiters:
+        waiter.join(5.0)
+    assert woken == [True, True, True]
+    assert arrival.is_set()
+    assert arrival.wait(0.0)
 
 
 def test_each_answer_goes_to_the_call_that_waits_for_it_whatever_their_order(

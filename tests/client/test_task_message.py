@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 import redis
 from dataservice_tools.localservices import redis_reachable
+from kombu.utils.json import dumps
 
 from dataservice.broker.celery import SERIALIZER, TASK_NAME, celery_app
 from dataservice.client.message import task_message
+from dataservice.compat.kombu import queue_entry
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from dataservice.limits.admission import CALLER_HEADER, DEADLINE_HEADER, SIZE_HEADER
@@ -71,3 +74,23 @@ def test_the_prepared_message_equals_what_send_task_publishes(
             "delivery_tag"
         ]
     )
+
+
+def test_each_message_is_tagged_with_a_fresh_uuid4_as_kombu_tags_it() -> None:
+    tags = {
+        task_message(b"body", "r3quest", "q", {}, reply_to="any")["properties"]["delivery_tag"]
+        for _ in range(1000)
+    }
+    assert len(tags) == 1000
+    for tag in tags:
+        parsed = uuid.UUID(tag)
+        assert str(parsed) == tag
+        assert parsed.version == 4
+        assert parsed.variant == uuid.RFC_4122
+
+
+def test_the_queue_entry_is_kombus_json_of_the_message_byte_for_byte() -> None:
+    headers = {DEADLINE_HEADER: 1_900_000_000_000, CALLER_HEADER: "tests", "x-ratio": 0.25}
+    message = task_message(b"\x00\xff bytes", "r3quest", "q", headers, reply_to="any")
+    message["headers"]["x-unicode"] = "caf\u00e9 \u2603"
+    assert queue_entry(message) == dumps(message)
