@@ -8,9 +8,10 @@ key                                    what it holds
 ``_kombu.binding.<lane queue>``        kombu's routing table for the lane's exchange (and
 ``_kombu.binding_permanent.<queue>``   its permanent twin)
 ``ds:admission:<lane queue>``          a hash: envelope bytes queued or in flight,
-                                       completions, the measured drain rate, the
-                                       workers' service time per operation and
-                                       refusals by reason (``dataservice/limits/admit.lua``)
+                                       completions, the held requests' count, the
+                                       measured drain rate, the workers' service time
+                                       per operation, refusals by reason and a copy
+                                       of ``ds:epoch`` (``dataservice/limits/admit.lua``)
 ``ds:admission:<lane queue>:held``     a sorted set: the lane's admitted requests not yet
                                        done (``<request id>:<bytes>``), each scored by its
                                        deadline plus a grace, past which it no longer counts
