@@ -22,6 +22,7 @@ kombu's priority sub-queues (write only)   LLEN                declaration
 admission hashes                           HMGET HSET HINCRBY  ``admit.lua``
                                            PEXPIRE
 held sets (``ds:admission:<queue>:held``)  ZADD ZREM ZCARD     ``admit.lua``
+                                           ZRANGE
                                            ZRANGEBYSCORE
                                            PEXPIRE
 kombu's binding tables (write only)        SADD                declaration
@@ -112,7 +113,7 @@ def caller_rules(queues: Sequence[str], caller: str) -> list[str]:
         ),
         _selector(
             [f"%RW~{held_key(q)}" for q in queues],
-            ["+zadd", "+zrem", "+zcard", "+zrangebyscore", "+pexpire"],
+            ["+zadd", "+zrem", "+zcard", "+zrange", "+zrangebyscore", "+pexpire"],
         ),
         _selector(
             [f"%W~{k}" for q in queues for k in (binding_key(q), permanent_binding_key(q))],

@@ -23,6 +23,7 @@ from dataservice.client.inbox import Inbox
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
+from dataservice.limits.admission import SIZE_HEADER, admit, lane_admission_bounds
 from dataservice.proto import pb
 from dataservice.redis.keys import inflight_key, rate_key, replay_key, reply_key, result_key
 from dataservice.security.acl import WORKER_USER, acl_users, apply_acl, caller_user
@@ -110,6 +111,33 @@ def test_a_caller_round_trip_needs_nothing_its_user_is_refused(
     # redis-py swallows some refusals (CLIENT SETINFO); the ACL log still counts them.
     after = _refusals(redis_client, caller_user(CALLER))
     assert {k: n for k, n in after.items() if n > before.get(k, 0)} == {}
+
+
+def test_a_callers_publish_that_finds_lapsed_requests_needs_nothing_its_user_is_refused(
+    config: Config, redis_client: redis.Redis, caller_url: str
+) -> None:
+    """Admission looks for lapsed requests, and for the next to lapse, inside
+    the publish: as the caller's user too."""
+    lane = lane_admission_bounds(config)[config.lanes.batch.queue]
+    now_ms = int(redis_client.time()[0]) * 1000
+    redis_client.zadd(lane.held_key, {"lost:100": now_ms - 1, "kept:100": now_ms + 60_000})
+    redis_client.hset(lane.stats_key, mapping={"held": 2, "bytes": 200, "lapse_at": now_ms - 1})
+    before = _refusals(redis_client, caller_user(CALLER))
+    message = {
+        "body": "e30=",
+        "properties": {"body_encoding": "base64"},
+        "headers": {"id": uuid.uuid4().hex, SIZE_HEADER: 2},
+    }
+    with redis.Redis.from_url(caller_url) as client:
+        admit(client, config.lanes.batch.queue, lane, "acl-test", message)
+    try:
+        assert redis_client.zscore(lane.held_key, "lost:100") is None
+        assert redis_client.hget(lane.stats_key, "held") == b"2"
+        after = _refusals(redis_client, caller_user(CALLER))
+        assert {k: n for k, n in after.items() if n > before.get(k, 0)} == {}
+    finally:
+        redis_client.lrem(config.lanes.batch.queue, 1, "acl-test")
+        redis_client.delete(lane.held_key, lane.stats_key)
 
 
 def test_a_caller_reaches_its_own_result_keys(as_caller: redis.Redis) -> None:
