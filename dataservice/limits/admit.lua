@@ -389,9 +389,10 @@ end
 local grace = HELD_GRACE_MS
 if elsewhere then grace = HELD_GRACE_ELSEWHERE_MS end
 local lapses = now + remaining + grace
-redis.call('ZADD', KEYS[3], lapses, member)
+-- A message published again under the same id (a sender's retry) is held once.
+local added = redis.call('ZADD', KEYS[3], lapses, member)
 if lapse_at == nil or held_count == 0 or lapses < lapse_at then put('lapse_at', lapses) end
-put('held', held_count + 1)
+put('held', held_count + added)
 put('bytes', bytes + size)
 put('admitted', (tonumber(h[16]) or 0) + ops)
 -- A set this push created has no expiry until the next renewal, or until

@@ -164,3 +164,16 @@ def test_the_operations_guide_gives_the_leases_figures() -> None:
     text = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
     assert f"a lease of up to {LEASE_MAX} requests' worth" in text
     assert f"(at least {round(LEASE_HOLD_S * 1000)} ms)" in text
+
+
+def test_a_message_published_again_under_its_id_is_held_once(redis_client: redis.Redis) -> None:
+    queue = f"held-q-{uuid.uuid4().hex[:8]}"
+    lane = _lane(queue)
+    message = _message("nobody")
+    try:
+        for _ in range(2):
+            admit(redis_client, queue, lane, "m", message)
+        assert redis_client.zcard(lane.held_key) == 1
+        assert redis_client.hget(lane.stats_key, "held") == b"1"
+    finally:
+        redis_client.delete(queue, lane.stats_key, lane.held_key)
