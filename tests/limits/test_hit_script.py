@@ -62,6 +62,12 @@ def _request(
     return request_id, tag, peek, entry
 
 
+def _cache(redis_client: redis.Redis, scope: str, record: pb.Record) -> None:
+    """``record`` as its v2 entry, generation 1."""
+    key = record_key("v2", scope, record.object_id, 1)
+    redis_client.set(key, frame(record.revision, CODECS[CacheFormat.V2].encode(record)))
+
+
 def test_a_hit_is_answered_acknowledged_and_released_in_one_step(
     config: Config, redis_client: redis.Redis, scope: str
 ) -> None:
@@ -111,10 +117,7 @@ def test_a_hit_whose_delivery_was_never_recorded_touches_no_acknowledgement(
     """kombu's record of the delivery waits for the worker's decision: a hit
     answers it in the same step, so there is nothing to remove, and a miss
     records it (limits/delivered.lua)."""
-    record = pb.Record(object_id="a", revision=3, payload=b"cached")
-    redis_client.set(
-        record_key("v2", scope, "a", 1), frame(3, CODECS[CacheFormat.V2].encode(record))
-    )
+    _cache(redis_client, scope, pb.Record(object_id="a", revision=3, payload=b"cached"))
     request_id, tag, peek, entry = _request(config, redis_client, scope, 100)
     # Another message's delivery, recorded under the same tag: a hit that
     # believed its own record was there would remove it.
@@ -134,10 +137,7 @@ def test_a_hit_is_answered_at_the_callers_cap_and_a_miss_is_refused_there(
 ) -> None:
     """A hit holds no slot: the caller's requests being served, up to its cap,
     do not keep it from the cache. A miss would take a slot, and is refused."""
-    record = pb.Record(object_id="a", revision=3, payload=b"cached")
-    redis_client.set(
-        record_key("v2", scope, "a", 1), frame(3, CODECS[CacheFormat.V2].encode(record))
-    )
+    _cache(redis_client, scope, pb.Record(object_id="a", revision=3, payload=b"cached"))
     cap = config.callers["tests"].max_interactive
     redis_client.zadd(inflight_key("tests"), {f"busy-{n}": now_ms() + 60_000 for n in range(cap)})
     gate = Gate(redis_client, config)
@@ -157,10 +157,7 @@ def test_a_hit_is_answered_at_the_callers_cap_and_a_miss_is_refused_there(
 def test_a_hit_lengthens_a_reply_channel_that_would_lapse_before_it(
     config: Config, redis_client: redis.Redis, scope: str
 ) -> None:
-    record = pb.Record(object_id="a", revision=3, payload=b"cached")
-    redis_client.set(
-        record_key("v2", scope, "a", 1), frame(3, CODECS[CacheFormat.V2].encode(record))
-    )
+    _cache(redis_client, scope, pb.Record(object_id="a", revision=3, payload=b"cached"))
     channel = reply_key("tests", uuid.uuid4().hex)
     redis_client.rpush(channel, b"earlier")
     redis_client.pexpire(channel, 5_000)
@@ -175,10 +172,7 @@ def test_a_hit_lengthens_a_reply_channel_that_would_lapse_before_it(
 def test_a_hit_joins_its_reply_channel_without_shortening_its_life(
     config: Config, redis_client: redis.Redis, scope: str
 ) -> None:
-    record = pb.Record(object_id="a", revision=3, payload=b"cached")
-    redis_client.set(
-        record_key("v2", scope, "a", 1), frame(3, CODECS[CacheFormat.V2].encode(record))
-    )
+    _cache(redis_client, scope, pb.Record(object_id="a", revision=3, payload=b"cached"))
     channel = reply_key("tests", uuid.uuid4().hex)
     # An earlier answer on the channel, kept longer than this one's 60 s.
     redis_client.rpush(channel, b"earlier")
