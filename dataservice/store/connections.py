@@ -170,15 +170,23 @@ def install(
         return bounded, parameters
 
 
+def statement_bound_ms(deadline_ms: int, max_statement_ms: int) -> int:
+    """How long a statement sent now may run: what the request has left until
+    ``deadline_ms`` (Unix ms), at most ``max_statement_ms``. Raises
+    :class:`StatementTimeout` when that is less than ``MIN_STATEMENT_MS``."""
+    timeout_ms = min(deadline_ms - now_ms(), max_statement_ms)
+    if timeout_ms < MIN_STATEMENT_MS:
+        raise StatementTimeout
+    return timeout_ms
+
+
 def bounded_statement(
     statement: str, deadline_ms: int, max_statement_ms: int, *, mariadb: bool
 ) -> str:
     """``statement`` with its server-side timeout: what the request has left
     until ``deadline_ms`` (Unix ms), at most ``max_statement_ms``. Raises
     :class:`StatementTimeout` when that is less than ``MIN_STATEMENT_MS``."""
-    timeout_ms = min(deadline_ms - now_ms(), max_statement_ms)
-    if timeout_ms < MIN_STATEMENT_MS:
-        raise StatementTimeout
+    timeout_ms = statement_bound_ms(deadline_ms, max_statement_ms)
     if mariadb:
         return f"SET STATEMENT max_statement_time={timeout_ms / 1000:.3f} FOR {statement}"
     if statement.startswith("SELECT"):

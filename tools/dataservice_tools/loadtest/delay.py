@@ -2,7 +2,7 @@
 
 ``database.injected_delay_table`` names a one-row table (column ``delay_ms``)
 that every operation's injected sleep reads in the same statement
-(:func:`dataservice.store.sessions.injected_sleep`; the naive baseline runs the
+(:class:`dataservice.store.sessions.InjectedDelay`; the naive baseline runs the
 same statement). The harness creates it in the run's own database, as the
 server's admin and not as a migration (it is no part of the service's
 schema), and updates the row mid-run: the next statement of every worker

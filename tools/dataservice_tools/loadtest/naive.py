@@ -59,7 +59,7 @@ from dataservice.errors import DeadlineExceeded
 from dataservice.identifiers import TABLE
 from dataservice.ops.processes import WorkerProcess, node_name, worker_environ
 from dataservice.store.schema import records
-from dataservice.store.sessions import injected_sleep
+from dataservice.store.sessions import InjectedDelay
 
 READ_TASK = "naive.read"
 WRITE_TASK = "naive.write"
@@ -70,7 +70,7 @@ class _Process:
 
     engine: Engine | None = None
     lock = threading.Lock()
-    sleep: tuple[str, tuple[float, ...]] | None = None
+    sleep: tuple[str, tuple[int, ...]] | None = None
 
 
 def engine() -> Engine:
@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.delay_table is not None and not re.fullmatch(TABLE, args.delay_table):
         parser.error(f"--delay-table: not a table name: {args.delay_table!r}")
     os.environ["NAIVE_DATABASE_URL"] = args.database_url
-    _Process.sleep = injected_sleep(args.delay_ms, args.delay_table)
+    delay = InjectedDelay.of(args.delay_ms, args.delay_table)
+    _Process.sleep = None if delay is None else delay.unbounded()
     logging.basicConfig(level="INFO", stream=sys.stderr)
     # Celery's per-task lines would drown the log at these rates.
     for name in PER_TASK_LOGGERS:
