@@ -32,10 +32,13 @@ from dataservice_tools.localservices.rabbitmqserver import (
 DEFAULT_STATE_DIR = Path(".state")
 
 
-def start_redis(state_dir: Path, port: int, also_bind: Sequence[str] = ()) -> None:
+def start_redis(
+    state_dir: Path, port: int, also_bind: Sequence[str] = (), extra: Sequence[str] = ()
+) -> None:
     """Start a private redis-server (daemonized, nothing persisted) on
     127.0.0.1 and ``also_bind`` (a private address: clients from there are let
-    in without a password, which protected mode would refuse)."""
+    in without a password, which protected mode would refuse), with ``extra``
+    options (``--replicaof``, ...)."""
     directory = state_dir / "redis"
     directory.mkdir(parents=True, exist_ok=True)
     protected = ["--protected-mode", "no"] if also_bind else []
@@ -44,7 +47,7 @@ def start_redis(state_dir: Path, port: int, also_bind: Sequence[str] = ()) -> No
             binary("redis-server"), "--daemonize", "yes", "--bind", "127.0.0.1", *also_bind,
             *protected, "--port", str(port), "--save", "", "--appendonly", "no",
             "--dir", str(directory), "--pidfile", str(directory / "redis.pid"),
-            "--logfile", str(directory / "redis.log"),
+            "--logfile", str(directory / "redis.log"), *extra,
         ],
         check=True,
     )  # fmt: skip

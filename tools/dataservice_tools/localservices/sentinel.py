@@ -1,0 +1,169 @@
+"""A Sentinel-managed Redis of our own: a primary, a replica and one Sentinel,
+all from the one ``redis-server`` binary (``--sentinel``; no separate
+``redis-sentinel`` is needed), on ports of their own, nothing persisted.
+
+What a cell's failover is tested against: :meth:`SentinelGroup.kill_primary`
+SIGKILLs whichever server is the primary now, and
+:meth:`SentinelGroup.wait_promoted` waits until the Sentinel names another.
+One Sentinel with a quorum of one decides alone: enough on one machine, where
+a partition between Sentinels cannot happen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, cast
+
+import redis
+
+from dataservice.errors import ServiceSetupError
+from dataservice_tools.localservices.lifecycle import start_redis
+from dataservice_tools.localservices.probes import binary, free_port, redis_reachable, wait_until
+from dataservice_tools.localservices.redisserver import PrivateRedis
+
+# How long the Sentinel waits before it calls an unanswering primary down, and
+# how long a failover may take before it is tried again. At 500 ms the Sentinel
+# called the new primary down too, while its own link to it was still being
+# made (about 0.9 s after the promotion).
+DOWN_AFTER_MS = 1000
+FAILOVER_TIMEOUT_MS = 3000
+
+
+class SentinelGroup:
+    """A primary, a replica of it and a Sentinel that watches them, under ``directory``."""
+
+    def __init__(self, directory: Path, name: str = "ds-cell") -> None:
+        self.directory = directory
+        self.name = name
+        self.servers = (
+            PrivateRedis(directory / "a"),
+            PrivateRedis(directory / "b"),
+        )
+        self.sentinel_port = free_port()
+        self._sentinel_dir = directory / "sentinel"
+
+    @property
+    def url(self) -> str:
+        """The Sentinel's address, in kombu's form (``sentinel://host:port``)."""
+        return f"sentinel://127.0.0.1:{self.sentinel_port}"
+
+    def start(self) -> SentinelGroup:
+        primary, replica = self.servers
+        primary.start()
+        start_redis(
+            replica.directory, replica.port, extra=("--replicaof", "127.0.0.1", str(primary.port))
+        )
+        self._wait_linked(replica)
+        self._start_sentinel(primary.port)
+        return self
+
+    def _wait_linked(self, replica: PrivateRedis) -> None:
+        client = redis.Redis.from_url(replica.url, socket_timeout=1)
+        try:
+            wait_until(
+                lambda: client.info("replication").get("master_link_status") == "up",
+                "the replica's link to its primary",
+                replica.directory / "redis" / "redis.log",
+            )
+        finally:
+            client.close()
+
+    def _start_sentinel(self, primary_port: int) -> None:
+        self._sentinel_dir.mkdir(parents=True, exist_ok=True)
+        conf = self._sentinel_dir / "sentinel.conf"
+        log = self._sentinel_dir / "sentinel.log"
+        # The Sentinel rewrites this file as it learns: it must be its own, writable.
+        conf.write_text(
+            "\n".join(
+                (
+                    f"port {self.sentinel_port}",
+                    "bind 127.0.0.1",
+                    "daemonize yes",
+                    f"pidfile {self._sentinel_dir / 'sentinel.pid'}",
+                    f"logfile {log}",
+                    f"dir {self._sentinel_dir}",
+                    f"sentinel monitor {self.name} 127.0.0.1 {primary_port} 1",
+                    f"sentinel down-after-milliseconds {self.name} {DOWN_AFTER_MS}",
+                    f"sentinel failover-timeout {self.name} {FAILOVER_TIMEOUT_MS}",
+                    f"sentinel parallel-syncs {self.name} 1",
+                    "",
+                )
+            )
+        )
+        subprocess.run([binary("redis-server"), str(conf), "--sentinel"], check=True)
+        wait_until(
+            lambda: (
+                redis_reachable(f"redis://127.0.0.1:{self.sentinel_port}/0")
+                and self.primary_port() == primary_port
+            ),
+            "the Sentinel",
+            log,
+        )
+
+    def _sentinel(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.sentinel_port, socket_timeout=1)
+
+    def primary_port(self) -> int | None:
+        """The port of the server the Sentinel names primary now (None: it names none)."""
+        client = self._sentinel()
+        try:
+            # redis-py's stubs type Sentinel replies as unions with bool.
+            address = cast(
+                "tuple[str, int] | None", client.sentinel_get_master_addr_by_name(self.name)
+            )
+        finally:
+            client.close()
+        return int(address[1]) if address else None
+
+    def server_on(self, port: int) -> PrivateRedis:
+        for server in self.servers:
+            if server.port == port:
+                return server
+        raise ServiceSetupError(f"no server of this group is on port {port}")
+
+    def kill_primary(self) -> PrivateRedis:
+        """SIGKILL the primary; returns it (to start again as a replica, or not)."""
+        port = self.primary_port()
+        if port is None:
+            raise ServiceSetupError("the Sentinel names no primary")
+        killed = self.server_on(port)
+        killed.signal(signal.SIGKILL)
+        return killed
+
+    def wait_promoted(self, old_port: int, timeout_s: float = 15.0) -> int:
+        """Wait until the Sentinel names a primary other than ``old_port`` and
+        has settled on it (its flags say only ``master``: linked, not down, no
+        failover in progress); returns its port."""
+        deadline = time.monotonic() + timeout_s
+        client = self._sentinel()
+        try:
+            while time.monotonic() < deadline:
+                state = cast("dict[str, Any]", client.sentinel_master(self.name))
+                flags = state.get("flags", "")
+                names = set(flags.split(",")) if isinstance(flags, str) else set(flags)
+                port = int(state["port"])
+                if port != old_port and names == {"master"}:
+                    return port
+                time.sleep(0.02)
+        finally:
+            client.close()
+        raise ServiceSetupError(f"the Sentinel settled on no new primary within {timeout_s} s")
+
+    def stop(self) -> None:
+        # Whatever was never started, or is gone already, has nothing to stop.
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int((self._sentinel_dir / "sentinel.pid").read_text()), signal.SIGKILL)
+        for server in self.servers:
+            with contextlib.suppress(OSError, ValueError):
+                server.signal(signal.SIGKILL)
+
+    def __enter__(self) -> SentinelGroup:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
