@@ -17,6 +17,7 @@ from redis.backoff import NoBackoff
 from dataservice.broker.base import CONNECT_TIMEOUT_S
 from dataservice.limits.admission import ADMIT, admitted
 from dataservice.limits.pacing import Pacing
+from dataservice.redis import endpoints
 from dataservice.redis.bounded import QUIET
 from dataservice.redis.packing import async_packed_connection_class
 from dataservice.redis.scripts import run_pipelined_async
@@ -110,10 +111,11 @@ class AsyncBooks:
 
     def client(self) -> AsyncRedis:
         if self._client is None:
-            pool = AsyncBlockingPool.from_url(
+            pool = endpoints.async_pool(
                 self._url,
+                AsyncBlockingPool,
+                async_packed_connection_class(self._url),
                 max_connections=ASYNC_PUBLISH_CONNECTIONS,
-                connection_class=async_packed_connection_class(self._url),
                 # Waits for a connection end with the publish's own bound.
                 timeout=None,
                 socket_timeout=CONNECT_TIMEOUT_S + 3,

@@ -1,5 +1,6 @@
-"""Redis as the broker (``redis://``, ``rediss://``, ``unix://``): kombu's
-Redis transport, with admission in the channel.
+"""Redis as the broker (``redis://``, ``rediss://``, ``unix://``, and a
+Sentinel-managed primary at ``sentinel://``): kombu's Redis transport (or its
+Sentinel transport), with admission in the channel.
 
 The broker is always reached through :class:`RedisTransport`, over
 ``redis://`` and ``rediss://`` alike, so admission and caller pacing hold
@@ -13,6 +14,11 @@ removed from the URL it sees, so they are read one way only.
 A lane's message is pushed by the admission script (``limits/admit.lua``),
 which checks and pushes in one atomic step: a publish that is cancelled or
 times out either queued its message or did not.
+
+On ``sentinel://`` (:mod:`dataservice.redis.endpoints`) the channels are the
+same with kombu's Sentinel channel beneath: their pools ask the Sentinels for
+the primary, and the URL reaches kombu in its own form (one URL per
+Sentinel, the primary's name as the transport option ``master_name``).
 """
 
 from __future__ import annotations
@@ -44,8 +50,16 @@ from dataservice.limits.admission import (
     lane_admissions,
 )
 from dataservice.limits.pacing import Pacing
-from dataservice.redis import where
+from dataservice.redis import endpoints, where
 from dataservice.redis.bounded import QUIET, BoundedConnection, BoundedSSLConnection
+from dataservice.redis.endpoints import (
+    SENTINEL_PORT,
+    SENTINEL_SCHEME,
+    SENTINEL_TIMEOUT_S,
+    SentinelTarget,
+    is_sentinel,
+    sentinel_connection_class,
+)
 from dataservice.redis.keys import EPOCH_KEY
 from dataservice.redis.packing import PackedConnection, PackedSSLConnection
 from dataservice.redis.tls import redis_tls, without_tls_options
@@ -56,7 +70,7 @@ from dataservice.tcp import KEEPALIVE
 # rest of a call costs its thread. (Each holds two Redis connections: kombu
 # checks a new channel on a pool of its own.)
 PUBLISH_CONNECTIONS = 1
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", SENTINEL_SCHEME)
 
 
 class _Channel(kombu_compat.RedisChannel):
@@ -129,8 +143,8 @@ class _CallerChannel(_Channel):
     serve (:mod:`dataservice.redis.bounded`), and redis-py retries none of them (its
     back-off would sleep past any deadline; the client retries within it)."""
 
-    redis_connection_class = BoundedConnection
-    redis_ssl_connection_class = BoundedSSLConnection
+    redis_connection_class: ClassVar[type[redis.Connection]] = BoundedConnection
+    redis_ssl_connection_class: ClassVar[type[redis.SSLConnection] | None] = BoundedSSLConnection
 
     def client_factory(self) -> Any:
         return functools.partial(redis.Redis, retry=Retry(NoBackoff(), 0))
@@ -142,9 +156,32 @@ class CallerRedisTransport(RedisTransport):
     Channel = _CallerChannel
 
 
+class _SentinelChannel(_Channel, kombu_compat.RedisSentinelChannel):
+    """:class:`_Channel` on a Sentinel-managed primary."""
+
+    redis_connection_class = sentinel_connection_class(PackedConnection)
+    # TLS to a Sentinel-managed Redis is refused with the URL (endpoints).
+    redis_ssl_connection_class = None
+
+
+class SentinelTransport(RedisTransport):
+    default_port = SENTINEL_PORT  # type: ignore[assignment]  # kombu's stubs say None
+    Channel = _SentinelChannel
+
+
+class _CallerSentinelChannel(_CallerChannel, kombu_compat.RedisSentinelChannel):
+    redis_connection_class = sentinel_connection_class(BoundedConnection)
+    redis_ssl_connection_class = None
+
+
+class CallerSentinelTransport(CallerRedisTransport):
+    default_port = SENTINEL_PORT  # type: ignore[assignment]
+    Channel = _CallerSentinelChannel
+
+
 class _RedisDepths:
     def __init__(self, url: str, timeout_s: float) -> None:
-        self._redis = redis.Redis.from_url(url, socket_timeout=timeout_s, **QUIET)
+        self._redis = endpoints.client(url, socket_timeout=timeout_s, **QUIET)
 
     def depth(self, queue: str) -> int:
         return int(self._redis.llen(queue))
@@ -178,6 +215,18 @@ class _AsyncPublisher:
         await self._books.aclose()
 
 
+def _sentinel_options(target: SentinelTarget) -> dict[str, Any]:
+    return {
+        "master_name": target.primary,
+        # kombu asks the Sentinels with these (else with the connection's
+        # socket timeout, which a worker's blocking take leaves unset).
+        "sentinel_kwargs": {
+            "socket_timeout": SENTINEL_TIMEOUT_S,
+            "socket_connect_timeout": SENTINEL_TIMEOUT_S,
+        },
+    }
+
+
 class RedisBroker(Broker):
     name = "Redis"
     has_epoch = True
@@ -189,7 +238,7 @@ class RedisBroker(Broker):
         return f"Redis at {where(self.url)}"
 
     def unreachable(self, timeout_s: float) -> str:
-        client = redis.Redis.from_url(
+        client = endpoints.client(
             self.url,
             **QUIET,
             socket_timeout=timeout_s,
@@ -211,12 +260,16 @@ class RedisBroker(Broker):
         visibility_s = config.broker.visibility_timeout_s or config.longest_deadline_ms // 1000 + 60
         # Naming the transport hides the scheme from kombu, and with it kombu's own
         # rediss:// handling; TLS comes from the URL's options, passed explicitly.
-        tls = redis_tls(self.url, "the broker URL")
+        sentinel = (
+            SentinelTarget.parse(self.url, "the broker URL") if is_sentinel(self.url) else None
+        )
+        tls = None if sentinel else redis_tls(self.url, "the broker URL")
         tls_options = tls.kombu_options() if tls else None
         over_tcp = self.url.startswith(("redis://", "rediss://"))
+        transport = "SentinelTransport" if sentinel else "RedisTransport"
         return {
-            "broker_url": without_tls_options(self.url),
-            "broker_transport": f"{__name__}:RedisTransport" if over_tcp else None,
+            "broker_url": sentinel.kombu_url() if sentinel else without_tls_options(self.url),
+            "broker_transport": f"{__name__}:{transport}" if over_tcp or sentinel else None,
             "broker_use_ssl": tls_options or False,
             "broker_connection_retry_on_startup": True,
             "broker_transport_options": {
@@ -237,12 +290,14 @@ class RedisBroker(Broker):
                 # so without this a client could publish on another's connection
                 # made with weaker certificate checks.
                 "dataservice_tls": tls_options,
+                **(_sentinel_options(sentinel) if sentinel else {}),
             },
         }
 
     def caller_settings(self, conf: Any) -> None:
         if conf.broker_transport:
-            conf.broker_transport = f"{__name__}:CallerRedisTransport"
+            caller = "CallerSentinelTransport" if is_sentinel(self.url) else "CallerRedisTransport"
+            conf.broker_transport = f"{__name__}:{caller}"
             # A lost connection is made again on the next publish, once: kombu's
             # default would sleep between attempts, past any deadline.
             conf.broker_transport_options = {**conf.broker_transport_options, "max_retries": 0}
@@ -257,8 +312,10 @@ class RedisBroker(Broker):
         return admit_on_channel
 
     def async_publisher(self, config: Config) -> AsyncPublisher:
-        if not self.url.startswith(("redis://", "rediss://")):
-            raise InvalidArgument("AsyncClient needs a redis://, rediss:// or amqp:// broker URL")
+        if not self.url.startswith(("redis://", "rediss://", SENTINEL_SCHEME)):
+            raise InvalidArgument(
+                "AsyncClient needs a redis://, rediss://, sentinel:// or amqp:// broker URL"
+            )
         return _AsyncPublisher(self.url, config)
 
     def epoch(self, connection: Any) -> str | None:
@@ -271,7 +328,7 @@ class RedisBroker(Broker):
         return None
 
     def peek(self, queue: str, limit: int) -> Peek:
-        client = redis.Redis.from_url(self.url, **QUIET, socket_timeout=CONNECT_TIMEOUT_S)
+        client = endpoints.client(self.url, **QUIET, socket_timeout=CONNECT_TIMEOUT_S)
         try:
             with client.pipeline(transaction=False) as pipe:
                 pipe.llen(queue)

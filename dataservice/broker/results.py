@@ -22,6 +22,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from dataservice.errors import Unavailable
+from dataservice.redis import endpoints
 from dataservice.redis.bounded import QUIET, SLACK_S, BoundedPool, connection_class, within
 from dataservice.redis.keys import reply_key, result_key
 from dataservice.redis.scripts import LuaScript
@@ -91,9 +92,11 @@ class ResultStore:
         }
         if not bounded:
             return cls(
-                redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(url, **options))
+                redis.Redis(
+                    connection_pool=endpoints.pool(url, redis.BlockingConnectionPool, **options)
+                )
             )
-        pool = BoundedPool.from_url(url, connection_class=connection_class(url), **options)
+        pool = endpoints.pool(url, BoundedPool, connection_class(url), **options)
         return cls(redis.Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0)))
 
     def put(

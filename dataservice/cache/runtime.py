@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -16,6 +15,7 @@ from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
 from dataservice.handler.database import Database
 from dataservice.observe.metrics import FRESHNESS_GUARD
+from dataservice.redis import endpoints
 from dataservice.redis.bounded import QUIET
 from dataservice.redis.packing import packed_connection_class
 from dataservice.store import RecordStore
@@ -43,7 +43,7 @@ class CacheRuntime:
         # it stands in front of; the breaker takes it from there.
         # No retries either: redis-py would otherwise repeat a failed command
         # with back-off, turning one timeout into seconds.
-        self._client = redis.Redis.from_url(
+        self._client = endpoints.client(
             settings.redis_url,
             **QUIET,
             connection_class=packed_connection_class(settings.redis_url),
@@ -53,7 +53,7 @@ class CacheRuntime:
             max_connections=threads + cache.shadow.max_inflight + 2,
             retry=Retry(NoBackoff(), 0),
         )
-        self._waits = redis.Redis.from_url(
+        self._waits = endpoints.client(
             settings.redis_url,
             **QUIET,
             connection_class=packed_connection_class(settings.redis_url),

@@ -42,6 +42,7 @@ from dataservice.observe.metrics import (
     CHANGES_LAG_EVENTS,
     CHANGES_TRANSACTIONS,
 )
+from dataservice.redis import endpoints
 from dataservice.redis.bounded import QUIET
 from dataservice.redis.keys import CHANGES_FRESH_KEY, CHANGES_STATUS_KEY
 from dataservice.redis.packing import packed_connection_class
@@ -77,7 +78,7 @@ class ChangeConsumer:
         self._engine: Engine = create_engine(
             self._url, pool_size=1, max_overflow=0, pool_recycle=300, pool_pre_ping=True
         )
-        self._redis = redis.Redis.from_url(
+        self._redis = endpoints.client(
             settings.redis_url,
             **QUIET,
             connection_class=packed_connection_class(settings.redis_url),

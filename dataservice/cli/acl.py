@@ -26,17 +26,23 @@ def _inputs() -> tuple[Settings, Config, KeyRing]:
 def acl_apply() -> None:
     """Create or replace the callers file's Redis users; print their names.
 
-    Connects to DATASERVICE_REDIS_URL, which must name an administrator."""
-    from dataservice.security.acl import admin_client, apply_acl
+    Connects to DATASERVICE_REDIS_URL, which must name an administrator: on
+    a sentinel:// URL, to the primary and every replica the Sentinels list."""
+    from dataservice.security.acl import admin_clients, apply_acl
 
     settings, config, keyring = _inputs()
-    admin = admin_client(settings.redis_url)
+    names: list[str] = []
     try:
-        names = apply_acl(admin, keyring, config)
+        admins = admin_clients(settings.redis_url)
     except DataServiceError as exc:
         raise fail(exc, 1) from None
-    finally:
-        admin.close()
+    for admin in admins:
+        try:
+            names = apply_acl(admin, keyring, config)
+        except DataServiceError as exc:
+            raise fail(exc, 1) from None
+        finally:
+            admin.close()
     for name in names:
         typer.echo(name)
     if not names:

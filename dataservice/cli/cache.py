@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from enum import StrEnum
 
-import redis
 import typer
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -27,6 +26,7 @@ from dataservice.cache.shadow import describe_counts, read_counts
 from dataservice.changes.behind import describe_events, describe_lag
 from dataservice.cli.common import fail, load
 from dataservice.errors import DataServiceError, InvalidControl
+from dataservice.redis import endpoints
 from dataservice.redis.keys import CHANGES_FRESH_KEY, ROLLOUT_KEY
 
 app = typer.Typer(no_args_is_help=True, help="The read cache's rollout controls (docs/cache.md).")
@@ -47,7 +47,7 @@ def _controls() -> Iterator[RolloutControls]:
     settings, config = load()
     # No retries: a change is not idempotent (a rotation retried after a lost
     # reply would rotate twice), and a Redis that does not answer should say so now.
-    client = redis.Redis.from_url(
+    client = endpoints.client(
         settings.redis_url,
         socket_connect_timeout=2,
         socket_timeout=5,

@@ -19,6 +19,7 @@ from redis.retry import Retry
 from dataservice.cli.common import load
 from dataservice.enums import LaneName
 from dataservice.errors import DataServiceError
+from dataservice.redis import endpoints
 
 app = typer.Typer(no_args_is_help=True, help="Look inside the queues and the cache, read-only.")
 
@@ -29,7 +30,7 @@ PAYLOAD_SHOWN = 64
 @contextmanager
 def _redis(url: str, what: str) -> Iterator[redis.Redis]:
     """A client for ``url``; a Redis error exits 1 naming ``what`` failed, no traceback."""
-    client = redis.Redis.from_url(
+    client = endpoints.client(
         url, socket_timeout=5, socket_connect_timeout=2, retry=Retry(NoBackoff(), 0)
     )
     try:

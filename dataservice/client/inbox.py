@@ -45,6 +45,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from dataservice.errors import Unavailable
 from dataservice.proto import pb
+from dataservice.redis import endpoints
 from dataservice.redis.bounded import QUIET
 from dataservice.redis.keys import reply_key, result_key
 from dataservice.redis.tasks import stop_task
@@ -220,7 +221,7 @@ class Inbox:
         self.channel = self.slots.channel
         # Its own connection (a blocking read holds it), as the caller's Redis
         # user; QUIET: that user may not announce the client library.
-        self._redis = redis.Redis.from_url(
+        self._redis = endpoints.client(
             url,
             max_connections=1,
             socket_timeout=SLICE_S + 3,
@@ -410,7 +411,7 @@ class AsyncInbox:
             await stop_task(task, SLICE_S + 1, "reply channel reader")
 
     async def _read(self) -> None:
-        client = AsyncRedis.from_url(
+        client = endpoints.async_client(
             self._url,
             max_connections=1,
             socket_timeout=SLICE_S + 3,

@@ -32,6 +32,12 @@ Internal names, and why:
   client is made, and whether the channel still has a pool to make it on.
 - ``kombu.transport.redis.Channel._q_for_pri``, ``_get_message_priority``:
   the list a message is pushed onto (:meth:`RedisChannel.queue_key`).
+- ``kombu.transport.redis.SentinelChannel``: kombu's channel on a
+  Sentinel-managed primary (its ``_get_pool`` asks the Sentinels named by the
+  connection's ``;``-joined URLs for the transport option ``master_name``).
+  :class:`RedisSentinelChannel` puts it beneath :class:`RedisChannel`'s hooks;
+  its pools' connection classes must be redis-py's ``SentinelManagedConnection``
+  or a subclass.
 - ``kombu.transport.redis.QoS.append``: overridden, so that the record of a
   delivery may wait for the consumer's decision (:class:`RedisQoS`).
 - ``kombu.transport.redis.QoS.unacked_key``, ``unacked_index_key``: the names of
@@ -84,6 +90,7 @@ from contextlib import contextmanager
 from typing import Any, ClassVar, Final
 
 import redis
+import redis.sentinel
 from kombu.common import oid_from
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual as kombu_virtual
@@ -373,6 +380,17 @@ class RedisChannel(kombu_redis.Channel):
 
     def _get_client(self) -> Any:
         return self.client_factory()
+
+
+class RedisSentinelChannel(RedisChannel, kombu_redis.SentinelChannel):
+    """:class:`RedisChannel` on a Sentinel-managed primary."""
+
+    redis_connection_class: ClassVar[type[redis.Connection]] = (
+        redis.sentinel.SentinelManagedConnection
+    )
+    redis_ssl_connection_class: ClassVar[type[redis.SSLConnection] | None] = (
+        redis.sentinel.SentinelManagedSSLConnection
+    )
 
 
 class RedisTransport(kombu_redis.Transport):

@@ -15,6 +15,7 @@ from typing import Any
 
 from dataservice.config.model import Config, load_config
 from dataservice.errors import ConfigError
+from dataservice.redis.endpoints import SentinelTarget, is_sentinel
 from dataservice.redis.tls import redis_tls
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -80,9 +81,14 @@ class Settings:
                 continue
             if name == "DATASERVICE_BROKER_URL" and env[name].startswith(AMQP_SCHEMES):
                 continue
+            if is_sentinel(env[name]):
+                SentinelTarget.parse(env[name], name)
+                continue
             if not env[name].startswith(("redis://", "rediss://", "unix://")):
                 also = " (the broker: or amqp://, amqps://)" if "BROKER" in name else ""
-                raise ConfigError(f"{name} must be a redis://, rediss:// or unix:// URL{also}")
+                raise ConfigError(
+                    f"{name} must be a redis://, rediss://, unix:// or sentinel:// URL{also}"
+                )
             redis_tls(env[name], name)
         for name in ("DATASERVICE_DATABASE_URL", "DATASERVICE_CHANGES_DATABASE_URL"):
             if name in env and not env[name].startswith("mysql"):

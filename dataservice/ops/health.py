@@ -36,7 +36,7 @@ from dataservice.changes.behind import describe_events, describe_lag
 from dataservice.changes.server import describe, reason
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
-from dataservice.redis import where
+from dataservice.redis import endpoints, where
 from dataservice.redis.bounded import QUIET
 from dataservice.redis.keys import CHANGES_FRESH_KEY
 
@@ -83,7 +83,7 @@ def exit_status(live: list[Check], ready: list[Check]) -> HealthExit:
 
 
 def _client(url: str, timeout_s: float) -> redis.Redis:
-    return redis.Redis.from_url(
+    return endpoints.client(
         url,
         **QUIET,
         socket_timeout=timeout_s,

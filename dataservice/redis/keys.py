@@ -32,6 +32,10 @@ key                                    what it holds
                                        request admitted; a Redis that restarted empty
                                        gets a new one (a caller waiting on a request
                                        admitted before is told it may be lost)
+``ds:epoch:server``                    on a Sentinel-managed broker, the address of the
+                                       primary the epoch belongs to: a process that finds
+                                       another primary ends the epoch
+                                       (``dataservice/broker/epoch.lua``)
 ``record:v1:<scope>:<id>#<gen>``       a cached record, JSON (``docs/cache.md``), in the
                                        namespace generation ``<gen>``
 ``record:v2:<scope>:<id>#<gen>``       the same record, protobuf
@@ -89,6 +93,7 @@ RATE_PREFIX = "ds:rate:"
 INFLIGHT_PREFIX = "ds:inflight:"
 PACE_PREFIX = "ds:pace:"
 EPOCH_KEY = "ds:epoch"
+EPOCH_SERVER_KEY = "ds:epoch:server"
 RECORD_PREFIX = "record:"
 LOCK_PREFIX = "ds:lock:"
 LOCKWAIT_PREFIX = "ds:lockwait:"

@@ -42,7 +42,9 @@ are theirs alone because no caller's pattern matches them.
 
 Users are created by an administrator's connection (``ACL SETUSER ... reset``,
 so applying again replaces every rule and password). Redis keeps ACL users per
-server and does not replicate them: apply them to every node.
+server and does not replicate them: apply them to every node (given a
+``sentinel://`` URL, :func:`apply_from_settings` does, to the primary and each
+replica the Sentinels list).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
 from dataservice.errors import ServiceSetupError
+from dataservice.redis import endpoints
 from dataservice.redis.keys import (
     EPOCH_KEY,
     admission_key,
@@ -166,21 +169,56 @@ def apply_acl(admin: redis.Redis, keyring: KeyRing, config: Config) -> list[str]
 
 
 def admin_client(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
+    return endpoints.client(url, socket_connect_timeout=2, socket_timeout=5)
+
+
+def admin_clients(url: str) -> list[redis.Redis]:
+    """An administrator's client of each server at ``url``: the one server,
+    or a Sentinel-managed primary and every replica the Sentinels list (ACL
+    users are not replicated, and a promoted replica must have them)."""
+    if not endpoints.is_sentinel(url):
+        return [admin_client(url)]
+    target = endpoints.SentinelTarget.parse(url)
+    sentinels = target.manager({})
+    try:
+        servers = [
+            sentinels.discover_master(target.primary),
+            *sentinels.discover_slaves(target.primary),
+        ]
+    except redis.RedisError as exc:
+        raise ServiceSetupError(
+            f"the servers of {target.where()} are unknown: {type(exc).__name__}"
+        ) from None
+    finally:
+        for sentinel in sentinels.sentinels:
+            sentinel.close()
+    return [
+        redis.Redis(
+            host=host,
+            port=port,
+            **target.primary_options(),
+            socket_connect_timeout=2,
+            socket_timeout=5,
+        )
+        for host, port in servers
+    ]
 
 
 def apply_from_settings(settings: Settings) -> list[str]:
-    """Apply the callers file's users on ``settings.redis_url`` (an administrator);
-    nothing when no callers file is configured."""
+    """Apply the callers file's users on ``settings.redis_url`` (an administrator:
+    on every server of a Sentinel-managed group); nothing when no callers file
+    is configured."""
     if settings.callers_file is None:
         return []
     keyring = load_keyring(settings.callers_file)
     config = settings.load()
-    admin = admin_client(settings.redis_url)
-    try:
-        return apply_acl(admin, keyring, config)
-    finally:
-        admin.close()
+    names: list[str] = []
+    for admin in admin_clients(settings.redis_url):
+        try:
+            names = apply_acl(admin, keyring, config)
+        finally:
+            admin.close()
+    return names
 
 
 _BARE = frozenset(string.ascii_letters + string.digits + "!#$%&()*+,-./:;<=>?@[]^_`{|}~")

@@ -8,12 +8,12 @@ from dataclasses import asdict
 from typing import Any
 from weakref import WeakKeyDictionary
 
-import redis
 from celery import Celery, Task
 from celery.worker.control import inspect_command
 
 from dataservice.broker import broker_for
 from dataservice.broker.celery import TASK_NAME, celery_app
+from dataservice.broker.failover import EpochKeeper
 from dataservice.broker.results import ResultStore
 from dataservice.cache.runtime import CacheRuntime
 from dataservice.config.budget import pool_size
@@ -31,7 +31,9 @@ from dataservice.limits.admission import (
 from dataservice.limits.gate import Gate
 from dataservice.limits.permits import PERMITS_COMMAND, LanePermits
 from dataservice.observe.metrics import DEPENDENCY_FAILURES, Dependency
+from dataservice.redis import endpoints
 from dataservice.redis.bounded import QUIET, within
+from dataservice.redis.endpoints import is_sentinel
 from dataservice.redis.packing import packed_connection_class
 from dataservice.security.auth import Authenticator
 from dataservice.security.callers import KeyRing, load_keyring
@@ -88,7 +90,7 @@ class LaneRuntime:
         self._purger = (
             OutcomePurger(store, self.permits, config) if lane is LaneName.BATCH else None
         )
-        self.limits_redis = redis.Redis.from_url(
+        self.limits_redis = endpoints.client(
             settings.redis_url,
             **QUIET,
             connection_class=packed_connection_class(settings.redis_url),
@@ -129,12 +131,19 @@ class LaneRuntime:
         # The worker's own small talk with admission's Redis (service times,
         # queue gauges): the broker's, or on RabbitMQ the result backend's.
         # Short timeouts, so that a stalled Redis costs a beat, not a thread.
-        self._broker = redis.Redis.from_url(
+        self._broker = endpoints.client(
             settings.admission_url,
             **QUIET,
             socket_timeout=_BROKER_CHATTER_TIMEOUT_S,
             socket_connect_timeout=_BROKER_CHATTER_TIMEOUT_S,
             max_connections=4,
+        )
+        # On a Sentinel-managed broker the epoch follows the primary, so that
+        # requests a failover lost are reported lost (dataservice/broker/failover.py).
+        self._epochs = (
+            EpochKeeper(self._broker, [config.lanes[name].queue for name in LaneName])
+            if is_sentinel(settings.broker_url)
+            else None
         )
         self._service_times = ServiceTimesPublisher(
             self._broker,
@@ -214,6 +223,8 @@ class LaneRuntime:
 
     def close(self) -> None:
         self._service_times.stop()
+        if self._epochs is not None:
+            self._epochs.stop()
         self._gauges.close()
         self._broker.close()
         if self._purger is not None:

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import pytest
 import redis
+import redis.sentinel
 from celery import Celery
 from celery.app.control import Inspect
 from celery.app.task import Task
@@ -354,6 +355,20 @@ def test_kombu_private_names_keep_their_signatures() -> None:
         kombu_compat.PRIORITY_SEP,
         kombu_compat.BINDING_PREFIX,
         kombu_compat.PERMANENT_BINDING_PREFIX,
+    )
+
+
+def test_kombus_sentinel_channel_is_what_compat_puts_beneath_the_hooks() -> None:
+    sentinel = kombu_redis.SentinelChannel
+    assert issubclass(sentinel, kombu_redis.Channel)
+    assert {"master_name", "sentinel_kwargs"} <= set(sentinel.from_transport_options)
+    assert list(inspect.signature(sentinel._get_pool).parameters) == ["self", "asynchronous"]
+    assert "self.connection.client.alt" in inspect.getsource(sentinel._sentinel_managed_pool)
+    # The hooks come first, kombu's Sentinel pool beneath them.
+    mro = kombu_compat.RedisSentinelChannel.__mro__
+    assert mro.index(kombu_compat.RedisChannel) < mro.index(sentinel)
+    assert kombu_compat.RedisSentinelChannel.connection_class is (
+        redis.sentinel.SentinelManagedConnection
     )
 
 

@@ -10,12 +10,14 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 import redis
 import yaml
+from dataservice_tools.localservices.sentinel import SentinelGroup
 from redis.exceptions import NoPermissionError, ResponseError
 
 from dataservice import Client
@@ -26,7 +28,13 @@ from dataservice.enums import LaneName
 from dataservice.limits.admission import SIZE_HEADER, admit, lane_admission_bounds
 from dataservice.proto import pb
 from dataservice.redis.keys import inflight_key, rate_key, replay_key, reply_key, result_key
-from dataservice.security.acl import WORKER_USER, acl_users, apply_acl, caller_user
+from dataservice.security.acl import (
+    WORKER_USER,
+    acl_users,
+    apply_acl,
+    apply_from_settings,
+    caller_user,
+)
 from dataservice.security.callers import KeyRing, load_keyring
 from tests.conftest import require
 
@@ -305,3 +313,19 @@ def test_shown_commands_set_the_same_users_through_redis_cli(
     )  # fmt: skip
     assert done.stdout.split() == ["OK"] * len(users), done.stderr
     assert {name: redis_client.acl_getuser(name) for name in users} == applied
+
+
+@pytest.mark.fault
+def test_acl_apply_on_a_sentinel_url_sets_the_users_on_the_primary_and_its_replica(
+    settings: Settings, keyring: KeyRing, tmp_path: Path
+) -> None:
+    with SentinelGroup(tmp_path) as group:
+        url = f"sentinel://127.0.0.1:{group.sentinel_port}/{group.name}/0"
+        names = apply_from_settings(dataclasses.replace(settings, redis_url=url))
+        assert WORKER_USER in names
+        for server in group.servers:
+            client = redis.Redis.from_url(server.url)
+            try:
+                assert set(names) <= set(client.acl_users())
+            finally:
+                client.close()

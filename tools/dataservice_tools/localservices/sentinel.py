@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -134,6 +135,45 @@ class SentinelGroup:
         killed = self.server_on(port)
         killed.signal(signal.SIGKILL)
         return killed
+
+    def replica(self) -> PrivateRedis:
+        """The server the Sentinel does not name primary."""
+        port = self.primary_port()
+        others = [server for server in self.servers if server.port != port]
+        if len(others) != 1:
+            raise ServiceSetupError("the Sentinel names no primary of this group")
+        return others[0]
+
+    def wait_replicated(self, timeout_ms: int = 2000) -> None:
+        """Wait until the replica has everything the primary has taken so far."""
+        port = self.primary_port()
+        if port is None:
+            raise ServiceSetupError("the Sentinel names no primary")
+        primary = redis.Redis(host="127.0.0.1", port=port, socket_timeout=timeout_ms / 1000 + 1)
+        try:
+            if primary.wait(1, timeout_ms) < 1:
+                raise ServiceSetupError(f"the replica did not catch up within {timeout_ms} ms")
+        finally:
+            primary.close()
+
+    @contextlib.contextmanager
+    def replication_held(self) -> Iterator[PrivateRedis]:
+        """Inside: the replica stopped (SIGSTOP) and its link to the primary
+        cut, so nothing the primary takes meanwhile reaches it (what was sent
+        before, in its socket's buffer, still does). On leaving, the replica
+        goes on; it links to the primary again if the primary is still there."""
+        replica = self.replica()
+        port = self.primary_port()
+        if port is None:
+            raise ServiceSetupError("the Sentinel names no primary")
+        primary = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
+        replica.signal(signal.SIGSTOP)
+        try:
+            primary.client_kill_filter(_type="replica")
+            yield replica
+        finally:
+            primary.close()
+            replica.signal(signal.SIGCONT)
 
     def wait_promoted(self, old_port: int, timeout_s: float = 15.0) -> int:
         """Wait until the Sentinel names a primary other than ``old_port`` and
