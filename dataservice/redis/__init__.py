@@ -1,4 +1,5 @@
-"""Redis plumbing: where a URL leads (one server or a Sentinel-managed primary), every key's name, bounded connections, TLS, packed commands, Lua scripts."""
+"""Redis plumbing: where a URL leads (one server, or a Sentinel-managed primary),
+every key's name, bounded connections, TLS, packed commands, Lua scripts."""
 
 from __future__ import annotations
 
