@@ -105,7 +105,7 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> object:
 def test_clients_of_both_kinds_reach_the_primary_through_the_sentinel(
     group: SentinelGroup,
 ) -> None:
-    url = f"sentinel://127.0.0.1:{group.sentinel_port}/{group.name}/5"
+    url = group.url(db=5)
     client = endpoints.client(url, connection_class=PackedConnection, socket_timeout=2)
     try:
         client.set("ds:endpoints-test", "here")

@@ -320,8 +320,7 @@ def test_acl_apply_on_a_sentinel_url_sets_the_users_on_the_primary_and_its_repli
     settings: Settings, keyring: KeyRing, tmp_path: Path
 ) -> None:
     with SentinelGroup(tmp_path) as group:
-        url = f"sentinel://127.0.0.1:{group.sentinel_port}/{group.name}/0"
-        names = apply_from_settings(dataclasses.replace(settings, redis_url=url))
+        names = apply_from_settings(dataclasses.replace(settings, redis_url=group.url()))
         assert WORKER_USER in names
         for server in group.servers:
             client = redis.Redis.from_url(server.url)

@@ -1,12 +1,14 @@
-"""A Sentinel-managed Redis of our own: a primary, a replica and one Sentinel,
-all from the one ``redis-server`` binary (``--sentinel``; no separate
-``redis-sentinel`` is needed), on ports of their own, nothing persisted.
+"""A Sentinel-managed Redis of our own: a primary, a replica and one or more
+Sentinels, all from the one ``redis-server`` binary (``--sentinel``; no
+separate ``redis-sentinel`` is needed), on ports of their own, nothing persisted.
 
 What a cell's failover is tested against: :meth:`SentinelGroup.kill_primary`
 SIGKILLs whichever server is the primary now, and
 :meth:`SentinelGroup.wait_promoted` waits until the Sentinel names another.
-One Sentinel with a quorum of one decides alone: enough on one machine, where
-a partition between Sentinels cannot happen.
+With one Sentinel (the default) the quorum is one and it decides alone:
+enough on one machine, where a partition between Sentinels cannot happen.
+With three, as a deployment runs them, two must agree that the primary is
+down and a majority elects the one that fails it over.
 """
 
 from __future__ import annotations
@@ -38,20 +40,21 @@ FAILOVER_TIMEOUT_MS = 3000
 class SentinelGroup:
     """A primary, a replica of it and a Sentinel that watches them, under ``directory``."""
 
-    def __init__(self, directory: Path, name: str = "ds-cell") -> None:
+    def __init__(self, directory: Path, name: str = "ds-cell", sentinels: int = 1) -> None:
         self.directory = directory
         self.name = name
         self.servers = (
             PrivateRedis(directory / "a"),
             PrivateRedis(directory / "b"),
         )
-        self.sentinel_port = free_port()
-        self._sentinel_dir = directory / "sentinel"
+        self.sentinel_ports = tuple(free_port() for _ in range(sentinels))
+        self.sentinel_port = self.sentinel_ports[0]
+        self.quorum = sentinels // 2 + 1
 
-    @property
-    def url(self) -> str:
-        """The Sentinel's address, in kombu's form (``sentinel://host:port``)."""
-        return f"sentinel://127.0.0.1:{self.sentinel_port}"
+    def url(self, db: int = 0) -> str:
+        """The service's URL of the primary (``sentinel://`` with every Sentinel)."""
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
+        return f"sentinel://{hosts}/{self.name}/{db}"
 
     def start(self) -> SentinelGroup:
         primary, replica = self.servers
@@ -60,8 +63,30 @@ class SentinelGroup:
             replica.directory, replica.port, extra=("--replicaof", "127.0.0.1", str(primary.port))
         )
         self._wait_linked(replica)
-        self._start_sentinel(primary.port)
+        for port in self.sentinel_ports:
+            self._start_sentinel(port, primary.port)
+        if len(self.sentinel_ports) > 1:
+            self._wait_acquainted()
         return self
+
+    def _wait_acquainted(self) -> None:
+        # A Sentinel learns of the others from their hellos on the primary; a
+        # failover needs a majority that knows each other.
+        def acquainted() -> bool:
+            for port in self.sentinel_ports:
+                client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
+                try:
+                    state = cast("dict[str, Any]", client.sentinel_master(self.name))
+                finally:
+                    client.close()
+                if int(state.get("num-other-sentinels", 0)) < len(self.sentinel_ports) - 1:
+                    return False
+            return True
+
+        wait_until(acquainted, "the Sentinels to know each other", self._dir(0) / "sentinel.log")
+
+    def _dir(self, index: int) -> Path:
+        return self.directory / f"sentinel-{index}"
 
     def _wait_linked(self, replica: PrivateRedis) -> None:
         client = redis.Redis.from_url(replica.url, socket_timeout=1)
@@ -74,21 +99,22 @@ class SentinelGroup:
         finally:
             client.close()
 
-    def _start_sentinel(self, primary_port: int) -> None:
-        self._sentinel_dir.mkdir(parents=True, exist_ok=True)
-        conf = self._sentinel_dir / "sentinel.conf"
-        log = self._sentinel_dir / "sentinel.log"
+    def _start_sentinel(self, port: int, primary_port: int) -> None:
+        directory = self._dir(self.sentinel_ports.index(port))
+        directory.mkdir(parents=True, exist_ok=True)
+        conf = directory / "sentinel.conf"
+        log = directory / "sentinel.log"
         # The Sentinel rewrites this file as it learns: it must be its own, writable.
         conf.write_text(
             "\n".join(
                 (
-                    f"port {self.sentinel_port}",
+                    f"port {port}",
                     "bind 127.0.0.1",
                     "daemonize yes",
-                    f"pidfile {self._sentinel_dir / 'sentinel.pid'}",
+                    f"pidfile {directory / 'sentinel.pid'}",
                     f"logfile {log}",
-                    f"dir {self._sentinel_dir}",
-                    f"sentinel monitor {self.name} 127.0.0.1 {primary_port} 1",
+                    f"dir {directory}",
+                    f"sentinel monitor {self.name} 127.0.0.1 {primary_port} {self.quorum}",
                     f"sentinel down-after-milliseconds {self.name} {DOWN_AFTER_MS}",
                     f"sentinel failover-timeout {self.name} {FAILOVER_TIMEOUT_MS}",
                     f"sentinel parallel-syncs {self.name} 1",
@@ -99,19 +125,22 @@ class SentinelGroup:
         subprocess.run([binary("redis-server"), str(conf), "--sentinel"], check=True)
         wait_until(
             lambda: (
-                redis_reachable(f"redis://127.0.0.1:{self.sentinel_port}/0")
-                and self.primary_port() == primary_port
+                redis_reachable(f"redis://127.0.0.1:{port}/0")
+                and self._primary_port_from(port) == primary_port
             ),
             "the Sentinel",
             log,
         )
 
-    def _sentinel(self) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.sentinel_port, socket_timeout=1)
+    def _sentinel(self, port: int | None = None) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=port or self.sentinel_port, socket_timeout=1)
 
     def primary_port(self) -> int | None:
-        """The port of the server the Sentinel names primary now (None: it names none)."""
-        client = self._sentinel()
+        """The port of the server the first Sentinel names primary now (None: it names none)."""
+        return self._primary_port_from(self.sentinel_port)
+
+    def _primary_port_from(self, port: int) -> int | None:
+        client = self._sentinel(port)
         try:
             # redis-py's stubs type Sentinel replies as unions with bool.
             address = cast(
@@ -196,8 +225,9 @@ class SentinelGroup:
 
     def stop(self) -> None:
         # Whatever was never started, or is gone already, has nothing to stop.
-        with contextlib.suppress(OSError, ValueError):
-            os.kill(int((self._sentinel_dir / "sentinel.pid").read_text()), signal.SIGKILL)
+        for index in range(len(self.sentinel_ports)):
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int((self._dir(index) / "sentinel.pid").read_text()), signal.SIGKILL)
         for server in self.servers:
             with contextlib.suppress(OSError, ValueError):
                 server.signal(signal.SIGKILL)
