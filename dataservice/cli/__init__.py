@@ -16,6 +16,7 @@ import typer
 
 from dataservice.cli import acl, db, inspect, keys
 from dataservice.cli import cache as cache_cli
+from dataservice.cli import cells as cells_cli
 from dataservice.cli.changes import changes
 from dataservice.cli.flower import flower
 from dataservice.cli.health import health
@@ -28,6 +29,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run and oper
 app.add_typer(db.app, name="db")
 app.add_typer(acl.app, name="acl")
 app.add_typer(cache_cli.app, name="cache")
+app.add_typer(cells_cli.app, name="cells")
 app.add_typer(keys.app, name="keys")
 app.add_typer(inspect.app, name="inspect")
 app.command("changes")(changes)

@@ -3,6 +3,7 @@ and the database budget it must fit in."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import typer
@@ -39,6 +40,9 @@ def worker(
     alive_file: Path | None = typer.Option(
         None, help="Touch this file every second from the consumer loop (dataservice health)."
     ),
+    cell: str | None = typer.Option(
+        None, help="The cell this pool serves, when cells are configured (DATASERVICE_CELL)."
+    ),
 ) -> None:
     """Run one worker pool consuming only LANE's queue: the short form of
     `celery -A workers.LANE worker -n LANE-<pid>@<host> --without-gossip
@@ -50,6 +54,9 @@ def worker(
     settings, config = load()
     threads = config.lanes[lane].concurrency if concurrency is None else concurrency
     try:
+        if cell is not None:
+            settings = dataclasses.replace(settings, cell=cell)
+        settings = settings.for_worker(config)
         require_within_budget(config, lane, threads)
     except DataServiceError as exc:
         raise fail(exc, 2) from None

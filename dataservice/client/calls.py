@@ -160,6 +160,8 @@ class Calls(BaseClient, Generic[H]):
         transport: Callable[..., Any],
         handle: Callable[..., H],
     ) -> None:
+        # With cells, the caller's own cell's URLs (dataservice.config.cells).
+        settings = settings.for_caller(caller, config)
         key = signing_key(caller, settings, key)
         self.caller = caller
         self.config = config

@@ -3,7 +3,8 @@
 The database sustains ``budget.database_active`` concurrently active short
 transactions; ``budget.reserved`` of them belong to maintenance and other
 callers. The service's replicas (``budget.max_replicas``, rolling-deploy
-overlap included) share the rest. A replica is one worker process per lane;
+overlap included, in each cell: :mod:`dataservice.config.cells`) share the
+rest. A replica is one worker process per lane;
 each process holds at most its lane's permits, plus one administrative
 statement (:data:`ADMIN_STATEMENTS`): the process's own connection that
 confirms the server has let go of a statement the process gave up on
@@ -95,16 +96,16 @@ def check_budget(config: Config) -> BudgetCheck:
         f"statements per replica: {split} = {per_replica} "
         f"(each lane's permits + its process's administrative statement)"
     )
-    total = budget.max_replicas * per_replica
+    replicas, of = _replicas(config)
+    total = replicas * per_replica
     lines.append(
-        f"all replicas: {budget.max_replicas} replicas x {per_replica} statements = {total} "
-        f"{_verdict(total, available)}"
+        f"all replicas: {of}{per_replica} statements = {total} {_verdict(total, available)}"
     )
     if total > available:
         problems.append(
-            f"{budget.max_replicas} replicas x {per_replica} statements = {total} exceeds "
+            f"{of}{per_replica} statements = {total} exceeds "
             f"{budget.database_active} - {budget.reserved} = {available}: lower "
-            "budget.max_replicas or the lanes' permits"
+            "budget.max_replicas, the cells or the lanes' permits"
         )
 
     for name, lane, share in lanes:
@@ -122,20 +123,30 @@ def check_budget(config: Config) -> BudgetCheck:
                 )
 
     per_replica_conns = sum(share.connections for _, _, share in lanes)
-    conns = budget.max_replicas * per_replica_conns
+    conns = replicas * per_replica_conns
     pools = " + ".join(
         f"{name.value} {share.pool} + {ADMIN_CONNECTIONS}" for name, _, share in lanes
     )
     lines.append(
-        f"connections: {pools} = {per_replica_conns} per replica x {budget.max_replicas} "
+        f"connections: {pools} = {per_replica_conns} per replica x {replicas} "
         f"replicas = {conns} {_verdict(conns, budget.max_connections)}"
     )
     if conns > budget.max_connections:
         problems.append(
-            f"{budget.max_replicas} replicas x {per_replica_conns} connections = {conns} exceeds "
+            f"{of}{per_replica_conns} connections = {conns} exceeds "
             f"budget.max_connections ({budget.max_connections})"
         )
     return check
+
+
+def _replicas(config: Config) -> tuple[int, str]:
+    """Replicas of the whole deployment, and how they are counted: every
+    cell runs up to ``budget.max_replicas`` of its own."""
+    per_cell = config.budget.max_replicas
+    cells = config.cells.count
+    if not config.cells.names:
+        return per_cell, f"{per_cell} replicas x "
+    return cells * per_cell, f"{cells} cells x {per_cell} replicas x "
 
 
 def pool_size(concurrency: int, permits: int) -> int:

@@ -19,6 +19,7 @@ from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
 from dataservice import identifiers
 from dataservice.config.cache import CacheConfig
+from dataservice.config.cells import CellsConfig
 from dataservice.config.frozen import FrozenModel
 from dataservice.config.rate import Rate
 from dataservice.enums import LaneName, OperationClass
@@ -283,6 +284,7 @@ class Config(FrozenModel):
     cache: CacheConfig
     changes: ChangesConfig
     logging: LoggingConfig = LoggingConfig()
+    cells: CellsConfig = CellsConfig()
     callers: dict[CallerName, CallerPolicy]
 
     @model_validator(mode="after")
@@ -321,6 +323,16 @@ class Config(FrozenModel):
                     f"lanes.{name}.max_ops_per_message ({lane.max_ops_per_message}) exceeds "
                     f"lanes.{name}.admission.max_messages ({lane.admission.max_messages})"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _every_cell_guarded(self) -> Config:
+        if len(self.cells.names) > 1 and not self.changes.guard:
+            raise ValueError(
+                "cells: more than one cell needs changes.guard: true (the change stream "
+                "invalidates the cache of its own cell only; the guard keeps every other "
+                "cell's reads on the database)"
+            )
         return self
 
     def message_bytes(self, lane: LaneConfig) -> int:

@@ -61,7 +61,8 @@ WORKER_OPTIONS = (
 def _from_environment() -> tuple[Settings, Config]:
     try:
         settings = Settings.from_env()
-        return settings, settings.load()
+        config = settings.load()
+        return settings.for_worker(config), config
     except DataServiceError as exc:
         refuse(exc)
 

@@ -1,0 +1,42 @@
+"""``dataservice cells``: which cell each caller belongs to (docs/operations.md, "Cells")."""
+
+from __future__ import annotations
+
+import typer
+
+from dataservice.cli.common import load
+
+app = typer.Typer(no_args_is_help=True, help="The cells and the callers each one serves.")
+
+
+@app.command("show")
+def cells_show(
+    with_names: list[str] = typer.Option(
+        [], "--with", help="A cell to add to the configured ones: who would move to it."
+    ),
+    without: list[str] = typer.Option(
+        [], "--without", help="A configured cell to leave out: who would move from it."
+    ),
+) -> None:
+    """Print each configured caller's cell and whether it is pinned; with
+    --with or --without, the cells it would have then."""
+    from dataservice.config.cells import CellsConfig
+
+    _, config = load()
+    cells = config.cells
+    if not cells.names:
+        typer.echo("no cells configured: one deployment on the environment's URLs")
+        return
+    names = tuple(n for n in (*cells.names, *with_names) if n not in without)
+    pins = {caller: cell for caller, cell in cells.callers.items() if cell in names}
+    if not names:
+        typer.echo("error: --without leaves no cell", err=True)
+        raise typer.Exit(2)
+    then = CellsConfig(names=names, callers=pins)
+    changed = names != cells.names
+    for caller in sorted(config.callers):
+        now = cells.cell_of(caller)
+        line = f"{caller}: {now}" + (" (pinned)" if caller in cells.callers else "")
+        if changed and then.cell_of(caller) != now:
+            line += f" -> {then.cell_of(caller)}"
+        typer.echo(line)
