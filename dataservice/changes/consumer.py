@@ -20,14 +20,11 @@ import time
 from dataclasses import dataclass, replace
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 from sqlalchemy import Engine, create_engine
 
-from dataservice.cache.controls import RolloutControls
 from dataservice.changes.behind import UNKNOWN, UNKNOWN_LAG_S, Behind, LagProbe
+from dataservice.changes.cells import Cells
 from dataservice.changes.checkpoint import Checkpoints
-from dataservice.changes.invalidator import Invalidator
 from dataservice.changes.lease import Lease
 from dataservice.changes.start import WHO, start_position
 from dataservice.changes.stream import BinlogChanges, Committed, Position
@@ -42,10 +39,7 @@ from dataservice.observe.metrics import (
     CHANGES_LAG_EVENTS,
     CHANGES_TRANSACTIONS,
 )
-from dataservice.redis import endpoints
-from dataservice.redis.bounded import QUIET
 from dataservice.redis.keys import CHANGES_FRESH_KEY, CHANGES_STATUS_KEY
-from dataservice.redis.packing import packed_connection_class
 
 log = logging.getLogger(__name__)
 
@@ -78,17 +72,10 @@ class ChangeConsumer:
         self._engine: Engine = create_engine(
             self._url, pool_size=1, max_overflow=0, pool_recycle=300, pool_pre_ping=True
         )
-        self._redis = endpoints.client(
-            settings.redis_url,
-            **QUIET,
-            connection_class=packed_connection_class(settings.redis_url),
-            socket_timeout=2,
-            socket_connect_timeout=2,
-            retry=Retry(NoBackoff(), 0),
-        )
+        # Every cell's cache; the lease and the consumer's own state live in the first's.
+        self._cells = Cells(settings, config)
+        self._redis = self._cells.home.redis
         self._lease = Lease(self._redis, self._config.lease_ms)
-        self._invalidator = Invalidator(self._redis, config.cache.ttl_s * 1000)
-        self._controls = RolloutControls(self._redis, config.cache)
         self._checkpoints = Checkpoints(self._engine)
         self._probe = LagProbe(self._url)
         self._stop = threading.Event()
@@ -124,12 +111,13 @@ class ChangeConsumer:
     def close(self) -> None:
         self._engine.dispose()
         self._probe.close()
-        self._redis.close()
+        self._cells.close()
 
     def _active(self, token: int) -> None:
         start = start_position(
-            token, self._url, self._config.server_id, self._lease, self._checkpoints, self._controls
+            token, self._url, self._config.server_id, self._lease, self._checkpoints, self._cells
         )
+        self._cells.fence(token)
         # Until it has read something (or found nothing to read), the age of
         # what lies ahead is unknown, and the freshness guard holds.
         self.state = ConsumerState("active", token, start, UNKNOWN_LAG_S)
@@ -147,6 +135,7 @@ class ChangeConsumer:
                 if now - renewed >= heartbeat_s:
                     if not self._lease.renew(token):
                         raise LeaseLost
+                    self._cells.fence(token)
                     renewed = now
                 if isinstance(item, Committed):
                     self._apply(token, item)
@@ -173,12 +162,13 @@ class ChangeConsumer:
         touched = item.wholesale or bool(item.changes)
         if item.wholesale:
             log.error("records changed wholesale (truncate, drop or rename): rotating the cache")
-            self._controls.rotate(WHO)
+            self._cells.rotate(WHO)
         elif item.changes:
-            # Replicas may be a rotation behind the generation this consumer holds, or ahead of it.
-            generation = self._controls.current().generation
-            generations = {generation + step for step in (-1, 0, 1)} - {0}
-            deleted = self._invalidator.apply(token, item.changes, generations)
+            # Replicas may be a rotation behind the generation this consumer holds, or ahead
+            # of it: each cell's, the entries of the one before and the one after too.
+            deleted = self._cells.invalidate(
+                token, item.changes, lambda cell: cell.controls.current().generation
+            )
             self.state = replace(self.state, invalidated=self.state.invalidated + deleted)
             CHANGES_INVALIDATED.inc(deleted)
         CHANGES_TRANSACTIONS.inc(touched)
@@ -197,14 +187,23 @@ class ChangeConsumer:
         self.state = replace(
             self.state, lag_s=lag_s, lag_events=found.events, lag_bytes=found.bytes
         )
-        publish_status(self._redis, self.state, self._config.max_lag_s)
+        self._cells.each(
+            self.state.token,
+            lambda cell: publish_status(
+                cell.redis, self.state, self._config.max_lag_s, fresh=cell.may_say_fresh
+            ),
+        )
 
 
-def publish_status(client: redis.Redis, state: ConsumerState, max_lag_s: float) -> None:
+def publish_status(
+    client: redis.Redis, state: ConsumerState, max_lag_s: float, *, fresh: bool = True
+) -> None:
     """The status, which lives ``changes.max_lag_s`` (a consumer that stops
     reporting is gone), and the word the freshness guard reads: everything
     committed ``lag_s`` ago is invalidated, so the cache is within the bound
-    for ``max_lag_s - lag_s`` more, even if this is the last report."""
+    for ``max_lag_s - lag_s`` more, even if this is the last report. Not
+    ``fresh``: the word is taken back (a cell whose replicas may not all have
+    seen its cache's new generation yet)."""
     CHANGES_LAG.set(state.lag_s)
     set_behind(Behind(state.lag_events, state.lag_bytes))
     position = state.position
@@ -223,7 +222,7 @@ def publish_status(client: redis.Redis, state: ConsumerState, max_lag_s: float) 
         )
         pipe.pexpire(CHANGES_STATUS_KEY, int(max_lag_s * 1000))
         fresh_ms = int((max_lag_s - state.lag_s) * 1000)
-        if state.lag_s >= 0 and fresh_ms > 0:
+        if fresh and state.lag_s >= 0 and fresh_ms > 0:
             pipe.set(CHANGES_FRESH_KEY, state.token, px=fresh_ms)
         else:
             pipe.delete(CHANGES_FRESH_KEY)

@@ -9,10 +9,10 @@ the server's current position, saved at once.
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 from sqlalchemy import text
 
-from dataservice.cache.controls import RolloutControls
 from dataservice.changes.checkpoint import Checkpoints
 from dataservice.changes.lease import Lease
 from dataservice.changes.server import check_server
@@ -24,13 +24,19 @@ log = logging.getLogger(__name__)
 WHO = "change-consumer"
 
 
+class Rotates(Protocol):
+    """Whatever rotates the caches the consumer keeps (every cell's)."""
+
+    def rotate(self, who: str) -> object: ...
+
+
 def start_position(
     token: int,
     url: str,
     server_id: int,
     lease: Lease,
     checkpoints: Checkpoints,
-    controls: RolloutControls,
+    controls: Rotates,
 ) -> Position:
     saved = checkpoints.load()
     lease.outrank(token, checkpoints.highest_token())

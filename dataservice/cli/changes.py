@@ -6,8 +6,7 @@ from pathlib import Path
 
 import typer
 
-from dataservice.cli.common import METRICS_ADDRESS, METRICS_PORT, fail, load
-from dataservice.errors import DataServiceError
+from dataservice.cli.common import METRICS_ADDRESS, METRICS_PORT, load
 
 
 def changes(
@@ -27,11 +26,6 @@ def changes(
     from dataservice.worker.changes import run_changes_node
 
     settings, config = load()
-    try:
-        # With cells, the consumer keeps its own cell's cache (docs/operations.md, "Cells").
-        settings = settings.for_worker(config)
-    except DataServiceError as exc:
-        raise fail(exc, 2) from None
     # The node checks the server's settings and its grants as it starts
     # (every one missing named, exit 2), whichever command line starts it.
     configure_logging(config.logging, loglevel)

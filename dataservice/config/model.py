@@ -325,16 +325,6 @@ class Config(FrozenModel):
                 )
         return self
 
-    @model_validator(mode="after")
-    def _every_cell_guarded(self) -> Config:
-        if len(self.cells.names) > 1 and not self.changes.guard:
-            raise ValueError(
-                "cells: more than one cell needs changes.guard: true (the change stream "
-                "invalidates the cache of its own cell only; the guard keeps every other "
-                "cell's reads on the database)"
-            )
-        return self
-
     def message_bytes(self, lane: LaneConfig) -> int:
         """The most envelope bytes one message on ``lane`` may carry: its
         ``max_message_bytes`` (else one request's), within what its queue may

@@ -61,8 +61,7 @@ WORKER_OPTIONS = (
 def _from_environment() -> tuple[Settings, Config]:
     try:
         settings = Settings.from_env()
-        config = settings.load()
-        return settings.for_worker(config), config
+        return settings, settings.load()
     except DataServiceError as exc:
         refuse(exc)
 
@@ -86,6 +85,10 @@ def _command_line(app: Celery, config: Config, *, worker_options: bool = True) -
 def lane_worker_app(lane: LaneName) -> Celery:
     """``lane``'s app for ``celery -A``, with settings from the environment."""
     settings, config = _from_environment()
+    try:
+        settings = settings.for_worker(config)
+    except DataServiceError as exc:
+        refuse(exc)
     return _command_line(lane_app(settings, config, lane), config)
 
 

@@ -72,12 +72,6 @@ def test_a_bad_cells_section_is_refused(config: Config, cells: object, complaint
         parse_config(_with(config, cells=cells))
 
 
-def test_more_than_one_cell_keeps_the_freshness_guard(config: Config) -> None:
-    data = _with(config, cells={"names": ["a", "b"]}, changes__guard=False)
-    with pytest.raises(ConfigError, match=r"changes\.guard"):
-        parse_config(data)
-
-
 def test_the_budget_counts_every_cells_replicas(config: Config) -> None:
     one = check_budget(config)
     assert one.ok
