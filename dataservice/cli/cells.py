@@ -32,11 +32,12 @@ def cells_show(
     if not names:
         typer.echo("error: --without leaves no cell", err=True)
         raise typer.Exit(2)
-    then = CellsConfig(names=names, callers=pins)
-    changed = names != cells.names
+    now = cells.assign(config.callers)
+    then = CellsConfig(names=names, callers=pins).assign(config.callers)
     for caller in sorted(config.callers):
-        now = cells.cell_of(caller)
-        line = f"{caller}: {now}" + (" (pinned)" if caller in cells.callers else "")
-        if changed and then.cell_of(caller) != now:
-            line += f" -> {then.cell_of(caller)}"
+        line = f"{caller}: {now[caller]}" + (" (pinned)" if caller in cells.callers else "")
+        if then[caller] != now[caller]:
+            line += f" -> {then[caller]}"
         typer.echo(line)
+    for cell in cells.names:
+        typer.echo(f"cell {cell}: {sum(1 for c in now.values() if c == cell)} callers")

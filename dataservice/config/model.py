@@ -325,6 +325,10 @@ class Config(FrozenModel):
                 )
         return self
 
+    def cell_of(self, caller: str) -> str | None:
+        """The cell ``caller`` belongs to (None: no cells are named)."""
+        return self.cells.cell_of(caller, self.callers)
+
     def message_bytes(self, lane: LaneConfig) -> int:
         """The most envelope bytes one message on ``lane`` may carry: its
         ``max_message_bytes`` (else one request's), within what its queue may

@@ -146,7 +146,7 @@ class Settings:
 
     def for_caller(self, caller: str, config: Config) -> Settings:
         """The settings of the cell ``caller`` belongs to (these, without cells)."""
-        cell = config.cells.cell_of(caller)
+        cell = config.cell_of(caller)
         if cell is None:
             return self
         if self.cell is not None and self.cell != cell:

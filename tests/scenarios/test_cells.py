@@ -33,11 +33,11 @@ CELLS = ("a", "b", "c")
 CALLERS = ("tests", "loadtest", "demo")
 
 
-def _cells_config() -> dict[str, object]:
+def _cells_config(callers: list[str]) -> dict[str, object]:
     """The rule's cells for two callers, and the third pinned to a cell
     neither of them has (when there is one), so that every cell serves."""
     rule = CellsConfig(names=CELLS)
-    taken = {rule.cell_of(caller) for caller in CALLERS[:2]}
+    taken = {rule.cell_of(caller, callers) for caller in CALLERS[:2]}
     free = [cell for cell in CELLS if cell not in taken]
     return {"names": list(CELLS), "callers": {CALLERS[2]: free[0]} if free else {}}
 
@@ -69,7 +69,7 @@ def cells(
         settings,
         tmp_path / "queues.yml",
         {
-            ("cells",): _cells_config(),
+            ("cells",): _cells_config(list(settings.load().callers)),
             ("changes", "guard"): True,
             # Each cell's share of the database: the budget holds three cells.
             ("budget", "max_replicas"): 2,
@@ -127,7 +127,7 @@ def test_each_caller_is_served_in_its_own_cell_and_touches_no_other(
             client.close()
     expected = {cell: set() for cell in CELLS}
     for caller in CALLERS:
-        cell = config.cells.cell_of(caller)
+        cell = config.cell_of(caller)
         assert cell is not None
         expected[cell].add(caller)
     assert served == expected
