@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +19,7 @@ import yaml
 from dataservice_tools.localservices import PrivateRedis
 from sqlalchemy import Engine
 
-from dataservice import AsyncClient, Client, ReadMode, WriteOp
+from dataservice import AsyncClient, Client, NotFound, ReadMode, ResourceExhausted, WriteOp
 from dataservice.broker.celery import celery_app
 from dataservice.config.cells import CellsConfig
 from dataservice.config.model import Config
@@ -31,6 +33,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 CELLS = ("a", "b", "c")
 CALLERS = ("tests", "loadtest", "demo")
+# Its rate is 20/s with a burst of 5 (tests/harness/support.py).
+LIMITED = "tests-limited"
+FLOOD_S = 10.0
+FLOODERS = 8
+# Interactive replicas per cell: a caller's limits are its cell's, across them.
+REPLICAS = 2
 
 
 def _cells_config(callers: list[str]) -> dict[str, object]:
@@ -83,10 +91,15 @@ def cells(
     try:
         for cell in CELLS:
             own = dataclasses.replace(configured, cell=cell).for_worker(config)
-            for lane in LaneName:
-                log = tmp_path / "logs" / f"{cell}-{lane.value}.log"
-                workers.append(WorkerProcess.for_lane(own, lane, log).start())
-            controls.append((celery_app(f"cells-control-{cell}", own, config), workers[-2:]))
+            lanes = [LaneName.BATCH] + [LaneName.INTERACTIVE] * REPLICAS
+            mine = [
+                WorkerProcess.for_lane(
+                    own, lane, tmp_path / "logs" / f"{cell}-{lane.value}-{n}.log"
+                )
+                for n, lane in enumerate(lanes)
+            ]
+            workers += [worker.start() for worker in mine]
+            controls.append((celery_app(f"cells-control-{cell}", own, config), mine))
         for control, pair in controls:
             wait_answering(control, pair, 60.0)
         yield configured, config
@@ -132,3 +145,41 @@ def test_each_caller_is_served_in_its_own_cell_and_touches_no_other(
         expected[cell].add(caller)
     assert served == expected
     assert all(served.values()), "every cell serves a caller"
+
+
+def test_a_callers_rate_holds_across_two_replicas_of_its_cell(
+    cells: tuple[Settings, Config], tmp_path: Path
+) -> None:
+    settings, config = cells
+    policy = config.callers[LIMITED]
+    scope = f"t-{uuid.uuid4().hex[:12]}"
+    answered: list[float] = []
+    lock = threading.Lock()
+    end = time.monotonic() + FLOOD_S
+
+    def flood() -> None:
+        with Client(LIMITED, settings, config) as client:
+            while time.monotonic() < end:
+                try:
+                    client.read(scope, "missing", mode=ReadMode.PRIMARY, timeout=2.0)
+                except NotFound:
+                    # Admitted and answered: the record is not there.
+                    with lock:
+                        answered.append(time.monotonic())
+                except ResourceExhausted:
+                    pass
+
+    threads = [threading.Thread(target=flood, daemon=True) for _ in range(FLOODERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(FLOOD_S + 10)
+    # Past the burst, the caller's answers come at its rate, whichever replica answers.
+    steady = sorted(answered)[policy.burst :]
+    rate = (len(steady) - 1) / (steady[-1] - steady[0])
+    assert 0.99 <= rate / policy.rate_per_s <= 1.005, (rate, len(answered))
+    cell = config.cell_of(LIMITED)
+    logs = sorted((tmp_path / "logs").glob(f"{cell}-interactive-*.log"))
+    served = [log.read_text().count(f'"caller":"{LIMITED}"') for log in logs]
+    assert len(served) == REPLICAS
+    assert all(served), f"each replica of cell {cell} answered the caller: {served}"
