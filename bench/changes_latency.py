@@ -19,6 +19,12 @@ each made after the record's cache entries were planted in both formats:
 The report gives both distributions and the ratio of their p50s and p99s.
 **Target: invalidation p99 at most 200 ms.**
 
+``--cells N`` runs the consumer for N cells (``dataservice.config.cells``):
+the first on ``--redis-db``, each other on a private ``redis-server`` of its
+own. Each write's entries are planted in every cell, and its invalidation
+latency is the time until they are gone from all of them.
+**Target (``--cells 3``): p99 at most 5 ms.**
+
 ``--group N`` measures big transactions instead: ``--transactions`` group
 commits of N writes each, made by the store's own group commit
 (``RecordStore.apply_group``, as a batch's worker runs them: one
@@ -48,7 +54,7 @@ if __package__ in (None, ""):
 import redis
 import yaml
 from dataservice_tools.loadtest.changes import start_consumer
-from dataservice_tools.localservices import TemporaryBinlogMariaDB
+from dataservice_tools.localservices import PrivateRedis, TemporaryBinlogMariaDB
 from dataservice_tools.testkit.machine import machine_info
 from dataservice_tools.testkit.series import percentile
 from pymysqlreplication import BinLogStreamReader
@@ -71,6 +77,7 @@ from dataservice.store.migrate import upgrade
 
 TARGET_P99_MS = 200.0
 TARGET_GROUP_P99_MS = 50.0
+TARGET_CELLS_P99_MS = 5.0
 _POLL_S = 0.0002
 
 
@@ -135,11 +142,11 @@ def measure(
     args: argparse.Namespace,
     rng: random.Random,
     url: str,
-    client: redis.Redis,
-    generation: int,
+    cells: list[tuple[redis.Redis, int]],
     arrivals: Arrivals,
 ) -> tuple[list[float], list[float], dict[str, int]]:
-    """One write at a time: plant both formats, write, time the invalidation
+    """One write at a time: plant both formats in every cell (each its client
+    and its cache's generation), write, time the invalidation in all of them
     and the binlog's own delivery of the same row."""
     engine = create_engine(url, isolation_level="AUTOCOMMIT")
     scope = f"bench-{uuid.uuid4().hex[:8]}"
@@ -152,9 +159,13 @@ def measure(
         for _ in range(args.writes):
             object_id = f"id-{rng.randrange(args.ids)}"
             current = revisions.get(object_id)
-            keys = [record_key(f.value, scope, object_id, generation) for f in CacheFormat]
-            for key in keys:
-                client.set(key, frame(current or 0, body))
+            planted = [
+                (client, [record_key(f.value, scope, object_id, gen) for f in CacheFormat])
+                for client, gen in cells
+            ]
+            for client, keys in planted:
+                for key in keys:
+                    client.set(key, frame(current or 0, body))
             if current is not None and rng.random() < 0.2:
                 kind, revision = "delete", current
                 conn.execute(
@@ -175,7 +186,7 @@ def measure(
                 revisions[object_id] = revision
             committed = time.monotonic()
             kinds[kind] += 1
-            while client.exists(*keys):
+            while any(client.exists(*keys) for client, keys in planted):
                 if time.monotonic() - committed > 10:
                     raise RuntimeError(f"{object_id} was not invalidated within 10 s")
                 time.sleep(_POLL_S)
@@ -251,24 +262,43 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     client.flushdb()
     workdir = Path(server.datadir).parent
     consumer: WorkerProcess | None = None
+    others = [PrivateRedis(workdir / f"cell-{n}") for n in range(1, args.cells)]
+    clients: list[redis.Redis] = []
 
     try:
         url = server.url("dataservice")
         shipped = load_config(_env.REPO / "queues.yml")
         upgrade(url, shipped.database)
         config_path = workdir / "queues.yml"
-        config_path.write_text((_env.REPO / "queues.yml").read_text(encoding="utf-8"))
+        document = yaml.safe_load((_env.REPO / "queues.yml").read_text(encoding="utf-8"))
+        cells_file = None
+        for other in others:
+            other.start()
+        clients = [redis.Redis.from_url(other.url) for other in others]
+        if others:
+            names = [f"c{n}" for n in range(args.cells)]
+            document["cells"] = {"names": names, "callers": {}}
+            urls = [redis_url, *(other.url for other in others)]
+            cells_file = workdir / "cells.yml"
+            entries = {n: {"redis_url": u} for n, u in zip(names, urls, strict=True)}
+            cells_file.write_text(yaml.safe_dump({"cells": entries}))
+        config_path.write_text(yaml.safe_dump(document, sort_keys=False))
         settings = Settings(
             config_path=config_path,
             broker_url=redis_url,
             result_backend_url=redis_url,
             database_url=url,
             redis_url=redis_url,
+            cells_file=cells_file,
         )
         consumer = start_consumer(settings, workdir / "changes.log")
-        # Its first act is a rotation (no saved position): wait for it to settle.
-        time.sleep(1.0)
-        generation = RolloutControls(client, shipped.cache).fetch().generation
+        # Its first act is a rotation in every cell (no saved position, no
+        # freshness word): wait for them to settle.
+        time.sleep(1.0 + shipped.cache.controls_max_age_ms / 1000)
+        cells = [
+            (c, RolloutControls(c, shipped.cache).fetch().generation) for c in [client, *clients]
+        ]
+        generation = cells[0][1]
         machine = machine_info(redis_url, url)
         arrivals = Arrivals(url, "dataservice")
         if args.group:
@@ -276,7 +306,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 args, url, client, generation, arrivals, shipped
             )
         else:
-            invalidation, delivery, kinds = measure(args, rng, url, client, generation, arrivals)
+            invalidation, delivery, kinds = measure(args, rng, url, cells, arrivals)
     finally:
         # The bare reader's thread blocks in a read that closing its
         # connection from here can deadlock on; the server's stop ends it.
@@ -284,9 +314,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             consumer.stop()
         client.flushdb()
         client.close()
+        for other_client in clients:
+            other_client.close()
+        for other in others:
+            other.signal(9)
         server.stop()
     inv, base = summary(invalidation), summary(delivery)
     target = TARGET_GROUP_P99_MS if args.group else TARGET_P99_MS
+    if args.cells > 1:
+        target = TARGET_CELLS_P99_MS
     return {
         "command": " ".join(["python", "bench/changes_latency.py", *sys.argv[1:]]),
         "machine": machine,
@@ -296,6 +332,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "kinds": kinds,
             "seed": args.seed,
             "group": args.group,
+            "cells": args.cells,
         },
         "invalidation": inv,
         "binlog_delivery": base,
@@ -318,10 +355,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group", type=int, default=0, help="writes per group commit (0: single)")
     p.add_argument("--transactions", type=int, default=100, help="group commits (with --group)")
     p.add_argument("--payload-bytes", type=int, default=1024, help="each record's (with --group)")
+    p.add_argument("--cells", type=int, default=1, help="cells to invalidate in (not with --group)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     if args.redis_db == 0:
         p.error("--redis-db must not be 0")
+    if args.cells < 1 or (args.cells > 1 and args.group):
+        p.error("--cells must be at least 1, and 1 with --group")
     report = run(args)
     shown = ("setup", "invalidation", "binlog_delivery", "ratios", "target")
     print(yaml.safe_dump({k: report[k] for k in shown}, sort_keys=False))
