@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from dataservice_tools.localservices import PrivateRedis
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 
 from dataservice import (
     Client,
@@ -58,7 +58,11 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 @pytest.fixture
 def served(
-    settings: Settings, config: Config, private_redis: PrivateRedis, tmp_path: Path
+    settings: Settings,
+    config: Config,
+    database: Engine,
+    private_redis: PrivateRedis,
+    tmp_path: Path,
 ) -> Iterator[Settings]:
     slow = with_changes(
         settings, tmp_path / "queues.yml", {("database", "injected_delay_ms"): DELAY_MS}
