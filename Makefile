@@ -14,7 +14,7 @@ SERVICES_ENV := .state/services.env
 FLOWER_ENV := .state/flower.env
 WITH_SERVICES_ENV := set -a; for f in $(SERVICES_ENV) $(FLOWER_ENV); do if [ -f $$f ]; then . ./$$f; fi; done; set +a;
 
-.PHONY: run demo test test-fast lint services stop-services proto clean
+.PHONY: run demo test test-fast lint services cells stop-services proto clean
 
 $(STAMP): pyproject.toml tools/pyproject.toml scripts/bootstrap.sh
 	scripts/bootstrap.sh
@@ -28,6 +28,11 @@ $(STAMP): pyproject.toml tools/pyproject.toml scripts/bootstrap.sh
 services: $(STAMP)
 	$(BIN)/python -m compileall -q -j0 dataservice tools bench tests
 	$(BIN)/python -m dataservice_tools.localservices up
+
+# Three cells' Redis (cell a Sentinel-managed) and their cells file, for trying
+# cells out (docs/operations.md, "Cells"); stop-services stops them too.
+cells: $(STAMP)
+	$(BIN)/python -m dataservice_tools.localservices cells
 
 run: services
 	$(WITH_SERVICES_ENV) $(BIN)/dataservice db upgrade

@@ -1,4 +1,5 @@
-"""``python -m dataservice_tools.localservices up|down [--state-dir DIR] [--binlog-port PORT]``."""
+"""``python -m dataservice_tools.localservices up|down|cells [--state-dir DIR]
+[--binlog-port PORT]``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataservice.config.settings import Settings
 from dataservice.errors import DataServiceError
 from dataservice.security.callers import ensure_callers_file
 from dataservice_tools.localservices.binlog import ensure_binlog
+from dataservice_tools.localservices.cells import cells_down, cells_up
 from dataservice_tools.localservices.flower_env import USER, ensure_flower_env
 from dataservice_tools.localservices.lifecycle import DEFAULT_STATE_DIR, down, ensure_amqp, up
 from dataservice_tools.localservices.rabbitmq import LOCAL_AMQP
@@ -17,7 +19,7 @@ from dataservice_tools.localservices.rabbitmq import LOCAL_AMQP
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dataservice_tools.localservices")
-    parser.add_argument("action", choices=["up", "down"])
+    parser.add_argument("action", choices=["up", "down", "cells"])
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
     # Where a private binlog MariaDB listens when the configured one has no binlog
     # (default: where it did before, else 3307, else a free port).
@@ -50,8 +52,15 @@ def main(argv: list[str] | None = None) -> int:
             users = apply_from_settings(settings)
             if users:
                 print("redis users: " + ", ".join(users))
+        elif args.action == "cells":
+            cells_file, fresh = cells_up(args.state_dir)
+            print(("started" if fresh else "running") + f": three cells' Redis; {cells_file}")
+            print(
+                "name them in queues.yml (cells.names: [a, b, c]) and set "
+                f"DATASERVICE_CELLS_FILE={cells_file}"
+            )
         else:
-            done = down(args.state_dir)
+            done = down(args.state_dir) + cells_down(args.state_dir)
             print("stopped: " + (", ".join(done) or "nothing"))
     except DataServiceError as exc:
         print(f"error: {exc}", file=sys.stderr)
