@@ -6,11 +6,16 @@ other cell's Redis."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import os
+import signal
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,7 +24,15 @@ import yaml
 from dataservice_tools.localservices import PrivateRedis
 from sqlalchemy import Engine
 
-from dataservice import AsyncClient, Client, NotFound, ReadMode, ResourceExhausted, WriteOp
+from dataservice import (
+    AsyncClient,
+    Client,
+    DataServiceError,
+    NotFound,
+    ReadMode,
+    ResourceExhausted,
+    WriteOp,
+)
 from dataservice.broker.celery import celery_app
 from dataservice.config.cells import CellsConfig
 from dataservice.config.model import Config
@@ -39,6 +52,8 @@ FLOOD_S = 10.0
 FLOODERS = 8
 # Interactive replicas per cell: a caller's limits are its cell's, across them.
 REPLICAS = 2
+# The interactive lane's bound on waiting messages, in each cell.
+QUEUE_BOUND = 20
 
 
 def _cells_config(callers: list[str]) -> dict[str, object]:
@@ -62,13 +77,21 @@ def servers(tmp_path: Path) -> Iterator[dict[str, PrivateRedis]]:
             server.signal(9)
 
 
+@dataclass(frozen=True)
+class Deployment:
+    settings: Settings
+    config: Config
+    # Each cell's interactive replicas.
+    interactive: dict[str, list[WorkerProcess]]
+
+
 @pytest.fixture
 def cells(
     settings: Settings,
     database: Engine,
     servers: dict[str, PrivateRedis],
     tmp_path: Path,
-) -> Iterator[tuple[Settings, Config]]:
+) -> Iterator[Deployment]:
     cells_file = tmp_path / "cells.yml"
     cells_file.write_text(
         yaml.safe_dump({"cells": {cell: {"redis_url": s.url} for cell, s in servers.items()}})
@@ -81,6 +104,9 @@ def cells(
             ("changes", "guard"): True,
             # Each cell's share of the database: the budget holds three cells.
             ("budget", "max_replicas"): 2,
+            # Small enough for a test to fill one cell's lane.
+            ("lanes", "interactive", "admission", "max_messages"): QUEUE_BOUND,
+            ("lanes", "interactive", "max_ops_per_message"): QUEUE_BOUND,
         },
     )
     configured = dataclasses.replace(configured, cells_file=cells_file)
@@ -88,6 +114,7 @@ def cells(
     (tmp_path / "logs").mkdir()
     workers = []
     controls = []
+    interactive: dict[str, list[WorkerProcess]] = {}
     try:
         for cell in CELLS:
             own = dataclasses.replace(configured, cell=cell).for_worker(config)
@@ -99,20 +126,24 @@ def cells(
                 for n, lane in enumerate(lanes)
             ]
             workers += [worker.start() for worker in mine]
+            interactive[cell] = mine[1:]
             controls.append((celery_app(f"cells-control-{cell}", own, config), mine))
         for control, pair in controls:
             wait_answering(control, pair, 60.0)
-        yield configured, config
+        yield Deployment(configured, config, interactive)
     finally:
         for control, _ in controls:
             control.close()
+        for worker in workers:
+            with contextlib.suppress(OSError, RuntimeError):
+                os.kill(worker.pid, signal.SIGCONT)
         stop_all(workers)
 
 
 def test_each_caller_is_served_in_its_own_cell_and_touches_no_other(
-    cells: tuple[Settings, Config], servers: dict[str, PrivateRedis]
+    cells: Deployment, servers: dict[str, PrivateRedis]
 ) -> None:
-    settings, config = cells
+    settings, config = cells.settings, cells.config
     scope = f"demo-cells-{uuid.uuid4().hex[:12]}"
     for caller in CALLERS:
         with Client(caller, settings, config) as client:
@@ -148,9 +179,9 @@ def test_each_caller_is_served_in_its_own_cell_and_touches_no_other(
 
 
 def test_a_callers_rate_holds_across_two_replicas_of_its_cell(
-    cells: tuple[Settings, Config], tmp_path: Path
+    cells: Deployment, tmp_path: Path
 ) -> None:
-    settings, config = cells
+    settings, config = cells.settings, cells.config
     policy = config.callers[LIMITED]
     scope = f"t-{uuid.uuid4().hex[:12]}"
     answered: list[float] = []
@@ -183,3 +214,51 @@ def test_a_callers_rate_holds_across_two_replicas_of_its_cell(
     served = [log.read_text().count(f'"caller":"{LIMITED}"') for log in logs]
     assert len(served) == REPLICAS
     assert all(served), f"each replica of cell {cell} answered the caller: {served}"
+
+
+def test_a_full_lane_in_one_cell_refuses_its_callers_and_no_other_cells(
+    cells: Deployment,
+) -> None:
+    settings, config = cells.settings, cells.config
+    stuck, served = "tests", "loadtest"
+    stuck_cell, served_cell = config.cell_of(stuck), config.cell_of(served)
+    assert stuck_cell is not None
+    assert stuck_cell != served_cell
+    scope = f"t-{uuid.uuid4().hex[:12]}"
+    outcomes: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def call() -> None:
+        with Client(stuck, settings, config) as client:
+            try:
+                client.read(scope, "x", mode=ReadMode.PRIMARY, timeout=3.0)
+                outcome = "answered"
+            except ResourceExhausted as exc:
+                outcome = "refused"
+                with lock:
+                    reasons[exc.reason] += 1
+            except DataServiceError as exc:
+                outcome = type(exc).__name__
+        with lock:
+            outcomes[outcome] += 1
+
+    # Nothing takes from the stuck cell's interactive queue.
+    for worker in cells.interactive[stuck_cell]:
+        os.kill(worker.pid, signal.SIGSTOP)
+    try:
+        threads = [threading.Thread(target=call, daemon=True) for _ in range(2 * QUEUE_BOUND)]
+        for thread in threads:
+            thread.start()
+        # Meanwhile another cell's caller is answered at once.
+        with Client(served, settings, config) as client:
+            for n in range(20):
+                with pytest.raises(NotFound):
+                    client.read(scope, f"other-{n}", mode=ReadMode.PRIMARY, timeout=2.0)
+    finally:
+        for worker in cells.interactive[stuck_cell]:
+            os.kill(worker.pid, signal.SIGCONT)
+    for thread in threads:
+        thread.join(15)
+    assert outcomes["refused"] > 0, outcomes
+    assert set(reasons) <= {"queue_full", "queue_too_long"}, reasons
