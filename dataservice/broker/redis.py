@@ -218,6 +218,7 @@ class _AsyncPublisher:
 def _sentinel_options(target: SentinelTarget) -> dict[str, Any]:
     return {
         "master_name": target.primary,
+        "dataservice_sentinels": [list(address) for address in target.sentinels],
         # kombu asks the Sentinels with these (else with the connection's
         # socket timeout, which a worker's blocking take leaves unset).
         "sentinel_kwargs": {

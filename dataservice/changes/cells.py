@@ -38,7 +38,7 @@ from dataservice.config.settings import Settings
 from dataservice.errors import ServiceSetupError, StaleToken
 from dataservice.redis import endpoints
 from dataservice.redis.bounded import QUIET
-from dataservice.redis.keys import CHANGES_FRESH_KEY, CHANGES_LEASE_KEY
+from dataservice.redis.keys import CHANGES_FRESH_KEY, CHANGES_LEASE_KEY, CHANGES_LOST_KEY
 from dataservice.redis.packing import packed_connection_class
 from dataservice.redis.scripts import LuaScript
 
@@ -92,16 +92,20 @@ class CellCache:
             raise StaleToken
         self.fenced = token
 
-    def take_over(self, token: int, who: str) -> None:
-        """Before anything else of this consumer's reaches the cell: its cache
-        rotated if it was lost, or if its guard is engaged; its token fenced."""
-        rotate = self.lost or not self.redis.exists(CHANGES_FRESH_KEY)
-        if rotate:
+    def take_over(self, token: int, who: str, *, lost: bool) -> None:
+        """Before anything else of this consumer's reaches the cell: its token
+        fenced, then its cache rotated if it was ``lost`` (by this consumer or
+        an earlier one) or its guard is engaged."""
+        self.fence(token)
+        if lost or self.lost or not self.redis.exists(CHANGES_FRESH_KEY):
             self.controls.rotate(who)
             self.fresh_from = time.monotonic() + self._settle_s
             log.warning("change consumer: cell %s's cache rotated as it was taken", self.name)
-        self.fence(token)
         self.lost = False
+
+    def mirrors_newer(self, token: int) -> bool:
+        """Whether a newer consumer's token is fenced here (this one is stale)."""
+        return int(self.redis.get(CHANGES_LEASE_KEY) or 0) > token
 
     @property
     def may_say_fresh(self) -> bool:
@@ -137,19 +141,35 @@ class Cells:
                 continue
             try:
                 if cell.lost or cell.fenced != token:
-                    cell.take_over(token, WHO)
+                    was_lost = bool(self.home.redis.sismember(CHANGES_LOST_KEY, cell.name))
+                    cell.take_over(token, WHO, lost=was_lost)
+                    if was_lost:
+                        self.home.redis.srem(CHANGES_LOST_KEY, cell.name)
                 done.append(action(cell))
+            except StaleToken:
+                # A newer consumer's token: this one is stale everywhere. Else the
+                # cell lost its copy of the token (a restart, a failover): taken again.
+                if cell.mirrors_newer(token):
+                    raise
+                self._lose(cell, "its copy of the token is gone")
             except (redis.RedisError, ServiceSetupError) as exc:
-                cell.retry_at = time.monotonic() + RETRY_LOST_S
-                if not cell.lost:
-                    log.warning(
-                        "change consumer: cell %s does not answer (%s): its cached reads go "
-                        "to the database until it does",
-                        cell.name,
-                        type(exc).__name__,
-                    )
-                cell.lost = True
+                self._lose(cell, f"it does not answer ({type(exc).__name__})")
         return done
+
+    def _lose(self, cell: CellCache, why: str) -> None:
+        """Count ``cell`` lost, here and in the home, where a later consumer finds
+        it (positions are saved past what it has seen): its cache is rotated
+        before anything calls it fresh again."""
+        self.home.redis.sadd(CHANGES_LOST_KEY, cell.name)
+        cell.retry_at = time.monotonic() + RETRY_LOST_S
+        if not cell.lost:
+            log.warning(
+                "change consumer: cell %s is left behind, %s: its cached reads go to the "
+                "database until it is back",
+                cell.name,
+                why,
+            )
+        cell.lost = True
 
     def fence(self, token: int) -> None:
         self.each(token, lambda cell: cell.fence(token))

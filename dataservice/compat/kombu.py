@@ -33,11 +33,17 @@ Internal names, and why:
 - ``kombu.transport.redis.Channel._q_for_pri``, ``_get_message_priority``:
   the list a message is pushed onto (:meth:`RedisChannel.queue_key`).
 - ``kombu.transport.redis.SentinelChannel``: kombu's channel on a
-  Sentinel-managed primary (its ``_get_pool`` asks the Sentinels named by the
-  connection's ``;``-joined URLs for the transport option ``master_name``).
-  :class:`RedisSentinelChannel` puts it beneath :class:`RedisChannel`'s hooks;
-  its pools' connection classes must be redis-py's ``SentinelManagedConnection``
-  or a subclass.
+  Sentinel-managed primary (its ``_get_pool`` formats the fanout prefix and
+  asks ``_sentinel_managed_pool`` for the pool, on the primary named by the
+  transport option ``master_name``). :class:`RedisSentinelChannel` puts it
+  beneath :class:`RedisChannel`'s hooks; its pools' connection classes must be
+  redis-py's ``SentinelManagedConnection`` or a subclass.
+- ``kombu.transport.redis.SentinelChannel._sentinel_managed_pool``: replaced,
+  to take the Sentinels from the transport option ``dataservice_sentinels``
+  rather than from the connection's ``;``-joined fallback URLs (a fallback
+  would switch the connection to kombu's stock transport, without the
+  service's hooks or credentials); it keeps the Sentinel client where kombu's
+  disconnect closes it (``_sentinel_manager``, ``_async_sentinel_manager``).
 - ``kombu.transport.redis.QoS.append``: overridden, so that the record of a
   delivery may wait for the consumer's decision (:class:`RedisQoS`).
 - ``kombu.transport.redis.QoS.unacked_key``, ``unacked_index_key``: the names of
@@ -85,7 +91,7 @@ import functools
 import json.encoder
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar, Final
 
@@ -385,12 +391,42 @@ class RedisChannel(kombu_redis.Channel):
 class RedisSentinelChannel(RedisChannel, kombu_redis.SentinelChannel):
     """:class:`RedisChannel` on a Sentinel-managed primary."""
 
+    from_transport_options = (  # type: ignore[assignment]  # kombu's stubs fix its length
+        *kombu_redis.SentinelChannel.from_transport_options,
+        "dataservice_sentinels",
+    )
+    #: Every Sentinel, ``(host, port)``; none: the connection's host and port.
+    dataservice_sentinels: Sequence[Sequence[Any]] = ()
+
     redis_connection_class: ClassVar[type[redis.Connection]] = (
         redis.sentinel.SentinelManagedConnection
     )
     redis_ssl_connection_class: ClassVar[type[redis.SSLConnection] | None] = (
         redis.sentinel.SentinelManagedSSLConnection
     )
+
+    def _sentinel_managed_pool(self, asynchronous: bool = False) -> Any:
+        params = self._connparams(asynchronous)
+        options = {k: v for k, v in params.items() if k not in ("host", "port")}
+        sentinels = [(str(h), int(p)) for h, p in self.dataservice_sentinels] or [
+            (params["host"], params["port"])
+        ]
+        manager = redis.sentinel.Sentinel(
+            sentinels,
+            min_other_sentinels=getattr(self, "min_other_sentinels", 0),
+            sentinel_kwargs=getattr(self, "sentinel_kwargs", None),
+            **options,
+        )
+        # Where kombu's own disconnect closes the Sentinel clients.
+        if asynchronous:
+            self._async_sentinel_manager = manager
+        else:
+            self._sentinel_manager = manager
+        primary = getattr(self, "master_name", None)
+        if primary is None:
+            raise ValueError("'master_name' transport option must be specified.")
+        credentials = {k: options[k] for k in ("username", "password") if k in options}
+        return manager.master_for(primary, redis.Redis, **credentials).connection_pool
 
 
 class RedisTransport(kombu_redis.Transport):

@@ -68,14 +68,18 @@ class SentinelTarget:
                 f"{name}: a sentinel:// URL takes no query (TLS to a Sentinel-managed"
                 " Redis is not supported)"
             )
-        netloc, _, path = rest.partition("/")
-        userinfo, at, hosts = netloc.rpartition("@")
+        # The credentials first, at the last "@": a password may hold a "/"
+        # or a ",", and no part of it may reach an error message.
+        userinfo, at, rest = rest.rpartition("@")
         username = password = None
         if at:
             user, colon, secret = userinfo.partition(":")
             username = unquote(user) or None
             password = unquote(secret) if colon else None
-        sentinels = tuple(_address(part, name) for part in hosts.split(","))
+        hosts, _, path = rest.partition("/")
+        sentinels = tuple(
+            _address(part, name, n) for n, part in enumerate(hosts.split(","), start=1)
+        )
         parts = path.split("/") if path else []
         if not parts or not parts[0] or len(parts) > 2:
             raise ConfigError(
@@ -83,25 +87,25 @@ class SentinelTarget:
             )
         db = 0
         if len(parts) == 2:
-            if not parts[1].isdigit():
+            if not _number(parts[1]):
                 raise ConfigError(f"{name}: the database number must be a number")
             db = int(parts[1])
         return cls(sentinels, unquote(parts[0]), db, username, password)
 
     def kombu_url(self) -> str:
-        """The same, in kombu's form: one ``sentinel://`` URL per Sentinel,
-        joined by ``;``, the credentials and the db on the first (the
-        primary's name goes in the transport option ``master_name``)."""
+        """The URL kombu gets: the first Sentinel, the primary's credentials
+        and the db. One URL only: kombu takes ``;``-joined URLs for fallbacks,
+        and a fallback would take its scheme's stock transport in place of
+        the service's. Every Sentinel, and the primary's name, go in
+        transport options (``dataservice_sentinels``, ``master_name``)."""
         auth = ""
         if self.username or self.password is not None:
             auth = quote(self.username or "", safe="")
             if self.password is not None:
                 auth += ":" + quote(self.password, safe="")
             auth += "@"
-        first, *others = (f"{host}:{port}" for host, port in self.sentinels)
-        urls = [f"{SENTINEL_SCHEME}{auth}{first}/{self.db}"]
-        urls += [f"{SENTINEL_SCHEME}{address}" for address in others]
-        return ";".join(urls)
+        host, port = self.sentinels[0]
+        return f"{SENTINEL_SCHEME}{auth}{_bracketed(host)}:{port}/{self.db}"
 
     def where(self) -> str:
         """For an operator, without credentials."""
@@ -120,14 +124,26 @@ class SentinelTarget:
         return {"db": self.db, "username": self.username, "password": self.password}
 
 
-def _address(part: str, name: str) -> tuple[str, int]:
-    host, colon, port = part.strip().rpartition(":")
-    if not colon:
-        host, port = port, str(SENTINEL_PORT)
-    host = host.strip("[]")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"{name}: {part!r} is not a Sentinel's host:port")
+def _address(part: str, name: str, n: int) -> tuple[str, int]:
+    part = part.strip()
+    if part.startswith("[") and "]" in part:
+        host, _, after = part[1:].partition("]")
+        port = after.removeprefix(":") or str(SENTINEL_PORT)
+    elif part.count(":") == 1:
+        host, _, port = part.partition(":")
+    else:
+        host, port = part, str(SENTINEL_PORT)
+    if not host or not _number(port) or not 0 < int(port) < 65536:
+        raise ConfigError(f"{name}: Sentinel {n} is not a host:port")
     return host, int(port)
+
+
+def _number(text: str) -> bool:
+    return text.isascii() and text.isdecimal()
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def _sentinel_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -166,10 +182,12 @@ class _ClosesSentinels:
     sentinel_manager: Any
 
     def disconnect(self, inuse_connections: bool = True) -> None:
-        super().disconnect(inuse_connections)  # type: ignore[misc]
-        if inuse_connections:
-            for sentinel in self.sentinel_manager.sentinels:
-                sentinel.close()
+        try:
+            super().disconnect(inuse_connections)  # type: ignore[misc]
+        finally:
+            if inuse_connections:
+                for sentinel in self.sentinel_manager.sentinels:
+                    sentinel.close()
 
 
 class _AsyncClosesSentinels:
@@ -178,10 +196,12 @@ class _AsyncClosesSentinels:
     sentinel_manager: Any
 
     async def disconnect(self, inuse_connections: bool = True) -> None:
-        await super().disconnect(inuse_connections)  # type: ignore[misc]
-        if inuse_connections:
-            for sentinel in self.sentinel_manager.sentinels:
-                await sentinel.aclose()
+        try:
+            await super().disconnect(inuse_connections)  # type: ignore[misc]
+        finally:
+            if inuse_connections:
+                for sentinel in self.sentinel_manager.sentinels:
+                    await sentinel.aclose()
 
 
 # One class per combination, so that a class's identity (which kombu's and

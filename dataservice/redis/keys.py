@@ -63,6 +63,9 @@ key                                    what it holds
 ``ds:changes:status``                  a hash: the active consumer's position, lag
                                        (seconds, events and bytes behind) and when it
                                        last said so (``docs/changes.md``)
+``ds:changes:lost``                    in the first cell, a set: the other cells the change
+                                       consumer lost while it saved positions past them;
+                                       each is rotated before it is called fresh again
 ``ds:changes:fresh``                   the consumer's word that the cache is fresh within
                                        ``changes.max_lag_s``: it expires when that may
                                        no longer hold (the freshness guard reads it)
@@ -110,6 +113,7 @@ CHANGES_LEASE_KEY = CHANGES_PREFIX + "lease"
 CHANGES_FENCE_KEY = CHANGES_PREFIX + "fence"
 CHANGES_STATUS_KEY = CHANGES_PREFIX + "status"
 CHANGES_FRESH_KEY = CHANGES_PREFIX + "fresh"
+CHANGES_LOST_KEY = CHANGES_PREFIX + "lost"
 # Between a cached record's key and its namespace generation: neither a scope
 # nor an object id may hold it (dataservice.identifiers).
 GENERATION_SEP = "#"

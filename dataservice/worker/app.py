@@ -138,13 +138,6 @@ class LaneRuntime:
             socket_connect_timeout=_BROKER_CHATTER_TIMEOUT_S,
             max_connections=4,
         )
-        # On a Sentinel-managed broker the epoch follows the primary, so that
-        # requests a failover lost are reported lost (dataservice/broker/failover.py).
-        self._epochs = (
-            EpochKeeper(self._broker, [config.lanes[name].queue for name in LaneName])
-            if is_sentinel(settings.broker_url)
-            else None
-        )
         self._service_times = ServiceTimesPublisher(
             self._broker,
             lane_admission_bounds(config)[lane_config.queue],
@@ -171,6 +164,14 @@ class LaneRuntime:
             ack_with_answers=settings.broker_url == settings.result_backend_url,
             one_redis=settings.redis_url == settings.result_backend_url,
             record_in_gate=settings.broker_url == settings.redis_url,
+        )
+        # On a Sentinel-managed broker the epoch follows the primary, so that
+        # requests a failover lost are reported lost (dataservice/broker/failover.py).
+        # Its thread starts last: nothing after it can fail and leave it running.
+        self._epochs = (
+            EpochKeeper(self._broker, [config.lanes[name].queue for name in LaneName])
+            if is_sentinel(settings.broker_url)
+            else None
         )
 
     def process(

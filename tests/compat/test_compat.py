@@ -363,7 +363,13 @@ def test_kombus_sentinel_channel_is_what_compat_puts_beneath_the_hooks() -> None
     assert issubclass(sentinel, kombu_redis.Channel)
     assert {"master_name", "sentinel_kwargs"} <= set(sentinel.from_transport_options)
     assert list(inspect.signature(sentinel._get_pool).parameters) == ["self", "asynchronous"]
-    assert "self.connection.client.alt" in inspect.getsource(sentinel._sentinel_managed_pool)
+    assert "self._sentinel_managed_pool(asynchronous)" in inspect.getsource(sentinel._get_pool)
+    managed = inspect.signature(sentinel._sentinel_managed_pool).parameters
+    assert list(managed) == ["self", "asynchronous"]
+    # kombu's disconnect closes the Sentinel clients the pool is made with.
+    closes = inspect.getsource(kombu_redis.Channel._disconnect_pools)
+    assert "_sentinel_manager" in closes
+    assert "_async_sentinel_manager" in closes
     # The hooks come first, kombu's Sentinel pool beneath them.
     mro = kombu_compat.RedisSentinelChannel.__mro__
     assert mro.index(kombu_compat.RedisChannel) < mro.index(sentinel)

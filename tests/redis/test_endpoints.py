@@ -5,6 +5,7 @@ own hooks with the Sentinel's behaviour mixed in."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ import redis.asyncio.sentinel
 import redis.sentinel
 from dataservice_tools.localservices.sentinel import SentinelGroup
 
+from dataservice.broker import broker_for
+from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from dataservice.errors import ConfigError
 from dataservice.redis import endpoints, where
@@ -38,9 +41,10 @@ def test_a_sentinel_url_names_the_sentinels_the_primary_and_the_database() -> No
         ("sentinel://s1:26379/", "ends in /<primary name>"),
         ("sentinel://s1:26379/cell/0/extra", "ends in /<primary name>"),
         ("sentinel://s1:26379/cell/zero", "database number"),
-        ("sentinel://s1:port/cell", "host:port"),
-        ("sentinel://s1:70000/cell", "host:port"),
-        ("sentinel://s1:26379,/cell", "host:port"),
+        ("sentinel://s1:port/cell", "Sentinel 1 is not a host:port"),
+        ("sentinel://s1:70000/cell", "Sentinel 1 is not a host:port"),
+        ("sentinel://s1:26379,/cell", "Sentinel 2 is not a host:port"),
+        ("sentinel://s1:1/cell/²", "database number"),
         ("sentinel://s1:26379/cell?ssl_cert_reqs=none", "no query"),
     ],
 )
@@ -64,10 +68,30 @@ def test_settings_take_a_sentinel_url_for_each_redis() -> None:
     assert settings.broker_url == settings.redis_url == url
 
 
-def test_kombu_gets_one_url_per_sentinel_with_the_credentials_and_db_on_the_first() -> None:
+def test_kombu_gets_one_url_the_first_sentinel_with_the_credentials_and_db() -> None:
     target = SentinelTarget.parse("sentinel://u:p%3Aw@s1:26379,s2:26380/cell/2")
-    assert target.kombu_url() == "sentinel://u:p%3Aw@s1:26379/2;sentinel://s2:26380"
+    # One URL: kombu would take ";"-joined ones for fallbacks, with its stock transport.
+    assert target.kombu_url() == "sentinel://u:p%3Aw@s1:26379/2"
     assert SentinelTarget.parse("sentinel://s1/cell").kombu_url() == "sentinel://s1:26379/0"
+    assert SentinelTarget.parse("sentinel://[::1]:5/cell").kombu_url() == "sentinel://[::1]:5/0"
+
+
+def test_a_password_with_a_slash_or_a_comma_is_read_whole_and_never_shown() -> None:
+    target = SentinelTarget.parse("sentinel://u:pa/s,s@s1:1/cell")
+    assert (target.password, target.sentinels) == ("pa/s,s", (("s1", 1),))
+    with pytest.raises(ConfigError) as raised:
+        SentinelTarget.parse("sentinel://u:pa/ss@s1:x/cell")
+    assert "pa" not in str(raised.value).replace("sentinel://", "")
+
+
+def test_the_broker_hands_kombu_every_sentinel_in_its_transport_options(config: Config) -> None:
+    url = "sentinel://u:pw@s1:26379,s2:26380/cell/2"
+    found = broker_for(dataclasses.replace(Settings(), broker_url=url)).celery_settings(config)
+    assert found["broker_url"] == "sentinel://u:pw@s1:26379/2"
+    options = found["broker_transport_options"]
+    assert options["master_name"] == "cell"
+    assert options["dataservice_sentinels"] == [["s1", 26379], ["s2", 26380]]
+    assert found["broker_transport"].endswith(":SentinelTransport")
 
 
 def test_where_names_the_primary_and_its_sentinels_without_credentials() -> None:

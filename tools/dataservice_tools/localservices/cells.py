@@ -77,8 +77,11 @@ def cells_down(state_dir: Path) -> list[str]:
     for pidfile in [*root.glob("**/redis.pid"), *root.glob("**/sentinel.pid")]:
         with contextlib.suppress(OSError, ValueError):
             pid = int(pidfile.read_text().strip())
-            os.kill(pid, signal.SIGTERM)
-            pids.append(pid)
+            # A pidfile outlives its process (a SIGKILL, a reboot): its pid may be
+            # another program's by now.
+            if b"redis-server" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGTERM)
+                pids.append(pid)
         pidfile.unlink(missing_ok=True)
     for pid in pids:
         wait_until(functools.partial(_gone, pid), f"redis-server (pid {pid}) to stop")
