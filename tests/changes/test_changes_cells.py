@@ -24,7 +24,14 @@ from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from dataservice.redis.keys import CHANGES_FRESH_KEY, CHANGES_LEASE_KEY, tombstone_key
 from tests.harness import changes as changes_harness
-from tests.harness.changes import CHANGES_REDIS_URL, cached, plant, running_consumer
+from tests.harness.changes import (
+    CHANGES_REDIS_URL,
+    UPSERT,
+    cached,
+    plant,
+    running_consumer,
+    upsert,
+)
 
 binlog_url = changes_harness.binlog_url
 cache_redis = changes_harness.cache_redis
@@ -86,13 +93,7 @@ def test_a_commit_invalidates_both_formats_in_every_cell_under_the_consumers_fen
     engine = create_engine(binlog_url)
     try:
         with engine.begin() as conn:
-            conn.execute(
-                text(
-                    "INSERT INTO records (scope, object_id, revision, payload, created_at,"
-                    " updated_at) VALUES (:s, 'a', 2, 'x', NOW(6), NOW(6))"
-                ),
-                {"s": scope},
-            )
+            upsert(conn, scope, "a", 2)
     finally:
         engine.dispose()
     eventually(lambda: sum(cached(c, scope, "a") for c in clients.values()) == 0, timeout=5.0)
@@ -116,13 +117,7 @@ def test_a_cell_stopped_while_records_change_serves_none_of_them_stale_once_back
     engine = create_engine(binlog_url)
     try:
         with engine.begin() as conn:
-            conn.execute(
-                text(
-                    "INSERT INTO records (scope, object_id, revision, payload, created_at,"
-                    " updated_at) VALUES (:s, :o, 1, 'x', NOW(6), NOW(6))"
-                ),
-                [{"s": scope, "o": object_id} for object_id in ids],
-            )
+            conn.execute(UPSERT, [{"s": scope, "o": object_id, "r": 1} for object_id in ids])
         stopped = clients["c"]
         controls = RolloutControls(stopped, config.cache)
         generation = controls.fetch().generation

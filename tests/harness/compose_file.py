@@ -10,6 +10,7 @@ included.
 
 from __future__ import annotations
 
+import copy
 import re
 import shlex
 from collections.abc import Iterator, Mapping
@@ -87,6 +88,18 @@ def _interpolate(node: Any) -> Any:
 def interpolated(document: dict[str, Any]) -> dict[str, Any]:
     """``document`` with every variable substituted as compose would here."""
     result: dict[str, Any] = _interpolate(document)
+    return result
+
+
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Compose's merge of one mapping over another, for what these files hold:
+    mappings merge key by key, anything else is replaced."""
+    result = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = merged(result[key], value)
+        else:
+            result[key] = copy.deepcopy(value)
     return result
 
 

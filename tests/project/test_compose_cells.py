@@ -24,6 +24,7 @@ from tests.harness.compose_file import (
     environment,
     interpolated,
     load_yaml,
+    merged,
     published_ports,
     server_options,
     settings,
@@ -49,17 +50,7 @@ def _merged_service(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any
             mounts.update({_target(v): v for v in value})
             result["volumes"] = list(mounts.values())
         elif isinstance(value, dict) and isinstance(result.get(key), dict):
-            result[key] = _merged_dict(result[key], value)
-        else:
-            result[key] = copy.deepcopy(value)
-    return result
-
-
-def _merged_dict(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    result = copy.deepcopy(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(result.get(key), dict):
-            result[key] = _merged_dict(result[key], value)
+            result[key] = merged(result[key], value)
         else:
             result[key] = copy.deepcopy(value)
     return result

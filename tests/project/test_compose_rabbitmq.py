@@ -3,7 +3,6 @@ merges them (``-f`` both): RabbitMQ as the broker. Parsed, never run."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
@@ -17,6 +16,7 @@ from tests.harness.compose_file import (
     environment,
     interpolated,
     load_yaml,
+    merged,
     published_ports,
     settings,
 )
@@ -27,19 +27,7 @@ OVERLAY = interpolated(load_yaml(OVERLAY_FILE))
 BROKER_USERS = (*WORKER_LANES, CONSUMER, "flower")
 
 
-def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """Compose's merge of one file over another, for what these files hold:
-    mappings merge key by key, anything else is replaced."""
-    result = copy.deepcopy(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(result.get(key), dict):
-            result[key] = _merged(result[key], value)
-        else:
-            result[key] = copy.deepcopy(value)
-    return result
-
-
-MERGED = _merged(COMPOSE, OVERLAY)
+MERGED = merged(COMPOSE, OVERLAY)
 SERVICES: dict[str, dict[str, Any]] = MERGED["services"]
 
 

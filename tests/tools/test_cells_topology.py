@@ -8,24 +8,13 @@ import stat
 from pathlib import Path
 
 import pytest
-import redis
 import yaml
 from dataservice_tools.localservices.cells import cells_down, cells_up
+from dataservice_tools.localservices.probes import redis_reachable
 
-from dataservice.redis import endpoints
 from dataservice.redis.endpoints import SentinelTarget
 
 pytestmark = pytest.mark.fault
-
-
-def _ping(url: str) -> bool:
-    client = endpoints.client(url, socket_timeout=1, socket_connect_timeout=1)
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
 
 
 def test_three_cells_start_once_answer_and_stop(tmp_path: Path) -> None:
@@ -37,7 +26,7 @@ def test_three_cells_start_once_answer_and_stop(tmp_path: Path) -> None:
         assert sorted(cells) == ["a", "b", "c"]
         target = SentinelTarget.parse(cells["a"]["redis_url"])
         assert len(target.sentinels) == 3
-        assert all(_ping(entry["redis_url"]) for entry in cells.values())
+        assert all(redis_reachable(entry["redis_url"]) for entry in cells.values())
         # Running already: the same cells, nothing started.
         again, started = cells_up(tmp_path)
         assert (again, started) == (cells_file, False)
@@ -45,4 +34,4 @@ def test_three_cells_start_once_answer_and_stop(tmp_path: Path) -> None:
     finally:
         stopped = cells_down(tmp_path)
     assert stopped
-    assert not any(_ping(entry["redis_url"]) for entry in cells.values())
+    assert not any(redis_reachable(entry["redis_url"]) for entry in cells.values())

@@ -16,11 +16,9 @@ import os
 import signal
 from pathlib import Path
 
-import redis
 import yaml
 
-from dataservice.redis import endpoints
-from dataservice_tools.localservices.probes import wait_until
+from dataservice_tools.localservices.probes import redis_reachable, wait_until
 from dataservice_tools.localservices.redisserver import PrivateRedis
 from dataservice_tools.localservices.sentinel import SentinelGroup
 
@@ -59,15 +57,7 @@ def _all_answer(cells_file: Path) -> bool:
         cells = yaml.safe_load(cells_file.read_text())["cells"]
     except (OSError, yaml.YAMLError, KeyError, TypeError):
         return False
-    for entry in cells.values():
-        client = endpoints.client(entry["redis_url"], socket_timeout=1, socket_connect_timeout=1)
-        try:
-            client.ping()
-        except redis.RedisError:
-            return False
-        finally:
-            client.close()
-    return True
+    return all(redis_reachable(entry["redis_url"]) for entry in cells.values())
 
 
 def cells_down(state_dir: Path) -> list[str]:

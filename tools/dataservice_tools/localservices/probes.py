@@ -15,6 +15,7 @@ import MySQLdb
 import redis
 
 from dataservice.errors import ServiceSetupError
+from dataservice.redis import endpoints
 from dataservice_tools.testkit.waits import eventually
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -54,7 +55,8 @@ def free_port() -> int:
 
 
 def redis_reachable(url: str) -> bool:
-    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+    """Whether the Redis at ``url`` answers (``sentinel://`` too: its primary)."""
+    client = endpoints.client(url, socket_connect_timeout=1, socket_timeout=1)
     try:
         return bool(client.ping())
     except redis.RedisError:
