@@ -6,8 +6,6 @@ other cell's Redis."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import os
 import signal
 import threading
@@ -15,12 +13,10 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import redis
-import yaml
 from dataservice_tools.localservices import PrivateRedis
 from sqlalchemy import Engine
 
@@ -33,19 +29,12 @@ from dataservice import (
     ResourceExhausted,
     WriteOp,
 )
-from dataservice.broker.celery import celery_app
-from dataservice.config.cells import CellsConfig
-from dataservice.config.model import Config
 from dataservice.config.settings import Settings
-from dataservice.enums import LaneName
-from dataservice.ops.processes import WorkerProcess, stop_all, wait_answering
 from dataservice.redis.keys import rate_key
-from tests.harness.support import with_changes
+from tests.harness.cells import CALLERS, CELLS, Deployment, cell_servers, deployed
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
-CELLS = ("a", "b", "c")
-CALLERS = ("tests", "loadtest", "demo")
 # Its rate is 20/s with a burst of 5 (tests/harness/support.py).
 LIMITED = "tests-limited"
 FLOOD_S = 10.0
@@ -56,33 +45,10 @@ REPLICAS = 2
 QUEUE_BOUND = 20
 
 
-def _cells_config(callers: list[str]) -> dict[str, object]:
-    """The rule's cells for two callers, and the third pinned to a cell
-    neither of them has (when there is one), so that every cell serves."""
-    rule = CellsConfig(names=CELLS)
-    taken = {rule.cell_of(caller, callers) for caller in CALLERS[:2]}
-    free = [cell for cell in CELLS if cell not in taken]
-    return {"names": list(CELLS), "callers": {CALLERS[2]: free[0]} if free else {}}
-
-
 @pytest.fixture
 def servers(tmp_path: Path) -> Iterator[dict[str, PrivateRedis]]:
-    started = {cell: PrivateRedis(tmp_path / f"redis-{cell}") for cell in CELLS}
-    try:
-        for server in started.values():
-            server.start()
+    with cell_servers(tmp_path) as started:
         yield started
-    finally:
-        for server in started.values():
-            server.signal(9)
-
-
-@dataclass(frozen=True)
-class Deployment:
-    settings: Settings
-    config: Config
-    # Each cell's interactive replicas.
-    interactive: dict[str, list[WorkerProcess]]
 
 
 @pytest.fixture
@@ -92,52 +58,16 @@ def cells(
     servers: dict[str, PrivateRedis],
     tmp_path: Path,
 ) -> Iterator[Deployment]:
-    cells_file = tmp_path / "cells.yml"
-    cells_file.write_text(
-        yaml.safe_dump({"cells": {cell: {"redis_url": s.url} for cell, s in servers.items()}})
-    )
-    configured = with_changes(
-        settings,
-        tmp_path / "queues.yml",
-        {
-            ("cells",): _cells_config(list(settings.load().callers)),
-            ("changes", "guard"): True,
-            # Each cell's share of the database: the budget holds three cells.
-            ("budget", "max_replicas"): 2,
-            # Small enough for a test to fill one cell's lane.
-            ("lanes", "interactive", "admission", "max_messages"): QUEUE_BOUND,
-            ("lanes", "interactive", "max_ops_per_message"): QUEUE_BOUND,
-        },
-    )
-    configured = dataclasses.replace(configured, cells_file=cells_file)
-    config = configured.load()
-    (tmp_path / "logs").mkdir()
-    workers = []
-    controls = []
-    interactive: dict[str, list[WorkerProcess]] = {}
-    try:
-        for cell in CELLS:
-            own = dataclasses.replace(configured, cell=cell).for_worker(config)
-            lanes = [LaneName.BATCH] + [LaneName.INTERACTIVE] * REPLICAS
-            mine = [
-                WorkerProcess.for_lane(
-                    own, lane, tmp_path / "logs" / f"{cell}-{lane.value}-{n}.log"
-                )
-                for n, lane in enumerate(lanes)
-            ]
-            workers += [worker.start() for worker in mine]
-            interactive[cell] = mine[1:]
-            controls.append((celery_app(f"cells-control-{cell}", own, config), mine))
-        for control, pair in controls:
-            wait_answering(control, pair, 60.0)
-        yield Deployment(configured, config, interactive)
-    finally:
-        for control, _ in controls:
-            control.close()
-        for worker in workers:
-            with contextlib.suppress(OSError, RuntimeError):
-                os.kill(worker.pid, signal.SIGCONT)
-        stop_all(workers)
+    changes: dict[tuple[str, ...], object] = {
+        ("changes", "guard"): True,
+        # Each cell's share of the database: the budget holds three cells.
+        ("budget", "max_replicas"): 2,
+        # Small enough for a test to fill one cell's lane.
+        ("lanes", "interactive", "admission", "max_messages"): QUEUE_BOUND,
+        ("lanes", "interactive", "max_ops_per_message"): QUEUE_BOUND,
+    }
+    with deployed(settings, servers, tmp_path, changes, REPLICAS) as deployment:
+        yield deployment
 
 
 def test_each_caller_is_served_in_its_own_cell_and_touches_no_other(
@@ -210,7 +140,7 @@ def test_a_callers_rate_holds_across_two_replicas_of_its_cell(
     rate = (len(steady) - 1) / (steady[-1] - steady[0])
     assert 0.99 <= rate / policy.rate_per_s <= 1.005, (rate, len(answered))
     cell = config.cell_of(LIMITED)
-    logs = sorted((tmp_path / "logs").glob(f"{cell}-interactive-*.log"))
+    logs = sorted(cells.logs.glob(f"{cell}-interactive-*.log"))
     served = [log.read_text().count(f'"caller":"{LIMITED}"') for log in logs]
     assert len(served) == REPLICAS
     assert all(served), f"each replica of cell {cell} answered the caller: {served}"
