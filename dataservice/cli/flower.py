@@ -7,17 +7,23 @@ given, and that is refused on any address but loopback. The credentials come
 from ``DATASERVICE_FLOWER_AUTH`` (``user:password``, several separated by
 commas), never from ``queues.yml`` or the command line, where ``ps`` would
 show them; they reach Flower through its own ``FLOWER_BASIC_AUTH``.
+
+With cells configured, one Flower watches one cell (``--cell`` or
+``DATASERVICE_CELL``), as a worker serves one: each cell has its own broker,
+and so its own queues and workers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 from typing import Any
 
 import typer
 
-from dataservice.cli.common import load
+from dataservice.cli.common import fail, load
+from dataservice.errors import DataServiceError
 
 LOOPBACK_NAMES = frozenset({"localhost"})
 
@@ -62,6 +68,9 @@ def flower(
     no_auth: bool = typer.Option(
         False, "--no-auth", help="No basic authentication: refused unless on loopback."
     ),
+    cell: str | None = typer.Option(
+        None, help="The cell to watch, when cells are configured (DATASERVICE_CELL)."
+    ),
 ) -> None:
     """Flower for the service's broker: the lanes' and the consumers' queues,
     with their lengths, and every worker node. Basic authentication from
@@ -71,6 +80,12 @@ def flower(
     from dataservice.redis.keys import CHANGES_QUEUE
 
     settings, config = load()
+    try:
+        if cell is not None:
+            settings = dataclasses.replace(settings, cell=cell)
+        settings = settings.for_worker(config)
+    except DataServiceError as exc:
+        raise fail(exc, 2) from None
     auth = settings.flower_auth
     if no_auth and not is_loopback(address):
         typer.echo(

@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 import redis
-from dataservice_tools.localservices import free_port, redis_reachable
+import yaml
+from dataservice_tools.localservices import PrivateRedis, free_port, redis_reachable
 from dataservice_tools.localservices.flower_env import ensure_flower_env
+from dataservice_tools.localservices.sentinel import SentinelGroup
 from dataservice_tools.testkit.waits import eventually
 from rich.console import Console
 
@@ -28,7 +30,7 @@ from dataservice.ops.processes import WorkerProcess, dataservice_argv, worker_en
 from dataservice.ops.supervisor import Supervisor
 from dataservice.types import ReadOp
 from tests.conftest import require
-from tests.harness.support import on_redis
+from tests.harness.support import on_redis, with_changes
 
 FLOWER_REDIS_URL = "redis://127.0.0.1:6379/8"
 PASSWORD = "flower-test-password-7d1f"
@@ -122,6 +124,67 @@ def test_flower_shows_every_queue_with_its_length_to_an_operator_only(
     finally:
         flower.stop()
     assert PASSWORD not in (tmp_path / "flower.log").read_text(errors="replace")
+
+
+def _started_flower(settings: Settings, log: Path, *args: str) -> tuple[WorkerProcess, str]:
+    port = free_port()
+    flower = WorkerProcess.for_command(settings, log, "flower", "--port", str(port), *args).start()
+    base = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        flower.check_alive()
+        return bool(_get(f"{base}/healthcheck")[0] == 200)
+
+    try:
+        eventually(healthy, timeout=30, interval=0.2, message=flower.log_tail)
+    except BaseException:
+        flower.stop()
+        raise
+    return flower, base
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_with_cells_each_flower_watches_the_cell_it_is_given(own: Settings, tmp_path: Path) -> None:
+    """Cell a on a Sentinel-managed primary, cell b on a Redis of its own: a
+    Flower per cell shows that cell's queues, and one given no cell is refused."""
+    with SentinelGroup(tmp_path / "cell-a") as group:
+        cell_b = PrivateRedis(tmp_path / "cell-b")
+        cell_b.start()
+        try:
+            cells_file = tmp_path / "cells.yml"
+            urls = {"a": group.url(), "b": cell_b.url}
+            cells_file.write_text(
+                yaml.safe_dump({"cells": {n: {"redis_url": u} for n, u in urls.items()}})
+            )
+            cells = {"names": ["a", "b"], "callers": {"demo": "b"}}
+            settings = with_changes(own, tmp_path / "queues.yml", {("cells",): cells})
+            settings = dataclasses.replace(settings, cells_file=cells_file)
+            config = settings.load()
+            caller = Client("demo", settings, config)
+            try:
+                for n in range(3):
+                    caller.submit(ReadOp("demo", f"waiting-{n}"), timeout=600)
+            finally:
+                caller.close()
+
+            refused = _refused(settings, "--port", str(free_port()))
+            assert refused.returncode == 2
+            assert "DATASERVICE_CELL" in refused.stderr
+            lengths = {}
+            for cell in ("a", "b"):
+                flower, base = _started_flower(settings, tmp_path / f"flower-{cell}.log",
+                                               "--cell", cell)  # fmt: skip
+                try:
+                    status, body = _get(f"{base}/api/queues/length", AUTH)
+                finally:
+                    flower.stop()
+                assert status == 200, flower.log_tail()
+                lengths[cell] = {q["name"]: q["messages"] for q in body["active_queues"]}
+        finally:
+            cell_b.signal(9)
+    assert lengths["a"] == {"interactive": 0, "batch": 0, "changes": 0}
+    assert lengths["b"] == {"interactive": 0, "batch": 3, "changes": 0}
 
 
 @pytest.mark.timeout(60)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,13 @@ from tests.harness.compose_file import (
     COMPOSE,
     COMPOSE_DIR,
     ROOT,
+    bind_mounts,
     command,
     environment,
     interpolated,
     load_yaml,
     merged,
+    parse,
     published_ports,
     server_options,
     settings,
@@ -76,6 +79,7 @@ def _services() -> dict[str, dict[str, Any]]:
 SERVICES = _services()
 CELLS_FILE = yaml.safe_load((CELLS_DIR / "cells.yml").read_text())["cells"]
 CONFIG = load_config(CELLS_DIR / "queues.yml")
+PROMETHEUS = load_yaml(CELLS_DIR / "prometheus.yml")
 
 
 def _cell_settings(service: dict[str, Any]) -> Any:
@@ -180,3 +184,85 @@ def test_every_new_volume_is_declared() -> None:
         if isinstance(v, str)
     }
     assert used <= set(OVERLAY["volumes"]) | set(COMPOSE["volumes"])
+
+
+# Monitoring --------------------------------------------------------------------
+
+
+def _relabelled(job: dict[str, Any], labels: dict[str, str]) -> dict[str, str]:
+    """``labels`` after the job's relabelling, as Prometheus applies its
+    default action (replace): each rule in turn, its regex anchored, ``$1``
+    by default."""
+    result = dict(labels)
+    for rule in job.get("relabel_configs") or []:
+        value = ";".join(result.get(name, "") for name in rule["source_labels"])
+        found = re.fullmatch(rule["regex"], value)
+        if found is not None:
+            replacement = rule.get("replacement", "$1")
+            # Prometheus's $1 is Python's \1.
+            result[rule["target_label"]] = found.expand(re.sub(r"\$(\d+)", r"\\\1", replacement))
+    return result
+
+
+def _jobs() -> dict[str, dict[str, Any]]:
+    return {job["job_name"]: job for job in PROMETHEUS["scrape_configs"]}
+
+
+def _flowers() -> dict[str, str]:
+    """Each Flower service and the cell it watches."""
+    return {
+        name: environment(service).get("DATASERVICE_CELL", "")
+        for name, service in SERVICES.items()
+        if command(service)[:2] == ["dataservice", "flower"]
+    }
+
+
+def test_prometheus_reads_the_cells_file() -> None:
+    mounts = {target: source for source, target, _ in bind_mounts(SERVICES["prometheus"])}
+    assert mounts["/etc/prometheus/prometheus.yml"] == CELLS_DIR / "prometheus.yml"
+
+
+def test_prometheus_scrapes_every_pool_of_every_cell_under_its_cell() -> None:
+    pools = _pools()
+    scraped = []
+    for name, service in SERVICES.items():
+        line = command(service)
+        if line[:1] not in (["dataservice"], ["celery"]):
+            continue
+        _, params = parse(line)
+        if not params.get("metrics_port"):
+            continue
+        found = [
+            (job, sd)
+            for job in _jobs().values()
+            for sd in job.get("dns_sd_configs") or []
+            if sd.get("names") == [name]
+        ]
+        assert len(found) == 1, f"{name}: one dns_sd_configs entry expected, found {found}"
+        job, sd = found[0]
+        assert (sd["type"], sd["port"]) == ("A", params["metrics_port"])
+        cell = _relabelled(job, {"__meta_dns_name": name}).get("cell")
+        assert cell == (pools[name][0] if name in pools else None), name
+        scraped.append(name)
+    assert set(pools) <= set(scraped)
+    assert "changes" in scraped
+
+
+def test_a_flower_per_cell_each_on_its_cells_broker_and_scraped_under_its_cell() -> None:
+    flowers = _flowers()
+    assert sorted(flowers.values()) == sorted(CELLS_FILE)
+    host_ports = []
+    for name, cell in flowers.items():
+        own = _cell_settings(SERVICES[name]).for_worker(CONFIG)
+        assert own.broker_url == CELLS_FILE[cell]["redis_url"]
+        assert settings(SERVICES[name]).flower_auth is not None
+        assert published_ports(SERVICES[name]) == [("127.0.0.1", "5555")]
+        host_ports += [str(p).rsplit(":", 2)[1] for p in SERVICES[name]["ports"]]
+    assert len(set(host_ports)) == len(flowers), host_ports
+    (flower_job,) = [job for job in _jobs().values() if job.get("static_configs")]
+    labelled = {
+        target: static.get("labels", {}).get("cell")
+        for static in flower_job["static_configs"]
+        for target in static["targets"]
+    }
+    assert labelled == {f"{name}:5555": cell for name, cell in flowers.items()}
