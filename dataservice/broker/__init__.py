@@ -20,13 +20,13 @@ __all__ = ["Broker", "Peek", "QueueDepths", "broker_for", "queue_depths"]
 def broker_for(settings: Settings) -> Broker:
     """The broker at ``settings.broker_url``: RabbitMQ for ``amqp://`` and
     ``amqps://``, else Redis (``redis://``, ``rediss://``, ``unix://``,
-    ``sentinel://``)."""
+    ``sentinel://``, ``sentinels://``)."""
     if settings.broker_url.startswith(AMQP_SCHEMES):
         return RabbitBroker(settings)
     if settings.broker_url.startswith(REDIS_SCHEMES):
         return RedisBroker(settings)
     raise InvalidArgument(
-        "the broker URL must be redis://, rediss://, unix://, sentinel:// (Redis) "
+        "the broker URL must be redis://, rediss://, unix://, sentinel://, sentinels:// (Redis) "
         "or amqp://, amqps:// (RabbitMQ)"
     )
 

@@ -1,6 +1,7 @@
 """Redis as the broker (``redis://``, ``rediss://``, ``unix://``, and a
-Sentinel-managed primary at ``sentinel://``): kombu's Redis transport (or its
-Sentinel transport), with admission in the channel.
+Sentinel-managed primary at ``sentinel://`` or, over TLS, ``sentinels://``):
+kombu's Redis transport (or its Sentinel transport), with admission in the
+channel.
 
 The broker is always reached through :class:`RedisTransport`, over
 ``redis://`` and ``rediss://`` alike, so admission and caller pacing hold
@@ -17,8 +18,11 @@ times out either queued its message or did not.
 
 On ``sentinel://`` (:mod:`dataservice.redis.endpoints`) the channels are the
 same with kombu's Sentinel channel beneath: their pools ask the Sentinels for
-the primary, and the URL reaches kombu in its own form (one URL per
-Sentinel, the primary's name as the transport option ``master_name``).
+the primary, and the URL reaches kombu in its own form (the first Sentinel;
+every Sentinel in ``dataservice_sentinels``, the primary's name as the
+transport option ``master_name``). On ``sentinels://`` the URL's TLS options
+reach kombu as ``broker_use_ssl`` for the primary, as with ``rediss://``, and
+in ``sentinel_kwargs`` for the Sentinels.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ from dataservice.redis import endpoints, where
 from dataservice.redis.bounded import QUIET, BoundedConnection, BoundedSSLConnection
 from dataservice.redis.endpoints import (
     SENTINEL_PORT,
-    SENTINEL_SCHEME,
+    SENTINEL_SCHEMES,
     SENTINEL_TIMEOUT_S,
     SentinelTarget,
     is_sentinel,
@@ -70,7 +74,7 @@ from dataservice.tcp import KEEPALIVE
 # rest of a call costs its thread. (Each holds two Redis connections: kombu
 # checks a new channel on a pool of its own.)
 PUBLISH_CONNECTIONS = 1
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://", SENTINEL_SCHEME)
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", *SENTINEL_SCHEMES)
 
 
 class _Channel(kombu_compat.RedisChannel):
@@ -160,8 +164,7 @@ class _SentinelChannel(_Channel, kombu_compat.RedisSentinelChannel):
     """:class:`_Channel` on a Sentinel-managed primary."""
 
     redis_connection_class = sentinel_connection_class(PackedConnection)
-    # TLS to a Sentinel-managed Redis is refused with the URL (endpoints).
-    redis_ssl_connection_class = None
+    redis_ssl_connection_class = sentinel_connection_class(PackedSSLConnection)
 
 
 class SentinelTransport(RedisTransport):
@@ -171,7 +174,7 @@ class SentinelTransport(RedisTransport):
 
 class _CallerSentinelChannel(_CallerChannel, kombu_compat.RedisSentinelChannel):
     redis_connection_class = sentinel_connection_class(BoundedConnection)
-    redis_ssl_connection_class = None
+    redis_ssl_connection_class = sentinel_connection_class(BoundedSSLConnection)
 
 
 class CallerSentinelTransport(CallerRedisTransport):
@@ -220,10 +223,12 @@ def _sentinel_options(target: SentinelTarget) -> dict[str, Any]:
         "master_name": target.primary,
         "dataservice_sentinels": [list(address) for address in target.sentinels],
         # kombu asks the Sentinels with these (else with the connection's
-        # socket timeout, which a worker's blocking take leaves unset).
+        # socket timeout, which a worker's blocking take leaves unset), over
+        # TLS as the primary is: broker_use_ssl reaches only the primary.
         "sentinel_kwargs": {
             "socket_timeout": SENTINEL_TIMEOUT_S,
             "socket_connect_timeout": SENTINEL_TIMEOUT_S,
+            **target.tls_options(),
         },
     }
 
@@ -264,8 +269,8 @@ class RedisBroker(Broker):
         sentinel = (
             SentinelTarget.parse(self.url, "the broker URL") if is_sentinel(self.url) else None
         )
-        tls = None if sentinel else redis_tls(self.url, "the broker URL")
-        tls_options = tls.kombu_options() if tls else None
+        tls = sentinel.tls if sentinel else redis_tls(self.url, "the broker URL")
+        tls_options = tls.connection_options() if tls else None
         over_tcp = self.url.startswith(("redis://", "rediss://"))
         transport = "SentinelTransport" if sentinel else "RedisTransport"
         return {
@@ -313,9 +318,10 @@ class RedisBroker(Broker):
         return admit_on_channel
 
     def async_publisher(self, config: Config) -> AsyncPublisher:
-        if not self.url.startswith(("redis://", "rediss://", SENTINEL_SCHEME)):
+        if not self.url.startswith(("redis://", "rediss://", *SENTINEL_SCHEMES)):
             raise InvalidArgument(
-                "AsyncClient needs a redis://, rediss://, sentinel:// or amqp:// broker URL"
+                "AsyncClient needs a redis://, rediss://, sentinel://, sentinels:// or amqp://"
+                " broker URL"
             )
         return _AsyncPublisher(self.url, config)
 

@@ -44,6 +44,9 @@ Internal names, and why:
   would switch the connection to kombu's stock transport, without the
   service's hooks or credentials); it keeps the Sentinel client where kombu's
   disconnect closes it (``_sentinel_manager``, ``_async_sentinel_manager``).
+  The primary's pool takes ``_connparams`` whole (with TLS, the ``ssl``
+  options and ``connection_class_ssl``); the Sentinels are asked with the
+  transport option ``sentinel_kwargs`` alone, so TLS to them goes there.
 - ``kombu.transport.redis.QoS.append``: overridden, so that the record of a
   delivery may wait for the consumer's decision (:class:`RedisQoS`).
 - ``kombu.transport.redis.QoS.unacked_key``, ``unacked_index_key``: the names of

@@ -181,7 +181,9 @@ def _check_redis_url(url: str, name: str, *, broker: bool) -> None:
         return
     if not url.startswith(("redis://", "rediss://", "unix://")):
         also = " (the broker: or amqp://, amqps://)" if broker else ""
-        raise ConfigError(f"{name} must be a redis://, rediss://, unix:// or sentinel:// URL{also}")
+        raise ConfigError(
+            f"{name} must be a redis://, rediss://, unix://, sentinel:// or sentinels:// URL{also}"
+        )
     redis_tls(url, name)
 
 

@@ -40,6 +40,7 @@ from redis.maint_notifications import MaintNotificationsConfig
 
 from dataservice.compat import redis as compat_redis
 from dataservice.redis.packing import Packed
+from dataservice.redis.tls import uses_tls
 
 # What a bounded call may take beyond its caller's deadline: a blocking
 # command's reply, due just as the time runs out, must not race the socket's
@@ -113,5 +114,6 @@ class BoundedPool(compat_redis.WaitingPool):
 
 
 def connection_class(url: str) -> type[redis.Connection]:
-    """The bounded connection class for a ``redis://`` or ``rediss://`` URL."""
-    return BoundedSSLConnection if url.startswith("rediss://") else BoundedConnection
+    """The bounded connection class for a Redis URL: TLS for ``rediss://``
+    and ``sentinels://``."""
+    return BoundedSSLConnection if uses_tls(url) else BoundedConnection

@@ -11,6 +11,10 @@ URL of either kind works wherever a Redis is configured:
   password are the primary's (and, after a failover, its replica's: Redis
   does not replicate ACL users, so each server of the group needs them);
   the Sentinels are asked without credentials.
+- ``sentinels://`` is the same over TLS, as ``rediss://`` is to ``redis://``:
+  to the Sentinels and to the servers they name alike (a group is all-TLS).
+  Its query takes the TLS options of :mod:`dataservice.redis.tls`, with the
+  same defaults, and nothing else.
 
 On a Sentinel URL a pool asks the Sentinels for the primary's address when
 it connects, and again whenever a connection to it fails; a command on a
@@ -21,8 +25,13 @@ sends to blocked commands) closes its connection and raises
 (bounded, blocking) and its connections their hooks (packed commands, the
 calling thread's bound): the Sentinel behaviour is mixed in, not swapped in.
 
-TLS to a Sentinel-managed Redis is not supported: a ``sentinel://`` URL with
-a query is a :class:`~dataservice.errors.ConfigError`.
+A ``sentinel://`` URL with a query is a
+:class:`~dataservice.errors.ConfigError`: TLS options there would otherwise be
+dropped silently.
+
+Given a plain connection class for a TLS URL, a pool takes its TLS kind
+(``PackedConnection`` -> ``PackedSSLConnection``): a plain class would be
+handed the TLS options it cannot take.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
-from urllib.parse import quote, unquote
+from urllib.parse import parse_qsl, quote, unquote
 
 import redis
 import redis.asyncio
@@ -38,35 +47,52 @@ import redis.asyncio.sentinel
 import redis.sentinel
 
 from dataservice.errors import ConfigError
+from dataservice.redis.bounded import BoundedConnection, BoundedSSLConnection
+from dataservice.redis.packing import (
+    AsyncPackedConnection,
+    AsyncPackedSSLConnection,
+    PackedConnection,
+    PackedSSLConnection,
+)
+from dataservice.redis.tls import RedisTLS, query_tls, uses_tls
 
 SENTINEL_SCHEME: Final = "sentinel://"
+SENTINEL_TLS_SCHEME: Final = "sentinels://"
+SENTINEL_SCHEMES: Final = (SENTINEL_SCHEME, SENTINEL_TLS_SCHEME)
 SENTINEL_PORT: Final = 26379
 # How long a question to one Sentinel may take before the next is asked.
 SENTINEL_TIMEOUT_S: Final = 1.0
 
 _Pool = TypeVar("_Pool", bound=redis.ConnectionPool)
 _AsyncPool = TypeVar("_AsyncPool", bound=redis.asyncio.ConnectionPool)
+_Connection = TypeVar("_Connection", bound=redis.Connection)
+_AsyncConnection = TypeVar("_AsyncConnection", bound=redis.asyncio.Connection)
 
 
 @dataclass(frozen=True, slots=True)
 class SentinelTarget:
-    """A ``sentinel://`` URL, read: the Sentinels, the primary's name, the db."""
+    """A ``sentinel://`` or ``sentinels://`` URL, read: the Sentinels, the
+    primary's name, the db, and the TLS options (None: no TLS)."""
 
     sentinels: tuple[tuple[str, int], ...]
     primary: str
     db: int = 0
     username: str | None = None
     password: str | None = field(default=None, repr=False)
+    tls: RedisTLS | None = None
 
     @classmethod
     def parse(cls, url: str, name: str = "the Redis URL") -> SentinelTarget:
-        if not url.startswith(SENTINEL_SCHEME):
-            raise ConfigError(f"{name} is not a sentinel:// URL")
-        rest = url[len(SENTINEL_SCHEME) :]
-        if "?" in rest or "#" in rest:
+        scheme = next((s for s in SENTINEL_SCHEMES if url.startswith(s)), None)
+        if scheme is None:
+            raise ConfigError(f"{name} is not a sentinel:// or sentinels:// URL")
+        rest, asked, query = url[len(scheme) :].partition("?")
+        if "#" in rest or "#" in query:
+            raise ConfigError(f"{name}: a {scheme} URL takes no fragment (write a '#' as %23)")
+        if asked and scheme == SENTINEL_SCHEME:
             raise ConfigError(
-                f"{name}: a sentinel:// URL takes no query (TLS to a Sentinel-managed"
-                " Redis is not supported)"
+                f"{name}: a sentinel:// URL takes no query; for TLS write sentinels://,"
+                " its options in the query"
             )
         # The credentials first, at the last "@": a password may hold a "/"
         # or a ",", and no part of it may reach an error message.
@@ -90,14 +116,19 @@ class SentinelTarget:
             if not _number(parts[1]):
                 raise ConfigError(f"{name}: the database number must be a number")
             db = int(parts[1])
-        return cls(sentinels, unquote(parts[0]), db, username, password)
+        # Read after the rest: a "?" a password should have had as %3F fails
+        # above, where no part of the password reaches the message.
+        tls = _tls(query, name) if scheme == SENTINEL_TLS_SCHEME else None
+        return cls(sentinels, unquote(parts[0]), db, username, password, tls)
 
     def kombu_url(self) -> str:
         """The URL kombu gets: the first Sentinel, the primary's credentials
         and the db. One URL only: kombu takes ``;``-joined URLs for fallbacks,
         and a fallback would take its scheme's stock transport in place of
         the service's. Every Sentinel, and the primary's name, go in
-        transport options (``dataservice_sentinels``, ``master_name``)."""
+        transport options (``dataservice_sentinels``, ``master_name``); TLS
+        goes in ``broker_use_ssl`` and ``sentinel_kwargs``, so the scheme is
+        ``sentinel://`` either way."""
         auth = ""
         if self.username or self.password is not None:
             auth = quote(self.username or "", safe="")
@@ -110,18 +141,43 @@ class SentinelTarget:
     def where(self) -> str:
         """For an operator, without credentials."""
         sentinels = ",".join(f"{host}:{port}" for host, port in self.sentinels)
-        return f"primary {self.primary!r} of the Sentinels at {sentinels}, db {self.db}"
+        over = " over TLS" if self.tls else ""
+        return f"primary {self.primary!r} of the Sentinels at {sentinels}, db {self.db}{over}"
 
     def manager(self, options: Mapping[str, Any]) -> redis.sentinel.Sentinel:
-        return redis.sentinel.Sentinel(self.sentinels, sentinel_kwargs=_sentinel_options(options))
+        return redis.sentinel.Sentinel(
+            self.sentinels, sentinel_kwargs={**_sentinel_options(options), **self.tls_options()}
+        )
 
     def async_manager(self, options: Mapping[str, Any]) -> redis.asyncio.sentinel.Sentinel:
         return redis.asyncio.sentinel.Sentinel(
-            self.sentinels, sentinel_kwargs=_sentinel_options(options)
+            self.sentinels, sentinel_kwargs={**_sentinel_options(options), **self.tls_options()}
         )
 
+    def tls_options(self) -> dict[str, Any]:
+        """What a redis-py client (``Redis(...)``, sync or asyncio) of a
+        Sentinel or of a server of the group needs for TLS: none without."""
+        if self.tls is None:
+            return {}
+        return {"ssl": True, **self.tls.connection_options()}
+
     def primary_options(self) -> dict[str, Any]:
-        return {"db": self.db, "username": self.username, "password": self.password}
+        """A client's of a server of the group: the db, credentials and TLS
+        (a Sentinel pool drops ``ssl``: its connection class says it)."""
+        return {
+            "db": self.db,
+            "username": self.username,
+            "password": self.password,
+            **self.tls_options(),
+        }
+
+
+def _tls(query: str, name: str) -> RedisTLS | None:
+    # Another key is refused without its name: it may be the tail of a
+    # password whose "?" was not written %3F.
+    if any(not key.startswith("ssl_") for key, _ in parse_qsl(query, keep_blank_values=True)):
+        raise ConfigError(f"{name}: a sentinels:// URL's query takes TLS options (ssl_*) only")
+    return query_tls(query, name, on=True)
 
 
 def _address(part: str, name: str, n: int) -> tuple[str, int]:
@@ -158,7 +214,7 @@ def _sentinel_options(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def is_sentinel(url: str) -> bool:
-    return url.startswith(SENTINEL_SCHEME)
+    return url.startswith(SENTINEL_SCHEMES)
 
 
 def where(url: str) -> str:
@@ -221,19 +277,45 @@ def _mixed(managed: tuple[type[Any], ...], cls: type[Any]) -> type[Any]:
     return made
 
 
-def sentinel_connection_class(cls: type[redis.Connection]) -> type[redis.Connection]:
+def sentinel_connection_class(cls: type[_Connection]) -> type[_Connection]:
     """``cls`` (and its hooks) finding the primary through its pool's Sentinels."""
-    made: type[redis.Connection] = _mixed((redis.sentinel.SentinelManagedConnection,), cls)
+    made: type[_Connection] = _mixed((redis.sentinel.SentinelManagedConnection,), cls)
     return made
 
 
-def async_sentinel_connection_class(
-    cls: type[redis.asyncio.Connection],
-) -> type[redis.asyncio.Connection]:
+def async_sentinel_connection_class(cls: type[_AsyncConnection]) -> type[_AsyncConnection]:
     """The same for asyncio connections."""
-    made: type[redis.asyncio.Connection] = _mixed(
-        (redis.asyncio.sentinel.SentinelManagedConnection,), cls
-    )
+    made: type[_AsyncConnection] = _mixed((redis.asyncio.sentinel.SentinelManagedConnection,), cls)
+    return made
+
+
+# The service's plain connection classes and their TLS kinds.
+_TLS_KINDS: dict[type[Any], type[Any]] = {
+    redis.Connection: redis.SSLConnection,
+    PackedConnection: PackedSSLConnection,
+    BoundedConnection: BoundedSSLConnection,
+    redis.asyncio.Connection: redis.asyncio.SSLConnection,
+    AsyncPackedConnection: AsyncPackedSSLConnection,
+}
+
+
+def _kind(url: str, cls: type[_Connection]) -> type[_Connection]:
+    """``cls``, or its TLS kind for a TLS URL."""
+    if not uses_tls(url) or issubclass(cls, redis.SSLConnection):
+        return cls
+    return _tls_kind(cls)
+
+
+def _async_kind(url: str, cls: type[_AsyncConnection]) -> type[_AsyncConnection]:
+    if not uses_tls(url) or issubclass(cls, redis.asyncio.SSLConnection):
+        return cls
+    return _tls_kind(cls)
+
+
+def _tls_kind(cls: type[Any]) -> type[Any]:
+    made = _TLS_KINDS.get(cls)
+    if made is None:
+        raise TypeError(f"{cls.__name__} has no TLS kind: give a TLS URL its TLS class")
     return made
 
 
@@ -244,18 +326,19 @@ def pool(
     **options: Any,
 ) -> _Pool:
     """A pool of ``pool_class`` with connections of ``connection_class``
-    (redis-py's for the URL if None; else the class of its kind for the
-    URL's scheme) to the Redis at ``url``."""
+    (redis-py's for the URL if None; else the class, or its TLS kind for a
+    TLS URL) to the Redis at ``url``."""
     if not is_sentinel(url):
         if connection_class is None:
             return pool_class.from_url(url, **options)
-        return pool_class.from_url(url, connection_class=connection_class, **options)
+        return pool_class.from_url(url, connection_class=_kind(url, connection_class), **options)
     target = SentinelTarget.parse(url)
     managed_pool = _mixed((_ClosesSentinels, redis.sentinel.SentinelConnectionPool), pool_class)
+    connection = _kind(url, connection_class or redis.Connection)
     made: _Pool = managed_pool(
         target.primary,
         target.manager(options),
-        connection_class=sentinel_connection_class(connection_class or redis.Connection),
+        connection_class=sentinel_connection_class(connection),
         **target.primary_options(),
         **options,
     )
@@ -272,17 +355,18 @@ def async_pool(
     if not is_sentinel(url):
         if connection_class is None:
             return pool_class.from_url(url, **options)
-        return pool_class.from_url(url, connection_class=connection_class, **options)
+        return pool_class.from_url(
+            url, connection_class=_async_kind(url, connection_class), **options
+        )
     target = SentinelTarget.parse(url)
     managed_pool = _mixed(
         (_AsyncClosesSentinels, redis.asyncio.sentinel.SentinelConnectionPool), pool_class
     )
+    connection = _async_kind(url, connection_class or redis.asyncio.Connection)
     made: _AsyncPool = managed_pool(
         target.primary,
         target.async_manager(options),
-        connection_class=async_sentinel_connection_class(
-            connection_class or redis.asyncio.Connection
-        ),
+        connection_class=async_sentinel_connection_class(connection),
         **target.primary_options(),
         **options,
     )
@@ -294,11 +378,11 @@ def client(
 ) -> redis.Redis:
     """A client of its own pool on the Redis at ``url``, ``options`` as
     redis-py's ``Redis.from_url`` takes them (``connection_class`` included:
-    the plain-TCP class of its kind)."""
+    a plain class is taken in its TLS kind for a TLS URL)."""
     if not is_sentinel(url):
         if connection_class is None:
             return redis.Redis.from_url(url, **options)
-        return redis.Redis.from_url(url, connection_class=connection_class, **options)
+        return redis.Redis.from_url(url, connection_class=_kind(url, connection_class), **options)
     # Its own pool, closed with it, as from_url's.
     return redis.Redis.from_pool(pool(url, redis.ConnectionPool, connection_class, **options))
 
@@ -310,7 +394,9 @@ def async_client(
     if not is_sentinel(url):
         if connection_class is None:
             return redis.asyncio.Redis.from_url(url, **options)
-        return redis.asyncio.Redis.from_url(url, connection_class=connection_class, **options)
+        return redis.asyncio.Redis.from_url(
+            url, connection_class=_async_kind(url, connection_class), **options
+        )
     # Its own pool, closed with it, as from_url's.
     return redis.asyncio.Redis.from_pool(
         async_pool(url, redis.asyncio.ConnectionPool, connection_class, **options)

@@ -22,6 +22,7 @@ import redis.asyncio
 from hiredis import pack_command
 
 from dataservice.compat import redis as compat_redis
+from dataservice.redis.tls import uses_tls
 
 _PLAIN = frozenset({str, bytes, int, float})
 
@@ -72,10 +73,12 @@ class AsyncPackedSSLConnection(AsyncPacked, redis.asyncio.SSLConnection):
 
 
 def async_packed_connection_class(url: str) -> type[redis.asyncio.Connection]:
-    """The packed asyncio connection class for a ``redis://`` or ``rediss://`` URL."""
-    return AsyncPackedSSLConnection if url.startswith("rediss://") else AsyncPackedConnection
+    """The packed asyncio connection class for a Redis URL: TLS for
+    ``rediss://`` and ``sentinels://``."""
+    return AsyncPackedSSLConnection if uses_tls(url) else AsyncPackedConnection
 
 
 def packed_connection_class(url: str) -> type[redis.Connection]:
-    """The packed connection class for a ``redis://`` or ``rediss://`` URL."""
-    return PackedSSLConnection if url.startswith("rediss://") else PackedConnection
+    """The packed connection class for a Redis URL: TLS for ``rediss://``
+    and ``sentinels://``."""
+    return PackedSSLConnection if uses_tls(url) else PackedConnection

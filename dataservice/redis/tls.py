@@ -1,7 +1,9 @@
-"""TLS to Redis: the certificate options of a ``rediss://`` URL, checked once.
+"""TLS to Redis: the certificate options of a ``rediss://`` or
+``sentinels://`` URL, checked once.
 
-Every Redis client of the service reads the same URL query, so the broker
-(kombu) and the redis-py clients (answers, limits, the supervisor) agree:
+The scheme turns TLS on; the query tunes it. Every Redis client of the
+service reads the same query, so the broker (kombu) and the redis-py clients
+(answers, limits, the supervisor) agree:
 
 | query key | values | default |
 |---|---|---|
@@ -15,6 +17,8 @@ The default verifies the server against the system CAs, as redis-py does;
 kombu alone would fall back to no verification at all. A value outside the
 table, an unknown ``ssl_*`` key, a file that does not exist, or a TLS option
 on a plain ``redis://`` URL is a :class:`~dataservice.errors.ConfigError`.
+On ``sentinels://`` the options hold for the Sentinels and for the servers
+they name alike (:mod:`dataservice.redis.endpoints`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ _CERT_REQS = {
 _BOOLEANS = {"true": True, "false": False}
 _FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 _KEYS = frozenset({"ssl_cert_reqs", "ssl_check_hostname", *_FILES})
+TLS_SCHEMES = ("rediss://", "sentinels://")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +51,9 @@ class RedisTLS:
     certfile: str | None = None
     keyfile: str | None = None
 
-    def kombu_options(self) -> dict[str, Any]:
-        """kombu's ``ssl`` (Celery's ``broker_use_ssl``): redis-py connection arguments."""
+    def connection_options(self) -> dict[str, Any]:
+        """redis-py's connection arguments: kombu's ``ssl`` (Celery's
+        ``broker_use_ssl``) too."""
         options: dict[str, Any] = {
             "ssl_cert_reqs": self.cert_reqs,
             "ssl_check_hostname": self.check_hostname,
@@ -62,12 +68,23 @@ class RedisTLS:
         return options
 
 
+def uses_tls(url: str) -> bool:
+    return url.startswith(TLS_SCHEMES)
+
+
 def redis_tls(url: str, name: str = "the Redis URL") -> RedisTLS | None:
-    """The TLS options of ``url`` (None for a URL without TLS); ``name`` is
-    what a :class:`ConfigError` calls the URL."""
+    """The TLS options of a ``rediss://`` URL (None for a URL without TLS);
+    ``name`` is what a :class:`ConfigError` calls the URL."""
     parts = urlsplit(url)
+    return query_tls(parts.query, name, on=parts.scheme == "rediss")
+
+
+def query_tls(query: str, name: str, *, on: bool) -> RedisTLS | None:
+    """The TLS options in a URL's ``query``; ``on``: its scheme turns TLS on
+    (else a TLS option is refused). Keys other than ``ssl_*`` are left to
+    the caller."""
     options: dict[str, str] = {}
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+    for key, value in parse_qsl(query, keep_blank_values=True):
         if not key.startswith("ssl_"):
             continue
         if key not in _KEYS:
@@ -76,7 +93,7 @@ def redis_tls(url: str, name: str = "the Redis URL") -> RedisTLS | None:
         if key in options:
             raise ConfigError(f"{name}: {key} is given twice")
         options[key] = value
-    if parts.scheme != "rediss":
+    if not on:
         if options:
             raise ConfigError(f"{name}: TLS options ({', '.join(options)}) need a rediss:// URL")
         return None

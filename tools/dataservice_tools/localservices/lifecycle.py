@@ -9,11 +9,13 @@ import subprocess
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
+from urllib.parse import quote
 
 from sqlalchemy.engine import make_url
 
 from dataservice.config.settings import Settings
 from dataservice.errors import ServiceSetupError
+from dataservice_tools.localservices.certificates import Certificates
 from dataservice_tools.localservices.mariadb import PrivateMariaDB, binlog_mariadb_dir, mariadb_dir
 from dataservice_tools.localservices.probes import (
     binary,
@@ -33,27 +35,53 @@ DEFAULT_STATE_DIR = Path(".state")
 
 
 def start_redis(
-    state_dir: Path, port: int, also_bind: Sequence[str] = (), extra: Sequence[str] = ()
+    state_dir: Path,
+    port: int,
+    also_bind: Sequence[str] = (),
+    extra: Sequence[str] = (),
+    certificates: Certificates | None = None,
 ) -> None:
     """Start a private redis-server (daemonized, nothing persisted) on
     127.0.0.1 and ``also_bind`` (a private address: clients from there are let
     in without a password, which protected mode would refuse), with ``extra``
-    options (``--replicaof``, ...)."""
+    options (``--replicaof``, ...). Given ``certificates``, ``port`` is its
+    TLS port and it has no plain one (:func:`tls_redis_options`)."""
     directory = state_dir / "redis"
     directory.mkdir(parents=True, exist_ok=True)
     protected = ["--protected-mode", "no"] if also_bind else []
+    ports = tls_redis_options(port, certificates) if certificates else ("--port", str(port))
     subprocess.run(
         [
             binary("redis-server"), "--daemonize", "yes", "--bind", "127.0.0.1", *also_bind,
-            *protected, "--port", str(port), "--save", "", "--appendonly", "no",
+            *protected, *ports, "--save", "", "--appendonly", "no",
             "--dir", str(directory), "--pidfile", str(directory / "redis.pid"),
             "--logfile", str(directory / "redis.log"), *extra,
         ],
         check=True,
     )  # fmt: skip
-    wait_until(
-        lambda: redis_reachable(f"redis://127.0.0.1:{port}/0"), "redis", directory / "redis.log"
-    )
+    url = local_redis_url(port, certificates)
+    wait_until(lambda: redis_reachable(url), "redis", directory / "redis.log")
+
+
+def tls_redis_options(port: int, certificates: Certificates) -> tuple[str, ...]:
+    """redis-server's options for TLS on ``port`` alone: no plain port, so
+    whatever reaches it went over TLS, and replication over TLS too. Clients
+    need no certificate of their own."""
+    return (
+        "--port", "0", "--tls-port", str(port),
+        "--tls-cert-file", str(certificates.server_cert),
+        "--tls-key-file", str(certificates.server_key),
+        "--tls-ca-cert-file", str(certificates.ca),
+        "--tls-auth-clients", "no", "--tls-replication", "yes",
+    )  # fmt: skip
+
+
+def local_redis_url(port: int, certificates: Certificates | None = None, db: int = 0) -> str:
+    """The URL of a local redis-server on ``port``: ``rediss://`` trusting
+    ``certificates``' CA when given."""
+    if certificates is None:
+        return f"redis://127.0.0.1:{port}/{db}"
+    return f"rediss://127.0.0.1:{port}/{db}?ssl_ca_certs={quote(str(certificates.ca), safe='/')}"
 
 
 def up(settings: Settings, state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:

@@ -55,7 +55,8 @@ def free_port() -> int:
 
 
 def redis_reachable(url: str) -> bool:
-    """Whether the Redis at ``url`` answers (``sentinel://`` too: its primary)."""
+    """Whether the Redis at ``url`` answers (on ``sentinel://`` and ``sentinels://``:
+    its primary)."""
     client = endpoints.client(url, socket_connect_timeout=1, socket_timeout=1)
     try:
         return bool(client.ping())

@@ -1,5 +1,6 @@
 """A redis-server of our own on a port of its own (``start_redis``: daemonized,
-nothing saved), to pause, kill and start again on the same port."""
+nothing saved), to pause, kill and start again on the same port; over TLS
+alone when given certificates."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dataservice.errors import ServiceSetupError
-from dataservice_tools.localservices.lifecycle import start_redis
+from dataservice_tools.localservices.certificates import Certificates
+from dataservice_tools.localservices.lifecycle import local_redis_url, start_redis
 from dataservice_tools.localservices.probes import free_port
 
 
@@ -25,16 +27,22 @@ def gone(pid: int) -> bool:
 
 class PrivateRedis:
     def __init__(
-        self, directory: Path, port: int | None = None, also_bind: Sequence[str] = ()
+        self,
+        directory: Path,
+        port: int | None = None,
+        also_bind: Sequence[str] = (),
+        certificates: Certificates | None = None,
     ) -> None:
         self.directory = directory
         self.port = port or free_port()
         self.also_bind = tuple(also_bind)
-        self.base = f"redis://127.0.0.1:{self.port}"
-        self.url = f"{self.base}/0"
+        self.certificates = certificates
+        # Over TLS, the URL also names the CA to trust: base is not enough.
+        self.base = f"{'rediss' if certificates else 'redis'}://127.0.0.1:{self.port}"
+        self.url = local_redis_url(self.port, certificates)
 
-    def start(self) -> None:
-        start_redis(self.directory, self.port, self.also_bind)
+    def start(self, extra: Sequence[str] = ()) -> None:
+        start_redis(self.directory, self.port, self.also_bind, extra, self.certificates)
 
     def pid(self) -> int:
         return int((self.directory / "redis" / "redis.pid").read_text())

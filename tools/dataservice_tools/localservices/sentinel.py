@@ -9,6 +9,12 @@ With one Sentinel (the default) the quorum is one and it decides alone:
 enough on one machine, where a partition between Sentinels cannot happen.
 With three, as a deployment runs them, two must agree that the primary is
 down and a majority elects the one that fails it over.
+
+Given certificates (:mod:`.certificates`), the whole group speaks TLS alone:
+the servers and the Sentinels listen on TLS ports only, replicate and talk to
+each other over TLS, and :meth:`SentinelGroup.url` is a ``sentinels://`` URL
+trusting the CA. The group's own clients (its waits and failover helpers)
+connect the same way.
 """
 
 from __future__ import annotations
@@ -21,11 +27,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import quote
 
 import redis
 
 from dataservice.errors import ServiceSetupError
-from dataservice_tools.localservices.lifecycle import start_redis
+from dataservice_tools.localservices.certificates import Certificates
+from dataservice_tools.localservices.lifecycle import local_redis_url
 from dataservice_tools.localservices.probes import binary, free_port, redis_reachable, wait_until
 from dataservice_tools.localservices.redisserver import PrivateRedis
 
@@ -38,30 +46,47 @@ FAILOVER_TIMEOUT_MS = 3000
 
 
 class SentinelGroup:
-    """A primary, a replica of it and a Sentinel that watches them, under ``directory``."""
+    """A primary, a replica of it and a Sentinel that watches them, under
+    ``directory``; over TLS alone when given ``certificates``."""
 
-    def __init__(self, directory: Path, name: str = "ds-cell", sentinels: int = 1) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        name: str = "ds-cell",
+        sentinels: int = 1,
+        certificates: Certificates | None = None,
+    ) -> None:
         self.directory = directory
         self.name = name
+        self.certificates = certificates
         self.servers = (
-            PrivateRedis(directory / "a"),
-            PrivateRedis(directory / "b"),
+            PrivateRedis(directory / "a", certificates=certificates),
+            PrivateRedis(directory / "b", certificates=certificates),
         )
         self.sentinel_ports = tuple(free_port() for _ in range(sentinels))
         self.sentinel_port = self.sentinel_ports[0]
         self.quorum = sentinels // 2 + 1
 
     def url(self, db: int = 0) -> str:
-        """The service's URL of the primary (``sentinel://`` with every Sentinel)."""
+        """The service's URL of the primary (``sentinel://`` with every
+        Sentinel; ``sentinels://`` trusting the CA over TLS)."""
         hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
-        return f"sentinel://{hosts}/{self.name}/{db}"
+        if self.certificates is None:
+            return f"sentinel://{hosts}/{self.name}/{db}"
+        ca = quote(str(self.certificates.ca), safe="/")
+        return f"sentinels://{hosts}/{self.name}/{db}?ssl_ca_certs={ca}"
+
+    def _client(self, port: int, socket_timeout: float = 1) -> redis.Redis:
+        """A client of the server or Sentinel on ``port``, over TLS if the group is."""
+        tls: dict[str, Any] = {}
+        if self.certificates is not None:
+            tls = {"ssl": True, "ssl_ca_certs": str(self.certificates.ca)}
+        return redis.Redis(host="127.0.0.1", port=port, socket_timeout=socket_timeout, **tls)
 
     def start(self) -> SentinelGroup:
         primary, replica = self.servers
         primary.start()
-        start_redis(
-            replica.directory, replica.port, extra=("--replicaof", "127.0.0.1", str(primary.port))
-        )
+        replica.start(extra=("--replicaof", "127.0.0.1", str(primary.port)))
         self._wait_linked(replica)
         for port in self.sentinel_ports:
             self._start_sentinel(port, primary.port)
@@ -74,7 +99,7 @@ class SentinelGroup:
         # failover needs a majority that knows each other.
         def acquainted() -> bool:
             for port in self.sentinel_ports:
-                client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
+                client = self._client(port)
                 try:
                     state = cast("dict[str, Any]", client.sentinel_master(self.name))
                 finally:
@@ -89,7 +114,7 @@ class SentinelGroup:
         return self.directory / f"sentinel-{index}"
 
     def _wait_linked(self, replica: PrivateRedis) -> None:
-        client = redis.Redis.from_url(replica.url, socket_timeout=1)
+        client = self._client(replica.port)
         try:
             wait_until(
                 lambda: client.info("replication").get("master_link_status") == "up",
@@ -108,7 +133,7 @@ class SentinelGroup:
         conf.write_text(
             "\n".join(
                 (
-                    f"port {port}",
+                    *self._listening_conf(port),
                     "bind 127.0.0.1",
                     "daemonize yes",
                     f"pidfile {directory / 'sentinel.pid'}",
@@ -123,17 +148,30 @@ class SentinelGroup:
             )
         )
         subprocess.run([binary("redis-server"), str(conf), "--sentinel"], check=True)
+        url = local_redis_url(port, self.certificates)
         wait_until(
-            lambda: (
-                redis_reachable(f"redis://127.0.0.1:{port}/0")
-                and self._primary_port_from(port) == primary_port
-            ),
+            lambda: redis_reachable(url) and self._primary_port_from(port) == primary_port,
             "the Sentinel",
             log,
         )
 
+    def _listening_conf(self, port: int) -> tuple[str, ...]:
+        if self.certificates is None:
+            return (f"port {port}",)
+        # tls-replication: the Sentinel's links to the servers and to the
+        # other Sentinels are TLS too; it announces its TLS port.
+        return (
+            "port 0",
+            f"tls-port {port}",
+            f"tls-cert-file {self.certificates.server_cert}",
+            f"tls-key-file {self.certificates.server_key}",
+            f"tls-ca-cert-file {self.certificates.ca}",
+            "tls-auth-clients no",
+            "tls-replication yes",
+        )
+
     def _sentinel(self, port: int | None = None) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=port or self.sentinel_port, socket_timeout=1)
+        return self._client(port or self.sentinel_port)
 
     def primary_port(self) -> int | None:
         """The port of the server the first Sentinel names primary now (None: it names none)."""
@@ -178,7 +216,7 @@ class SentinelGroup:
         port = self.primary_port()
         if port is None:
             raise ServiceSetupError("the Sentinel names no primary")
-        primary = redis.Redis(host="127.0.0.1", port=port, socket_timeout=timeout_ms / 1000 + 1)
+        primary = self._client(port, socket_timeout=timeout_ms / 1000 + 1)
         try:
             if primary.wait(1, timeout_ms) < 1:
                 raise ServiceSetupError(f"the replica did not catch up within {timeout_ms} ms")
@@ -195,7 +233,7 @@ class SentinelGroup:
         port = self.primary_port()
         if port is None:
             raise ServiceSetupError("the Sentinel names no primary")
-        primary = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
+        primary = self._client(port)
         replica.signal(signal.SIGSTOP)
         try:
             primary.client_kill_filter(_type="replica")
