@@ -176,6 +176,10 @@ class _CallerSentinelChannel(_CallerChannel, kombu_compat.RedisSentinelChannel):
     redis_connection_class = sentinel_connection_class(BoundedConnection)
     redis_ssl_connection_class = sentinel_connection_class(BoundedSSLConnection)
 
+    def sentinels_made(self, manager: redis.sentinel.Sentinel) -> None:
+        # Finding the primary is part of the publish: it keeps to its bound.
+        endpoints.bound_sentinels(manager, bool(self.connection.client.ssl))
+
 
 class CallerSentinelTransport(CallerRedisTransport):
     default_port = SENTINEL_PORT  # type: ignore[assignment]

@@ -408,6 +408,9 @@ class RedisSentinelChannel(RedisChannel, kombu_redis.SentinelChannel):
         redis.sentinel.SentinelManagedSSLConnection
     )
 
+    def sentinels_made(self, manager: redis.sentinel.Sentinel) -> None:
+        """Called with the channel's Sentinel manager before it asks anything."""
+
     def _sentinel_managed_pool(self, asynchronous: bool = False) -> Any:
         params = self._connparams(asynchronous)
         options = {k: v for k, v in params.items() if k not in ("host", "port")}
@@ -420,6 +423,7 @@ class RedisSentinelChannel(RedisChannel, kombu_redis.SentinelChannel):
             sentinel_kwargs=getattr(self, "sentinel_kwargs", None),
             **options,
         )
+        self.sentinels_made(manager)
         # Where kombu's own disconnect closes the Sentinel clients.
         if asynchronous:
             self._async_sentinel_manager = manager

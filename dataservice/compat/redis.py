@@ -48,6 +48,14 @@ Internal names, and why:
   ``encoding_errors`` (the asyncio connection's too), compared with redis-py's
   default by :func:`default_encoding` before a command is packed as UTF-8.
   Renamed, :func:`default_encoding` fails with ``AttributeError``.
+- ``redis.ConnectionPool.connection_class``: the class a pool's
+  ``make_connection`` builds its next connection of, read at each build.
+  redis-py makes each Sentinel's client as ``Redis(host, port,
+  **sentinel_kwargs)``, which takes no connection class:
+  :func:`use_connection_class` sets it on the client's pool before the
+  client connects, so a caller's questions to the Sentinels keep to its
+  deadline. Renamed, the questions go on plain connections (each up to the
+  Sentinel timeout) and the pin test fails.
 - ``redis.BlockingConnectionPool.timeout``: how long ``get_connection``
   waits for a free connection, read at each wait; :class:`WaitingPool`
   overrides it and reads it through :meth:`~WaitingPool.bound_wait`. Read
@@ -67,6 +75,7 @@ __all__ = [
     "TimeoutHooks",
     "WaitingPool",
     "default_encoding",
+    "use_connection_class",
 ]
 
 # update_current_socket_timeout's argument for "the connection's socket_timeout, as read now".
@@ -174,3 +183,9 @@ def default_encoding(connection: Any) -> bool:
     default: UTF-8, strict."""
     encoder = connection.encoder
     return bool(encoder.encoding == "utf-8" and encoder.encoding_errors == "strict")
+
+
+def use_connection_class(client: redis.Redis, cls: type[redis.Connection]) -> None:
+    """Make ``client``'s next connections of ``cls`` (a client that has not
+    connected yet: its pool holds none of another kind)."""
+    client.connection_pool.connection_class = cls

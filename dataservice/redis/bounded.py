@@ -113,6 +113,11 @@ class BoundedPool(compat_redis.WaitingPool):
         return _limited(configured)
 
 
+def bounds_calls(cls: type[Any]) -> bool:
+    """Whether connections of ``cls`` keep to the calling thread's bound."""
+    return issubclass(cls, _Bounded)
+
+
 def connection_class(url: str) -> type[redis.Connection]:
     """The bounded connection class for a Redis URL: TLS for ``rediss://``
     and ``sentinels://``."""

@@ -46,8 +46,13 @@ import redis.asyncio
 import redis.asyncio.sentinel
 import redis.sentinel
 
+from dataservice.compat.redis import use_connection_class
 from dataservice.errors import ConfigError
-from dataservice.redis.bounded import BoundedConnection, BoundedSSLConnection
+from dataservice.redis.bounded import (
+    BoundedConnection,
+    BoundedSSLConnection,
+    bounds_calls,
+)
 from dataservice.redis.packing import (
     AsyncPackedConnection,
     AsyncPackedSSLConnection,
@@ -289,6 +294,16 @@ def async_sentinel_connection_class(cls: type[_AsyncConnection]) -> type[_AsyncC
     return made
 
 
+def bound_sentinels(manager: redis.sentinel.Sentinel, tls: bool) -> None:
+    """Ask ``manager``'s Sentinels within the calling thread's bound (what a
+    caller has left of its deadline), as its pool's connections keep to it:
+    else each Sentinel that does not answer costs up to
+    :data:`SENTINEL_TIMEOUT_S` past it."""
+    cls = BoundedSSLConnection if tls else BoundedConnection
+    for sentinel in manager.sentinels:
+        use_connection_class(sentinel, cls)
+
+
 # The service's plain connection classes and their TLS kinds.
 _TLS_KINDS: dict[type[Any], type[Any]] = {
     redis.Connection: redis.SSLConnection,
@@ -335,9 +350,12 @@ def pool(
     target = SentinelTarget.parse(url)
     managed_pool = _mixed((_ClosesSentinels, redis.sentinel.SentinelConnectionPool), pool_class)
     connection = _kind(url, connection_class or redis.Connection)
+    manager = target.manager(options)
+    if bounds_calls(connection):
+        bound_sentinels(manager, target.tls is not None)
     made: _Pool = managed_pool(
         target.primary,
-        target.manager(options),
+        manager,
         connection_class=sentinel_connection_class(connection),
         **target.primary_options(),
         **options,

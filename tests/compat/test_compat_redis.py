@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import pytest
 import redis
 import redis.asyncio
+import redis.sentinel
 from dataservice_tools.localservices import redis_reachable
 from redis.asyncio import connection as async_connection
 from redis.connection import AbstractConnection
@@ -64,6 +65,23 @@ def test_redis_py_private_names_keep_their_signatures() -> None:
     assert pool.timeout == 7
     assert "timeout=self.timeout" in inspect.getsource(redis.BlockingConnectionPool.get_connection)
     pool.disconnect()
+
+
+def test_a_sentinels_client_connects_with_the_class_set_on_its_pool(key: str) -> None:
+    """redis-py builds each Sentinel's client with no connection class of its
+    own choosing; set on its pool before it connects, its connections are of it."""
+    manager = redis.sentinel.Sentinel([("127.0.0.1", 6379)])
+    (sentinel,) = manager.sentinels
+    compat.use_connection_class(sentinel, _Bound)
+    try:
+        assert sentinel.ping()
+        made = sentinel.connection_pool.get_connection()
+        try:
+            assert type(made) is _Bound
+        finally:
+            sentinel.connection_pool.release(made)
+    finally:
+        sentinel.close()
 
 
 class _Bound(compat.TimeoutHooks, redis.Connection):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import ssl
+import time
 from pathlib import Path
 
 import pytest
@@ -276,6 +277,24 @@ def test_clients_of_both_kinds_reach_the_primary_through_the_sentinel(
             await async_client.aclose()
 
     assert asyncio.run(awaited()) == b"here"
+
+
+@pytest.mark.fault
+def test_a_bounded_pool_asks_the_sentinels_within_its_bound(group: SentinelGroup) -> None:
+    """With the Sentinel taking questions and answering none, a bounded call
+    ends with its bound, not after the Sentinel timeout."""
+    bounded = redis.Redis(
+        connection_pool=endpoints.pool(group.url(), BoundedPool, BoundedConnection)
+    )
+    try:
+        with group.sentinels_stopped(), within(0.2):
+            started = time.monotonic()
+            with pytest.raises(redis.ConnectionError):
+                bounded.ping()
+            took = time.monotonic() - started
+    finally:
+        bounded.close()
+    assert took < endpoints.SENTINEL_TIMEOUT_S, took
 
 
 def test_an_unreachable_sentinel_is_a_connection_error_within_its_timeout(tmp_path: Path) -> None:

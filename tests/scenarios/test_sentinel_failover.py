@@ -30,8 +30,10 @@ from dataservice import (
     AsyncClient,
     Client,
     DataServiceError,
+    DeadlineExceeded,
     Handle,
     ReadMode,
+    Unavailable,
     WriteOp,
 )
 from dataservice.broker.celery import celery_app
@@ -54,6 +56,8 @@ TIMEOUT_S = 2.0
 # loaded machine, and the last reply on its way.
 LATE_S = 0.5
 BEFORE_KILL_S = 3.0
+# A call's timeout while no Sentinel answers.
+QUICK_S = 0.5
 # At least this long after the promotion, however long it took.
 AFTER_PROMOTION_S = 8.0
 # The cell serves again this soon after the Sentinel names the new primary.
@@ -115,6 +119,21 @@ def test_every_part_of_the_service_reaches_its_redis_through_the_sentinels(
             return record.payload
 
     assert asyncio.run(awaited()) == b"batch"
+
+
+def test_with_no_sentinel_answering_a_call_ends_by_its_deadline(
+    settings: Settings, config: Config, cell: SentinelGroup
+) -> None:
+    """Every Sentinel takes the question and answers none: a call's search for
+    the primary keeps to its deadline, where asking the three in turn would
+    take a second each."""
+    on_cell = on_redis(settings, cell.url())
+    with cell.sentinels_stopped(), Client("tests", on_cell, config) as client:
+        started = time.monotonic()
+        with pytest.raises((Unavailable, DeadlineExceeded)):
+            client.read("t", "x", mode=ReadMode.PRIMARY, timeout=QUICK_S)
+        took = time.monotonic() - started
+    assert took <= QUICK_S + LATE_S, took
 
 
 @dataclass(frozen=True, slots=True)

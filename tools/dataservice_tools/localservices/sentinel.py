@@ -242,6 +242,23 @@ class SentinelGroup:
             primary.close()
             replica.signal(signal.SIGCONT)
 
+    @contextlib.contextmanager
+    def sentinels_stopped(self) -> Iterator[None]:
+        """Inside: every Sentinel stopped (SIGSTOP), so that a question to one
+        is taken by its socket and never answered; on leaving, they go on."""
+        pids = [
+            int((self._dir(i) / "sentinel.pid").read_text())
+            for i in range(len(self.sentinel_ports))
+        ]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGCONT)
+
     def wait_promoted(self, old_port: int, timeout_s: float = 15.0) -> int:
         """Wait until the Sentinel names a primary other than ``old_port`` and
         has settled on it (its flags say only ``master``: linked, not down, no
