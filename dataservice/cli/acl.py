@@ -27,22 +27,15 @@ def acl_apply() -> None:
     """Create or replace the callers file's Redis users; print their names.
 
     Connects to DATASERVICE_REDIS_URL, which must name an administrator: on
-    a sentinel:// URL, to the primary and every replica the Sentinels list."""
-    from dataservice.security.acl import admin_clients, apply_acl
+    a sentinel:// URL, to the primary and every replica the Sentinels know of;
+    exits 1 naming each server it could not reach, once the others have them."""
+    from dataservice.security.acl import apply_everywhere
 
     settings, config, keyring = _inputs()
-    names: list[str] = []
     try:
-        admins = admin_clients(settings.redis_url)
+        names = apply_everywhere(settings.redis_url, keyring, config)
     except DataServiceError as exc:
         raise fail(exc, 1) from None
-    for admin in admins:
-        try:
-            names = apply_acl(admin, keyring, config)
-        except DataServiceError as exc:
-            raise fail(exc, 1) from None
-        finally:
-            admin.close()
     for name in names:
         typer.echo(name)
     if not names:

@@ -43,8 +43,8 @@ are theirs alone because no caller's pattern matches them.
 Users are created by an administrator's connection (``ACL SETUSER ... reset``,
 so applying again replaces every rule and password). Redis keeps ACL users per
 server and does not replicate them: apply them to every node (given a
-``sentinel://`` URL, :func:`apply_from_settings` does, to the primary and each
-replica the Sentinels list).
+``sentinel://`` URL, :func:`apply_everywhere` does, to the primary and every
+replica the Sentinels know of, and names each it could not reach).
 """
 
 from __future__ import annotations
@@ -172,19 +172,27 @@ def admin_client(url: str) -> redis.Redis:
     return endpoints.client(url, socket_connect_timeout=2, socket_timeout=5)
 
 
-def admin_clients(url: str) -> list[redis.Redis]:
-    """An administrator's client of each server at ``url``: the one server,
-    or a Sentinel-managed primary and every replica the Sentinels list (ACL
-    users are not replicated, and a promoted replica must have them)."""
+@dataclass(frozen=True)
+class AdminServer:
+    """One server to set the users on: where it is, for an operator, and an
+    administrator's client of it."""
+
+    where: str
+    client: redis.Redis = field(repr=False)
+
+
+def admin_servers(url: str) -> list[AdminServer]:
+    """Each server at ``url``: the one server, or a Sentinel-managed primary
+    and every replica the Sentinels know of, those they call down included
+    (ACL users are not replicated, and a replica promoted later must have
+    them)."""
     if not endpoints.is_sentinel(url):
-        return [admin_client(url)]
+        return [AdminServer(endpoints.where(url), admin_client(url))]
     target = endpoints.SentinelTarget.parse(url)
     sentinels = target.manager({})
     try:
-        servers = [
-            sentinels.discover_master(target.primary),
-            *sentinels.discover_slaves(target.primary),
-        ]
+        primary = sentinels.discover_master(target.primary)
+        replicas = _replicas(sentinels, target.primary)
     except redis.RedisError as exc:
         raise ServiceSetupError(
             f"the servers of {target.where()} are unknown: {type(exc).__name__}"
@@ -193,15 +201,54 @@ def admin_clients(url: str) -> list[redis.Redis]:
         for sentinel in sentinels.sentinels:
             sentinel.close()
     return [
-        redis.Redis(
-            host=host,
-            port=port,
-            **target.primary_options(),
-            socket_connect_timeout=2,
-            socket_timeout=5,
+        AdminServer(
+            f"{host}:{port} ({role})",
+            redis.Redis(
+                host=host,
+                port=port,
+                **target.primary_options(),
+                socket_connect_timeout=2,
+                socket_timeout=5,
+            ),
         )
-        for host, port in servers
+        for (host, port), role in [(primary, "primary"), *((r, "replica") for r in replicas)]
     ]
+
+
+def _replicas(sentinels: redis.sentinel.Sentinel, primary: str) -> list[tuple[str, int]]:
+    """Every replica the first Sentinel that answers knows of, down or not
+    (redis-py's ``discover_slaves`` leaves out those it calls down)."""
+    failed: redis.RedisError | None = None
+    for sentinel in sentinels.sentinels:
+        try:
+            known = sentinel.sentinel_slaves(primary)
+        except redis.RedisError as exc:
+            failed = exc
+            continue
+        return [(str(r["ip"]), int(r["port"])) for r in known]
+    raise failed or redis.ConnectionError("no Sentinel answered")
+
+
+def apply_everywhere(url: str, keyring: KeyRing, config: Config) -> list[str]:
+    """Set the users on every server at ``url`` that answers; their names.
+    Raises :class:`ServiceSetupError` naming each server that did not (once
+    the others have them)."""
+    names: list[str] = []
+    missed: list[str] = []
+    for server in admin_servers(url):
+        try:
+            names = apply_acl(server.client, keyring, config)
+        except ServiceSetupError as exc:
+            missed.append(f"{server.where}: {exc}")
+        except redis.RedisError as exc:
+            missed.append(f"{server.where}: {type(exc).__name__}")
+        finally:
+            server.client.close()
+    if missed:
+        raise ServiceSetupError(
+            "Redis users not set on " + "; ".join(missed) + ": apply them again once it answers"
+        )
+    return names
 
 
 def apply_from_settings(settings: Settings) -> list[str]:
@@ -210,15 +257,9 @@ def apply_from_settings(settings: Settings) -> list[str]:
     is configured."""
     if settings.callers_file is None:
         return []
-    keyring = load_keyring(settings.callers_file)
-    config = settings.load()
-    names: list[str] = []
-    for admin in admin_clients(settings.redis_url):
-        try:
-            names = apply_acl(admin, keyring, config)
-        finally:
-            admin.close()
-    return names
+    return apply_everywhere(
+        settings.redis_url, load_keyring(settings.callers_file), settings.load()
+    )
 
 
 _BARE = frozenset(string.ascii_letters + string.digits + "!#$%&()*+,-./:;<=>?@[]^_`{|}~")

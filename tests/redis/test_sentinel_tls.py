@@ -39,7 +39,7 @@ from dataservice.redis.packing import (
     PackedSSLConnection,
     packed_connection_class,
 )
-from dataservice.security.acl import admin_clients
+from dataservice.security.acl import admin_servers
 from tests.harness.support import on_redis, publish_one
 from tests.harness.tls import require_tls_tools
 
@@ -116,12 +116,12 @@ def test_the_sentinels_speak_tls_alone(group: SentinelGroup) -> None:
 
 def test_acl_apply_reaches_the_primary_and_the_replica_over_tls(group: SentinelGroup) -> None:
     # ACL users are not replicated: each server of the group is asked itself.
-    clients = admin_clients(group.url())
+    servers = admin_servers(group.url())
     try:
-        ports = sorted(int(client.config_get("tls-port")["tls-port"]) for client in clients)
+        ports = sorted(int(s.client.config_get("tls-port")["tls-port"]) for s in servers)
     finally:
-        for client in clients:
-            client.close()
+        for server in servers:
+            server.client.close()
     assert ports == sorted(server.port for server in group.servers)
 
 

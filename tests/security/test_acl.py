@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -18,6 +19,7 @@ import pytest
 import redis
 import yaml
 from dataservice_tools.localservices.sentinel import SentinelGroup
+from dataservice_tools.testkit.waits import eventually
 from redis.exceptions import NoPermissionError, ResponseError
 
 from dataservice import Client
@@ -25,6 +27,7 @@ from dataservice.client.inbox import Inbox
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
+from dataservice.errors import ServiceSetupError
 from dataservice.limits.admission import SIZE_HEADER, admit, lane_admission_bounds
 from dataservice.proto import pb
 from dataservice.redis.keys import inflight_key, rate_key, replay_key, reply_key, result_key
@@ -320,7 +323,8 @@ def test_acl_apply_on_a_sentinel_url_sets_the_users_on_the_primary_and_its_repli
     settings: Settings, keyring: KeyRing, tmp_path: Path
 ) -> None:
     with SentinelGroup(tmp_path) as group:
-        names = apply_from_settings(dataclasses.replace(settings, redis_url=group.url()))
+        on_group = dataclasses.replace(settings, redis_url=group.url())
+        names = apply_from_settings(on_group)
         assert WORKER_USER in names
         for server in group.servers:
             client = redis.Redis.from_url(server.url)
@@ -328,3 +332,27 @@ def test_acl_apply_on_a_sentinel_url_sets_the_users_on_the_primary_and_its_repli
                 assert set(names) <= set(client.acl_users())
             finally:
                 client.close()
+
+        # A replica the Sentinel calls down is still named, and the primary
+        # gets the users all the same.
+        replica = group.replica()
+        replica.signal(signal.SIGKILL)
+        eventually(lambda: _called_down(group, replica.port), timeout=10,
+                   message="the Sentinel to call the replica down")  # fmt: skip
+        primary = redis.Redis.from_url(group.server_on(group.primary_port() or 0).url)
+        try:
+            primary.acl_deluser(*names)
+            with pytest.raises(ServiceSetupError, match=f":{replica.port} \\(replica\\)"):
+                apply_from_settings(on_group)
+            assert set(names) <= set(primary.acl_users())
+        finally:
+            primary.close()
+
+
+def _called_down(group: SentinelGroup, port: int) -> bool:
+    sentinel = redis.Redis(port=group.sentinel_port)
+    try:
+        replicas = sentinel.sentinel_slaves(group.name)
+    finally:
+        sentinel.close()
+    return any(int(r["port"]) == port and "s_down" in r["flags"] for r in replicas)
