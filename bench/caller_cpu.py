@@ -35,10 +35,9 @@ from rich.console import Console
 
 from bench import _env
 from bench.roundtrip.systems import SCOPE, SERVICE, Bench, parse_args
+from dataservice.broker.message import request_headers, task_message
 from dataservice.client import Client
 from dataservice.client.inbox import request_id_of
-from dataservice.client.message import task_message
-from dataservice.client.publishing import item_headers
 from dataservice.codec import decode_response
 from dataservice.compat.kombu import queue_entry
 from dataservice.enums import LaneName, ReadMode
@@ -73,7 +72,7 @@ def pieces(
     envelope = publisher._envelope(operation, deadline, "")
     body = publisher._sign(envelope)
     request_id = envelope.request_id
-    headers = item_headers(client.caller, deadline, "read", 1)
+    headers = request_headers(client.caller, deadline, "read", 1)
     message = task_message(body, request_id, queue, headers, reply_to)
     answer_id = request_id_of(answer)
 
@@ -88,7 +87,7 @@ def pieces(
         "publisher's share (built, signed, paced, throttled)": lambda: publisher.one(
             operation, deadline, ""
         ),
-        "message headers": lambda: item_headers(client.caller, deadline, "read", 1),
+        "message headers": lambda: request_headers(client.caller, deadline, "read", 1),
         "kombu message": lambda: task_message(body, request_id, queue, headers, reply_to),
         "its JSON": lambda: queue_entry(message),
         "reply hand-over (slot, signal, wait, take)": hand_over,

@@ -22,7 +22,7 @@ from typing import Any
 
 from kombu import serialization
 
-from dataservice.client.message import task_message
+from dataservice.broker.message import task_message
 from dataservice.codec import record_to_pb
 from dataservice.proto import pb
 from dataservice.types import Record
@@ -93,7 +93,7 @@ def json_message(
     request: dict[str, Any], queue: str, headers: dict[str, Any], reply_to: str
 ) -> dict[str, Any]:
     """The kombu message for ``request``: the service client's prepared message
-    (:func:`~dataservice.client.message.task_message`), carrying JSON."""
+    (:func:`~dataservice.broker.message.task_message`), carrying JSON."""
     content_type, encoding, body = encode_task_body([request])
     message = task_message(body, request["request_id"], queue, headers, reply_to)
     message["content-type"] = content_type

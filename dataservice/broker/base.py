@@ -29,14 +29,34 @@ import redis
 
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
+from dataservice.enums import LaneName
 
 # A publish's wait for the broker to accept a connection.
 CONNECT_TIMEOUT_S = 2.0
 
-# Admit and queue one message on a lane's queue (its name, the message as
-# kombu's Redis transport stores it, the seconds the publish may take);
-# returns the broker's epoch ('' when it has none).
-Admit = Callable[[str, dict[str, Any], float], str]
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request to publish, in the protocol's terms (docs/protocol.md):
+    the lane and its queue, the signed request (the task's body), its id,
+    the caller, the deadline (Unix ms), the operation ('' if unknown) and how
+    many operations it carries. ``reply_to``: the Celery reply address of the
+    message a broker that needs one builds (:mod:`.message`)."""
+
+    lane: LaneName
+    queue: str
+    body: bytes
+    request_id: str
+    caller: str
+    deadline_ms: int
+    operation: str
+    ops: int
+    reply_to: str
+
+
+# Admit and queue one request (the seconds the publish may take); returns the
+# broker's epoch ('' when it has none).
+Admit = Callable[[Request, float], str]
 
 
 class QueueDepths(Protocol):
@@ -50,7 +70,7 @@ class QueueDepths(Protocol):
 class AsyncPublisher(Protocol):
     """Admits and queues request messages from coroutines of one event loop."""
 
-    async def admit(self, queue: str, message: dict[str, Any]) -> str:
+    async def admit(self, request: Request) -> str:
         """As :data:`Admit`, bounded by the caller (``asyncio.timeout``)."""
         ...
 
@@ -78,6 +98,9 @@ class Broker(ABC):
     #: Whether the broker has an epoch (:meth:`epoch`): a client watches it
     #: for requests lost in a restart.
     has_epoch: ClassVar[bool]
+    #: Whether requests are published through the publish interface on the
+    #: broker's Redis (:mod:`.library`), which the workers install.
+    has_library: ClassVar[bool] = False
     #: Broker connections a sync client publishes on, however many threads do.
     publish_connections: ClassVar[int]
     #: What a call on the broker may raise besides a refusal (it is down, a

@@ -25,12 +25,13 @@ from kombu.entity import Exchange, Queue
 from kombu.serialization import register
 
 from dataservice.broker import broker_for
+from dataservice.broker.message import CONTENT_TYPE, TASK_NAME
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 
-TASK_NAME = "dataservice.handle"
+__all__ = ["CONTENT_TYPE", "TASK_NAME", "celery_app", "celery_settings"]
+
 SERIALIZER = "protobuf"
-CONTENT_TYPE = "application/x-protobuf"
 _NO_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
 

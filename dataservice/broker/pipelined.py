@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -14,7 +15,9 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 
+from dataservice.broker import library
 from dataservice.broker.base import CONNECT_TIMEOUT_S
+from dataservice.config.model import Config
 from dataservice.limits.admission import ADMIT, admitted
 from dataservice.limits.pacing import Pacing
 from dataservice.redis import endpoints
@@ -39,11 +42,18 @@ class AdmitQueue:
     trips, not a hundred. Only the task touches its connection: a caller that
     is cancelled or times out stops waiting, and its call, if not sent yet,
     is never sent; if sent, its answer finds nobody. Made and used inside one
-    event loop."""
+    event loop.
 
-    def __init__(self, connect: Callable[[], AsyncRedis]) -> None:
+    A call is the admission script's (:data:`ADMIT`: keys and arguments) or
+    the publish interface's (``FCALL``'s arguments, :mod:`.library`). A
+    server that lacks the script is given it and the script's calls run
+    again; one that lacks the library or its configuration has them
+    installed from ``config`` (when the user may) and those calls run again."""
+
+    def __init__(self, connect: Callable[[], AsyncRedis], config: Config | None = None) -> None:
         self._connect = connect
-        self._pending: list[tuple[list[str], list[Any], asyncio.Future[Any]]] = []
+        self._config = config
+        self._pending: list[tuple[_Call, asyncio.Future[Any]]] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         #: Round trips made so far (each one command or one pipeline).
@@ -51,9 +61,16 @@ class AdmitQueue:
 
     async def call(self, keys: list[str], args: list[Any]) -> Any:
         """:data:`ADMIT`'s answer to ``keys`` and ``args`` (or its error)."""
+        return await self._queued(_Call(keys, args))
+
+    async def publish(self, args: list[Any]) -> Any:
+        """The publish interface's answer (``FCALL`` with ``args``), or its error."""
+        return await self._queued(_Call(None, args))
+
+    async def _queued(self, call: _Call) -> Any:
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Any] = loop.create_future()
-        self._pending.append((keys, args, answer))
+        self._pending.append((call, answer))
         if self._wake is None:
             self._wake = asyncio.Event()
         if self._task is None:
@@ -70,20 +87,15 @@ class AdmitQueue:
                 batch = self._pending[:PIPELINE]
                 del self._pending[:PIPELINE]
                 # A caller that gave up before its call went: it never goes.
-                live = [one for one in batch if not one[2].done()]
+                live = [one for one in batch if not one[1].done()]
                 if not live:
                     continue
                 self.round_trips += 1
                 try:
-                    if len(live) == 1:
-                        # Alone: the command itself, without a pipeline's making.
-                        results = [await ADMIT.run_async(client, live[0][0], live[0][1])]
-                    else:
-                        calls = [(ADMIT, keys, args) for keys, args, _ in live]
-                        results = await run_pipelined_async(client, calls)
+                    results = await self._run(client, [call for call, _ in live])
                 except (redis.RedisError, OSError) as exc:
                     results = [exc] * len(live)
-                for (_, _, answer), result in zip(live, results, strict=True):
+                for (_, answer), result in zip(live, results, strict=True):
                     if answer.done():
                         continue
                     if isinstance(result, BaseException):
@@ -91,23 +103,79 @@ class AdmitQueue:
                     else:
                         answer.set_result(result)
 
+    async def _run(self, client: AsyncRedis, calls: list[_Call]) -> list[Any]:
+        if len(calls) == 1 and calls[0].keys is not None:
+            # Alone: the command itself, without a pipeline's making.
+            return [await ADMIT.run_async(client, calls[0].keys, calls[0].args)]
+        scripts = [(i, call) for i, call in enumerate(calls) if call.keys is not None]
+        results: list[Any] = [None] * len(calls)
+        if scripts:
+            ran = await run_pipelined_async(
+                client, [(ADMIT, c.keys or [], c.args) for _, c in scripts]
+            )
+            for (i, _), result in zip(scripts, ran, strict=True):
+                results[i] = result
+        publishes = [(i, call) for i, call in enumerate(calls) if call.keys is None]
+        if publishes:
+            ran = await self._publish(client, [call.args for _, call in publishes])
+            for (i, _), result in zip(publishes, ran, strict=True):
+                results[i] = result
+        return results
+
+    async def _publish(self, client: AsyncRedis, calls: list[list[Any]]) -> list[Any]:
+        results = await _fcalls(client, calls)
+        missing = [i for i, result in enumerate(results) if library.not_installed(result)]
+        if missing:
+            if self._config is None:
+                raise library.unconfigured()
+            try:
+                await library.install_async(client, self._config)
+            except redis.ResponseError:
+                unconfigured = library.unconfigured()
+                return [unconfigured if i in missing else r for i, r in enumerate(results)]
+            again = await _fcalls(client, [calls[i] for i in missing])
+            for i, result in zip(missing, again, strict=True):
+                results[i] = result
+        return results
+
     async def aclose(self) -> None:
         task, self._task = self._task, None
         if task is not None:
             await stop_task(task, CONNECT_TIMEOUT_S + 4, "publisher")
-        for _, _, answer in self._pending:
+        for _, answer in self._pending:
             answer.cancel()
         self._pending.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    # The admission script's keys; None: a call of the publish interface.
+    keys: list[str] | None
+    args: list[Any]
+
+
+async def _fcalls(client: AsyncRedis, calls: list[list[Any]]) -> list[Any]:
+    """Each ``FCALL`` in one round trip (alone: without a pipeline); each
+    result or error."""
+    if len(calls) == 1:
+        try:
+            return [await client.execute_command("FCALL", *calls[0])]  # type: ignore[no-untyped-call]
+        except redis.ResponseError as exc:
+            return [exc]
+    async with client.pipeline(transaction=False) as pipe:
+        for args in calls:
+            pipe.execute_command("FCALL", *args)
+        return list(await pipe.execute(raise_on_error=False))
 
 
 class AsyncBooks:
     """Admission's Redis for one event loop: its client (made on first use,
     inside the loop it then belongs to) and the queue of admission calls."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, config: Config | None = None) -> None:
         self._url = url
         self._client: AsyncRedis | None = None
-        self.calls = AdmitQueue(self.client)
+        self.calls = AdmitQueue(self.client, config)
 
     def client(self) -> AsyncRedis:
         if self._client is None:
@@ -126,15 +194,15 @@ class AsyncBooks:
         return self._client
 
     async def admit(
-        self,
-        keys: list[str],
-        args: list[Any],
-        pacing: Pacing | None = None,
-        message: dict[str, Any] | None = None,
+        self, keys: list[str], args: list[Any], pacing: Pacing | None = None, caller: object = None
     ) -> str:
         """The epoch admission answered with, or its refusal raised (a lease
-        it took for ``message``'s caller goes to ``pacing``)."""
-        return admitted(await self.calls.call(keys, args), pacing, message)
+        it took for ``caller`` goes to ``pacing``)."""
+        return admitted(await self.calls.call(keys, args), pacing, caller)
+
+    async def publish(self, args: list[Any], pacing: Pacing, caller: str) -> str:
+        """As :meth:`admit`, through the publish interface (``FCALL``'s arguments)."""
+        return admitted(await self.calls.publish(args), pacing, caller)
 
     async def aclose(self) -> None:
         await self.calls.aclose()

@@ -45,7 +45,15 @@ import redis
 from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
 
-from dataservice.broker.base import CONNECT_TIMEOUT_S, Admit, AsyncPublisher, Broker, Peek
+from dataservice.broker.base import (
+    CONNECT_TIMEOUT_S,
+    Admit,
+    AsyncPublisher,
+    Broker,
+    Peek,
+    Request,
+)
+from dataservice.broker.message import request_message
 from dataservice.broker.pipelined import AsyncBooks
 from dataservice.config.model import Config, LaneConfig
 from dataservice.config.settings import Settings
@@ -57,6 +65,7 @@ from dataservice.limits.admission import (
     LaneAdmission,
     admit_call,
     admitted,
+    caller_of,
     caller_pacing,
     envelope_size,
     lane_admission_bounds,
@@ -358,7 +367,7 @@ class AmqpPublisher:
         return Driver(plan).run(self)
 
     def admit_books(self, keys: list[str], args: list[Any], message: dict[str, Any]) -> str:
-        return admitted(ADMIT(self._books, keys, args), self._pacing, message)
+        return admitted(ADMIT(self._books, keys, args), self._pacing, caller_of(message))
 
     def withdraw(self, lane: LaneAdmission, message: dict[str, Any], reason: Reason | None) -> None:
         withdraw(self._books, lane, message, reason)
@@ -400,12 +409,13 @@ class _AsyncPublisher:
         self._admission = lane_admission_bounds(config)
         self._pacing = Pacing(caller_pacing(config))
 
-    async def admit(self, queue: str, message: dict[str, Any]) -> str:
-        plan = _publish_plan(queue, self._admission[queue], message, self._pacing)
+    async def admit(self, request: Request) -> str:
+        message = request_message(request)
+        plan = _publish_plan(request.queue, self._admission[request.queue], message, self._pacing)
         return await Driver(plan).arun(self)
 
     async def admit_books(self, keys: list[str], args: list[Any], message: dict[str, Any]) -> str:
-        return await self._books.admit(keys, args, self._pacing, message)
+        return await self._books.admit(keys, args, self._pacing, caller_of(message))
 
     async def publish(self, queue: str, message: dict[str, Any]) -> None:
         await self._amqp.publish(queue, message)
@@ -461,7 +471,11 @@ class RabbitBroker(Broker):
                 lane_queues(config),
             )
             self._publishers[channel] = publisher
-        return publisher.admit
+
+        def admit(request: Request, timeout_s: float) -> str:
+            return publisher.admit(request.queue, request_message(request), timeout_s)
+
+        return admit
 
     def async_publisher(self, config: Config) -> AsyncPublisher:
         return _AsyncPublisher(self.settings, config)

@@ -4,8 +4,10 @@ kombu's Redis transport (or its Sentinel transport), with admission in the
 channel.
 
 The broker is always reached through :class:`RedisTransport`, over
-``redis://`` and ``rediss://`` alike, so admission and caller pacing hold
-whichever is used. With ``rediss://`` the connection is TLS with the
+``redis://`` and ``rediss://`` alike, or on ``unix://`` through its twin
+:class:`UnixTransport`, so admission and caller pacing hold whichever is
+used (kombu's own Unix-socket form, ``redis+socket://``, would take kombu's
+stock transport: :mod:`dataservice.compat.kombu`). With ``rediss://`` the connection is TLS with the
 certificate options of the URL's query (:mod:`dataservice.redis.tls`); given none,
 the server's certificate must verify against the system CAs and match its
 host name (``ssl_cert_reqs=required``), where kombu on its own would accept
@@ -36,26 +38,37 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from dataservice.broker.base import CONNECT_TIMEOUT_S, Admit, AsyncPublisher, Broker, Peek
+from dataservice.broker import library
+from dataservice.broker.base import (
+    CONNECT_TIMEOUT_S,
+    Admit,
+    AsyncPublisher,
+    Broker,
+    Peek,
+    Request,
+)
 from dataservice.broker.pipelined import AsyncBooks
 from dataservice.compat import kombu as kombu_compat
 from dataservice.config.model import Config
-from dataservice.errors import InvalidArgument
 from dataservice.limits.admission import (
     OPS_HEADER,
     SIZE_HEADER,
     AdmissionRefused,
     LaneAdmission,
     admit,
-    admit_call,
+    admitted,
     caller_pacing,
     envelope_size,
-    lane_admission_bounds,
     lane_admissions,
 )
 from dataservice.limits.pacing import Pacing
 from dataservice.redis import endpoints, where
-from dataservice.redis.bounded import QUIET, BoundedConnection, BoundedSSLConnection
+from dataservice.redis.bounded import (
+    QUIET,
+    BoundedConnection,
+    BoundedSSLConnection,
+    BoundedUnixConnection,
+)
 from dataservice.redis.endpoints import (
     SENTINEL_PORT,
     SENTINEL_SCHEMES,
@@ -65,7 +78,13 @@ from dataservice.redis.endpoints import (
     sentinel_connection_class,
 )
 from dataservice.redis.keys import EPOCH_KEY
-from dataservice.redis.packing import PackedConnection, PackedSSLConnection
+from dataservice.redis.packing import (
+    ConnectionClass,
+    PackedConnection,
+    PackedSSLConnection,
+    PackedUnixConnection,
+    uses_unix_socket,
+)
 from dataservice.redis.tls import redis_tls, without_tls_options
 from dataservice.tcp import KEEPALIVE
 
@@ -91,7 +110,7 @@ class _Channel(kombu_compat.RedisChannel):
     """
 
     # Commands packed by hiredis in one call (dataservice.redis.packing).
-    redis_connection_class: ClassVar[type[redis.Connection]] = PackedConnection
+    redis_connection_class: ClassVar[ConnectionClass] = PackedConnection
     redis_ssl_connection_class: ClassVar[type[redis.SSLConnection] | None] = PackedSSLConnection
     redis_options = QUIET
 
@@ -131,6 +150,13 @@ class _Channel(kombu_compat.RedisChannel):
         entry = kombu_compat.queue_entry(message)
         return admit(self.redis_client(), key, self._admission[queue], entry, message, self._pacing)
 
+    def publish_request(self, request: Request, config: Config) -> str:
+        """Publish ``request`` through the publish interface (``publish.lua``:
+        the message built and admitted in Redis) and return the broker's
+        epoch, or raise :class:`AdmissionRefused` (or ``redis.RedisError``)."""
+        answer = library.publish(self.redis_client(), publish_args(request, self._pacing), config)
+        return admitted(answer, self._pacing, request.caller)
+
     def epoch(self) -> str:
         """The broker's epoch now ('' when it has none: no request admitted
         since it started); raises ``redis.RedisError``."""
@@ -147,7 +173,7 @@ class _CallerChannel(_Channel):
     serve (:mod:`dataservice.redis.bounded`), and redis-py retries none of them (its
     back-off would sleep past any deadline; the client retries within it)."""
 
-    redis_connection_class: ClassVar[type[redis.Connection]] = BoundedConnection
+    redis_connection_class: ClassVar[ConnectionClass] = BoundedConnection
     redis_ssl_connection_class: ClassVar[type[redis.SSLConnection] | None] = BoundedSSLConnection
 
     def client_factory(self) -> Any:
@@ -158,6 +184,26 @@ class CallerRedisTransport(RedisTransport):
     """The transport of clients (publishers that hold deadlines), not of workers."""
 
     Channel = _CallerChannel
+
+
+class _UnixChannel(_Channel, kombu_compat.RedisUnixChannel):
+    """:class:`_Channel` on a Unix socket (``unix://``)."""
+
+    redis_connection_class: ClassVar[ConnectionClass] = PackedUnixConnection
+    redis_ssl_connection_class = None
+
+
+class UnixTransport(kombu_compat.RedisUnixTransport):
+    Channel = _UnixChannel
+
+
+class _CallerUnixChannel(_CallerChannel, _UnixChannel):
+    redis_connection_class = BoundedUnixConnection
+    redis_ssl_connection_class = None
+
+
+class CallerUnixTransport(UnixTransport):
+    Channel = _CallerUnixChannel
 
 
 class _SentinelChannel(_Channel, kombu_compat.RedisSentinelChannel):
@@ -197,22 +243,30 @@ class _RedisDepths:
         self._redis.close()
 
 
+def publish_args(request: Request, pacing: Pacing) -> list[Any]:
+    """The publish interface's arguments for ``request``: held to its
+    caller's rate unless this process's lease pays for it (a lease taken
+    when the rate allows one)."""
+    step = pacing.step(request.caller, request.ops)
+    return library.publish_args(
+        request.lane, request.request_id, request.caller, request.deadline_ms,
+        request.operation, request.ops, request.body, -1 if step is None else step.lease,
+    )  # fmt: skip
+
+
 class _AsyncPublisher:
     """kombu has no asyncio producer, so this does what the sync channel does
-    for a lane's message, and nothing more: it adds the size header and runs
-    the admission script with the message as kombu's Redis transport stores
-    it. A test keeps what both publish identical."""
+    for a lane's request, and nothing more: it calls the publish interface,
+    its calls pipelined (:class:`~.pipelined.AsyncBooks`). A test keeps what
+    both publish identical."""
 
     def __init__(self, url: str, config: Config) -> None:
-        self._books = AsyncBooks(url)
-        self._admission = lane_admission_bounds(config)
+        self._books = AsyncBooks(url, config)
         self._pacing = Pacing(caller_pacing(config))
 
-    async def admit(self, queue: str, message: dict[str, Any]) -> str:
-        message["headers"][SIZE_HEADER] = envelope_size(message)
-        entry = kombu_compat.queue_entry(message)
-        keys, args = admit_call(queue, self._admission[queue], entry, message, self._pacing)
-        return await self._books.admit(keys, args, self._pacing, message)
+    async def admit(self, request: Request) -> str:
+        args = publish_args(request, self._pacing)
+        return await self._books.publish(args, self._pacing, request.caller)
 
     async def epoch(self) -> str | None:
         value = await self._books.client().get(EPOCH_KEY)
@@ -240,6 +294,7 @@ def _sentinel_options(target: SentinelTarget) -> dict[str, Any]:
 class RedisBroker(Broker):
     name = "Redis"
     has_epoch = True
+    has_library = True
     publish_connections = PUBLISH_CONNECTIONS
     errors = (redis.RedisError, KombuOperationalError, LimitExceeded, OSError)
     async_errors = (redis.RedisError, OSError, TimeoutError)
@@ -275,11 +330,17 @@ class RedisBroker(Broker):
         )
         tls = sentinel.tls if sentinel else redis_tls(self.url, "the broker URL")
         tls_options = tls.connection_options() if tls else None
-        over_tcp = self.url.startswith(("redis://", "rediss://"))
-        transport = "SentinelTransport" if sentinel else "RedisTransport"
+        transport = (
+            "SentinelTransport"
+            if sentinel
+            else "UnixTransport"
+            if uses_unix_socket(self.url)
+            else "RedisTransport"
+        )
         return {
             "broker_url": sentinel.kombu_url() if sentinel else without_tls_options(self.url),
-            "broker_transport": f"{__name__}:{transport}" if over_tcp or sentinel else None,
+            # Always the service's: kombu's stock one would publish past admission.
+            "broker_transport": f"{__name__}:{transport}",
             "broker_use_ssl": tls_options or False,
             "broker_connection_retry_on_startup": True,
             "broker_transport_options": {
@@ -306,7 +367,13 @@ class RedisBroker(Broker):
 
     def caller_settings(self, conf: Any) -> None:
         if conf.broker_transport:
-            caller = "CallerSentinelTransport" if is_sentinel(self.url) else "CallerRedisTransport"
+            caller = (
+                "CallerSentinelTransport"
+                if is_sentinel(self.url)
+                else "CallerUnixTransport"
+                if uses_unix_socket(self.url)
+                else "CallerRedisTransport"
+            )
             conf.broker_transport = f"{__name__}:{caller}"
             # A lost connection is made again on the next publish, once: kombu's
             # default would sleep between attempts, past any deadline.
@@ -316,17 +383,12 @@ class RedisBroker(Broker):
         # The channel's own Redis calls keep to the publish's bound (within()).
         channel = connection.default_channel
 
-        def admit_on_channel(queue: str, message: dict[str, Any], timeout_s: float) -> str:
-            return channel.admit(queue, message)  # type: ignore[no-any-return]
+        def admit_on_channel(request: Request, timeout_s: float) -> str:
+            return channel.publish_request(request, config)  # type: ignore[no-any-return]
 
         return admit_on_channel
 
     def async_publisher(self, config: Config) -> AsyncPublisher:
-        if not self.url.startswith(("redis://", "rediss://", *SENTINEL_SCHEMES)):
-            raise InvalidArgument(
-                "AsyncClient needs a redis://, rediss://, sentinel://, sentinels:// or amqp://"
-                " broker URL"
-            )
         return _AsyncPublisher(self.url, config)
 
     def epoch(self, connection: Any) -> str | None:

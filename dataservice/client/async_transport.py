@@ -44,7 +44,7 @@ class AsyncTransport:
     async def publish_many(self, items: Iterable[Item], *, lane: LaneName, caller: str = "") -> str:
         """As :meth:`.transport.Transport.publish_many`."""
         queue = self.config.lanes[lane].queue
-        publish = Publish(items, queue, caller, self._reply_to, self.inbox, self._grace_s)
+        publish = Publish(items, lane, queue, caller, self._reply_to, self.inbox, self._grace_s)
         try:
             async with asyncio.timeout(publish.left_s + SLACK_S):
                 return await Driver(publish.plan()).arun(self._publisher)

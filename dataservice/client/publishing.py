@@ -1,5 +1,5 @@
 """A publish, written once for both transports: items in, each made a
-message, expected on the reply channel, admitted and queued, until one is
+request, expected on the reply channel, admitted and queued, until one is
 refused; then what was sent, what was refused and what is no longer waited
 for. No I/O here: the publish is a plan (:mod:`dataservice.plans`) whose one
 kind of step, :class:`Enqueue`, the sync transport runs on a pooled broker
@@ -25,15 +25,10 @@ from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from dataservice.client.message import task_message
+from dataservice.broker.base import Request
+from dataservice.enums import LaneName
 from dataservice.errors import DeadlineExceeded, Unavailable
-from dataservice.limits.admission import (
-    CALLER_HEADER,
-    DEADLINE_HEADER,
-    OPERATION_HEADER,
-    OPS_HEADER,
-    AdmissionRefused,
-)
+from dataservice.limits.admission import AdmissionRefused
 
 RETRY_BROKER_DOWN_S = 0.5
 _EPOCHS_KEPT = 8
@@ -100,34 +95,22 @@ def broker_failure(deadline_ms: int) -> DeadlineExceeded | Unavailable:
     return Unavailable("the broker is unreachable", retry_after=RETRY_BROKER_DOWN_S)
 
 
-def item_headers(caller: str, deadline_ms: int, operation: str, ops: int) -> dict[str, Any]:
-    """The service's own headers of one message (admission reads them)."""
-    headers: dict[str, Any] = {DEADLINE_HEADER: deadline_ms}
-    if caller:
-        headers[CALLER_HEADER] = caller
-    if operation:
-        headers[OPERATION_HEADER] = operation
-    if ops > 1:
-        headers[OPS_HEADER] = ops
-    return headers
-
-
 @dataclass(frozen=True, slots=True)
 class Enqueue:
-    """Admit one message to a lane's queue; gives the broker's epoch."""
+    """Admit one request to its lane's queue; gives the broker's epoch."""
 
-    queue: str
-    message: dict[str, Any]
+    request: Request
 
     def run(self, admit: Any) -> str:
-        """On a sync transport: ``admit`` is the broker's
-        :data:`~dataservice.broker.base.Admit` on a pooled connection."""
-        return admit(self.queue, self.message)  # type: ignore[no-any-return]
+        """On a sync transport: ``admit`` the broker's
+        :data:`~dataservice.broker.base.Admit` on a pooled connection, its
+        time bound taken."""
+        return admit(self.request)  # type: ignore[no-any-return]
 
     async def arun(self, publisher: Any) -> str:
         """On an asyncio transport: ``publisher`` is the broker's
         :class:`~dataservice.broker.base.AsyncPublisher`."""
-        return await publisher.admit(self.queue, self.message)  # type: ignore[no-any-return]
+        return await publisher.admit(self.request)  # type: ignore[no-any-return]
 
 
 class Publish:
@@ -136,6 +119,7 @@ class Publish:
     def __init__(
         self,
         items: Iterable[Item],
+        lane: LaneName,
         queue: str,
         caller: str,
         reply_to: str,
@@ -143,6 +127,7 @@ class Publish:
         grace_s: float,
     ) -> None:
         self._items = list(items)
+        self._lane = lane
         self._queue = queue
         self._caller = caller
         self._reply_to = reply_to
@@ -162,18 +147,23 @@ class Publish:
         out in, or raises the first refusal (see the module)."""
         epoch = ""
         for sent, (body, request_id, deadline_ms, operation, ops) in enumerate(self._items):
-            headers = item_headers(self._caller, deadline_ms, operation, ops)
-            message = task_message(body, request_id, self._queue, headers, self._reply_to)
+            request = Request(
+                self._lane, self._queue, body, request_id, self._caller, deadline_ms,
+                operation, ops, self._reply_to,
+            )  # fmt: skip
             if self._inbox is not None:
                 # Expected from just before it is pushed: an answer can come
                 # before the push returns.
                 lapses_in_s = (deadline_ms - time.time() * 1000) / 1000
                 self._inbox.expect(request_id, lapses_in_s + self._grace_s)
             try:
-                epoch = yield Enqueue(self._queue, message)
+                epoch = yield Enqueue(request)
             except AdmissionRefused as refusal:
                 self._forget(self._items[sent:])
                 refusal.sent, refusal.epoch = sent, epoch
+                raise
+            except Exception:
+                self._forget(self._items)
                 raise
         return epoch
 

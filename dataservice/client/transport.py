@@ -81,7 +81,7 @@ class Transport:
         operation and how many operations it carries (a batch's many:
         admission counts operations)."""
         queue = self.config.lanes[lane].queue
-        publish = Publish(items, queue, caller, self._reply_to, self.inbox, self._grace_s)
+        publish = Publish(items, lane, queue, caller, self._reply_to, self.inbox, self._grace_s)
         refusal = None
         try:
             # Only a channel is needed: a pooled connection, waited for no
@@ -92,9 +92,7 @@ class Transport:
             ):
                 admit = self._broker.admitter(connection, self.results.client, self.config)
                 try:
-                    return Driver(publish.plan()).run(
-                        lambda queue, message: admit(queue, message, left() or 0.0)
-                    )
+                    return Driver(publish.plan()).run(lambda request: admit(request, left() or 0.0))
                 except AdmissionRefused as refused:
                     # Raised once the connection is back in its pool: kombu
                     # closes a connection an exception leaves its block through.

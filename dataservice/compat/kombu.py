@@ -20,7 +20,19 @@ Internal names, and why:
 - ``kombu.transport.redis.Channel.supports_batch_publish``: turned off, as a
   batch would go out with kombu's LPUSH, past :meth:`RedisChannel.push`.
 - ``kombu.transport.redis.Channel._connparams``: extended with
-  :attr:`RedisChannel.redis_options`.
+  :attr:`RedisChannel.redis_options`; on a Unix socket
+  (:class:`RedisUnixChannel`), with redis-py's reading of the ``unix://``
+  URL (the socket's path, the database, the credentials), in place of the
+  host and port kombu puts there and of the TCP options a Unix socket's
+  connection refuses (``socket_keepalive``, ``socket_keepalive_options``).
+- ``kombu.transport.base.Transport.can_parse_url``: set on
+  :class:`RedisUnixTransport`, so that kombu's ``Connection`` keeps a
+  ``unix://`` URL whole, as its hostname, instead of reading a host (none)
+  and a database (the socket's path) out of it. kombu's own forms will not
+  do: ``redis+socket://`` names kombu's stock transport, whatever transport
+  is asked for, and with ``socket://`` its ``_connparams`` makes the pools'
+  connections redis-py's plain ``UnixDomainSocketConnection``, whatever the
+  channel's class, and drops their connect timeout.
 - ``kombu.transport.redis.Channel._get_client``: what kombu builds its clients
   with, replaced by :meth:`RedisChannel.client_factory`.
 - ``kombu.transport.redis.Channel.connection_class``, ``connection_class_ssl``:
@@ -105,6 +117,8 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual as kombu_virtual
 from kombu.utils.json import JSONEncoder, dumps
 
+from dataservice.compat.redis import url_options
+
 __all__ = [
     "BINDING_PREFIX",
     "PERMANENT_BINDING_PREFIX",
@@ -112,6 +126,8 @@ __all__ = [
     "RedisChannel",
     "RedisQoS",
     "RedisTransport",
+    "RedisUnixChannel",
+    "RedisUnixTransport",
     "delivery_record",
     "queue_entry",
     "recorded_elsewhere",
@@ -330,15 +346,19 @@ class RedisChannel(kombu_redis.Channel):
     QoS = RedisQoS
     #: Options added to every connection the channel's pools make.
     redis_options: ClassVar[Mapping[str, Any]] = {}
-    #: The redis-py connection classes of its pools: plain, and TLS.
-    redis_connection_class: ClassVar[type[redis.Connection]] = redis.Connection
+    #: The redis-py connection classes of its pools: plain (or, on a Unix
+    #: socket, its kind), and TLS.
+    redis_connection_class: ClassVar[
+        type[redis.Connection] | type[redis.UnixDomainSocketConnection]
+    ] = redis.Connection
     redis_ssl_connection_class: ClassVar[type[redis.SSLConnection] | None] = redis.SSLConnection
     supports_batch_publish = False
     _shared_client: Any = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.connection_class = cls.redis_connection_class
+        # kombu's own annotation knows only TCP classes; its pools take any.
+        cls.connection_class = cls.redis_connection_class  # type: ignore[assignment]
         cls.connection_class_ssl = cls.redis_ssl_connection_class
 
     def push(self, queue: str, message: dict[str, Any]) -> bool:
@@ -436,7 +456,33 @@ class RedisSentinelChannel(RedisChannel, kombu_redis.SentinelChannel):
         return manager.master_for(primary, redis.Redis, **credentials).connection_pool
 
 
+class RedisUnixChannel(RedisChannel):
+    """:class:`RedisChannel` on a Unix socket (``unix://``): its pools'
+    connections are made from the URL as redis-py's own clients make them
+    from it, of :attr:`~RedisChannel.redis_connection_class`, which must be
+    redis-py's ``UnixDomainSocketConnection`` or a subclass."""
+
+    redis_connection_class: ClassVar[
+        type[redis.Connection] | type[redis.UnixDomainSocketConnection]
+    ] = redis.UnixDomainSocketConnection
+    redis_ssl_connection_class: ClassVar[type[redis.SSLConnection] | None] = None
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        params = super()._connparams(asynchronous=asynchronous)
+        for tcp_only in ("socket_keepalive", "socket_keepalive_options"):
+            params.pop(tcp_only, None)
+        # The whole URL: RedisUnixTransport has kombu keep it as the hostname.
+        return {**params, **url_options(str(self.connection.client.hostname))}
+
+
 class RedisTransport(kombu_redis.Transport):
     """kombu's Redis transport on :class:`RedisChannel`."""
 
     Channel = RedisChannel
+
+
+class RedisUnixTransport(RedisTransport):
+    """The same on a Unix socket: the connection's URL is ``unix://``."""
+
+    can_parse_url = True
+    Channel = RedisUnixChannel

@@ -20,8 +20,11 @@ Internal names, and why:
   its ``__init__`` writes directly, past the properties ``socket_timeout``
   and ``socket_connect_timeout``; redis-py reads the properties each time it
   connects, arms a socket or builds a reply parser, and caches them nowhere
-  else. :class:`TimeoutHooks` overrides the properties and reads the figures
-  through :meth:`~TimeoutHooks.bound_timeout`. Renamed, every command on such
+  else (``redis.UnixDomainSocketConnection``'s ``__init__`` writes its
+  socket timeout once more, through the property, and its ``_connect``
+  reads both properties as the TCP one's does). :class:`TimeoutHooks`
+  overrides the properties and reads the figures through
+  :meth:`~TimeoutHooks.bound_timeout`. Renamed, every command on such
   a connection fails with ``AttributeError``; read once and cached, a bound
   would hold only for connections opened inside it.
 - ``redis.connection.AbstractConnection._get_socket``: the open socket, or
@@ -56,6 +59,14 @@ Internal names, and why:
   client connects, so a caller's questions to the Sentinels keep to its
   deadline. Renamed, the questions go on plain connections (each up to the
   Sentinel timeout) and the pin test fails.
+- ``redis.connection.parse_url``: what ``from_url`` reads out of a URL
+  for a connection: of a ``unix://`` URL the socket's path, the database
+  (``?db=``), the credentials and the query's other options, parsed.
+  :func:`url_options` hands it to the broker's channels on a Unix socket
+  (:mod:`dataservice.compat.kombu`), which kombu cannot read from the URL,
+  so that they read it as every other client of the service does. Renamed,
+  a broker channel on ``unix://`` fails as it is opened and the pin test
+  fails.
 - ``redis.BlockingConnectionPool.timeout``: how long ``get_connection``
   waits for a free connection, read at each wait; :class:`WaitingPool`
   overrides it and reads it through :meth:`~WaitingPool.bound_wait`. Read
@@ -75,6 +86,7 @@ __all__ = [
     "TimeoutHooks",
     "WaitingPool",
     "default_encoding",
+    "url_options",
     "use_connection_class",
 ]
 
@@ -84,10 +96,11 @@ _CURRENT = -1
 
 class TimeoutHooks:
     """A connection mixin, placed before ``redis.Connection`` (or
-    ``redis.SSLConnection``) among the bases: its socket timeouts pass
-    through :meth:`bound_timeout` whenever redis-py reads them (to connect,
-    to arm a socket, to read a reply), and an open connection's socket takes
-    them again before each command is sent, after :meth:`before_send`."""
+    ``redis.SSLConnection``, or ``redis.UnixDomainSocketConnection``) among
+    the bases: its socket timeouts pass through :meth:`bound_timeout`
+    whenever redis-py reads them (to connect, to arm a socket, to read a
+    reply), and an open connection's socket takes them again before each
+    command is sent, after :meth:`before_send`."""
 
     # redis-py's, set by its __init__.
     _socket_timeout: float | None
@@ -146,8 +159,9 @@ class WaitingPool(redis.BlockingConnectionPool):
 
 class CommandHook:
     """A connection mixin, placed before ``redis.Connection`` (or
-    ``redis.SSLConnection``) among the bases: a command sent alone is offered
-    to :meth:`pack` first (a pipeline's commands go redis-py's way)."""
+    ``redis.SSLConnection``, or ``redis.UnixDomainSocketConnection``) among
+    the bases: a command sent alone is offered to :meth:`pack` first (a
+    pipeline's commands go redis-py's way)."""
 
     def pack(self, args: tuple[Any, ...]) -> list[bytes] | None:
         """The command ``args`` as the bytes to send, or None to leave it to redis-py."""
@@ -189,3 +203,11 @@ def use_connection_class(client: redis.Redis, cls: type[redis.Connection]) -> No
     """Make ``client``'s next connections of ``cls`` (a client that has not
     connected yet: its pool holds none of another kind)."""
     client.connection_pool.connection_class = cls
+
+
+def url_options(url: str) -> dict[str, Any]:
+    """A connection's arguments as redis-py's ``from_url`` reads them from
+    ``url``, without the connection class it would choose."""
+    options: dict[str, Any] = redis.connection.parse_url(url)
+    options.pop("connection_class", None)
+    return options

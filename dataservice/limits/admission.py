@@ -225,7 +225,7 @@ def admit(
     With ``pacing``, a message whose caller header names a known caller is
     also held to that caller's rate (:mod:`dataservice.limits.pacing`)."""
     answer = ADMIT(client, *admit_call(queue_key, lane, encoded, message, pacing))
-    return admitted(answer, pacing, message)
+    return admitted(answer, pacing, caller_of(message))
 
 
 def admit_call(
@@ -299,17 +299,21 @@ def _withdraw_call(
     return [lane.stats_key, lane.held_key], [member, size, ops, reason.value if reason else ""]
 
 
-def admitted(
-    answer: Any, pacing: Pacing | None = None, message: dict[str, Any] | None = None
-) -> str:
-    """The epoch :data:`ADMIT` answered with, or its refusal raised; a lease
-    it took for the message's caller goes to ``pacing``."""
+def admitted(answer: Any, pacing: Pacing | None = None, caller: object = None) -> str:
+    """The epoch :data:`ADMIT` (or the publish interface, which answers as it
+    does) answered with, or its refusal raised; a lease it took for
+    ``caller`` goes to ``pacing``."""
     reason = answer[0].decode() if isinstance(answer[0], bytes) else str(answer[0])
     if reason:
         raise AdmissionRefused(Reason(reason), int(answer[1]))
-    if pacing is not None and message is not None and len(answer) > 2 and int(answer[2]) > 0:
-        pacing.granted(message.get("headers", {}).get(CALLER_HEADER), int(answer[2]))
+    if pacing is not None and len(answer) > 2 and int(answer[2]) > 0:
+        pacing.granted(caller, int(answer[2]))
     return answer[1].decode() if isinstance(answer[1], bytes) else str(answer[1])
+
+
+def caller_of(message: dict[str, Any]) -> object:
+    """The caller a message's header names (None: none)."""
+    return message.get("headers", {}).get(CALLER_HEADER)
 
 
 def publish_service_times(

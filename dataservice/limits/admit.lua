@@ -98,6 +98,8 @@
 --          take for the publishing process's next messages, as far as the rate
 --          and burst allow now (a lease: dataservice/limits/pacing.py); else 0
 --
+-- ARGV[20], ARGV[21] optional: the server's time (TIME's seconds and microseconds)
+--          as the caller read it in the same step (broker/publish.lua); else read here
 -- Returns {'', epoch, leased} when the message was pushed (ARGV[17]: {'', '', leased},
 -- admitted) (the epoch it was pushed in, which its caller keeps to tell a lost
 -- request from a slow one; the requests' worth the pacing took beyond this
@@ -137,7 +139,7 @@ local remaining = tonumber(ARGV[5])
 local cap = tonumber(ARGV[6])
 local ops = tonumber(ARGV[16]) or 1
 local extra = math.max(tonumber(h[13]) or 0, 0)
-local t = redis.call('TIME')
+local t = ARGV[20] and {ARGV[20], ARGV[21]} or redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local expiry = tonumber(ARGV[7])
 local kept_at = tonumber(h[18])

@@ -4,10 +4,10 @@ redis-py fixes a socket timeout per connection pool when the pool is made (5 s
 unless told otherwise): a server that stalls (stopped, paused, or cut off with
 its connections left half-open) holds every command on it that long, whatever
 the deadline of the request it serves. Inside :func:`within`, a thread's calls
-on a pool of :class:`BoundedConnection` (or its TLS twin) wait no longer than
-the bound it gives, for everything they do: waiting for a pooled connection
-(:class:`BoundedPool`), connecting, the connection's hello, sending and reading
-the reply. Outside it they keep the pool's own figures.
+on a pool of :class:`BoundedConnection` (or its TLS or Unix-socket twin) wait
+no longer than the bound it gives, for everything they do: waiting for a
+pooled connection (:class:`BoundedPool`), connecting, the connection's hello,
+sending and reading the reply. Outside it they keep the pool's own figures.
 
 A reply not read in time closes its connection (it would otherwise answer the
 next command) and raises ``redis.TimeoutError``; a call made once the bound has
@@ -39,7 +39,7 @@ import redis
 from redis.maint_notifications import MaintNotificationsConfig
 
 from dataservice.compat import redis as compat_redis
-from dataservice.redis.packing import Packed
+from dataservice.redis.packing import ConnectionClass, Packed, uses_unix_socket
 from dataservice.redis.tls import uses_tls
 
 # What a bounded call may take beyond its caller's deadline: a blocking
@@ -106,6 +106,10 @@ class BoundedSSLConnection(_Bounded, Packed, redis.SSLConnection):
     pass
 
 
+class BoundedUnixConnection(_Bounded, Packed, redis.UnixDomainSocketConnection):
+    pass
+
+
 class BoundedPool(compat_redis.WaitingPool):
     """A blocking pool whose wait for a free connection keeps to the bound too."""
 
@@ -118,7 +122,9 @@ def bounds_calls(cls: type[Any]) -> bool:
     return issubclass(cls, _Bounded)
 
 
-def connection_class(url: str) -> type[redis.Connection]:
+def connection_class(url: str) -> ConnectionClass:
     """The bounded connection class for a Redis URL: TLS for ``rediss://``
-    and ``sentinels://``."""
+    and ``sentinels://``, a Unix socket for ``unix://``."""
+    if uses_unix_socket(url):
+        return BoundedUnixConnection
     return BoundedSSLConnection if uses_tls(url) else BoundedConnection

@@ -31,7 +31,9 @@ dropped silently.
 
 Given a plain connection class for a TLS URL, a pool takes its TLS kind
 (``PackedConnection`` -> ``PackedSSLConnection``): a plain class would be
-handed the TLS options it cannot take.
+handed the TLS options it cannot take. For a ``unix://`` URL it takes the
+class's Unix-socket kind (``PackedConnection`` -> ``PackedUnixConnection``)
+alike: a TCP class would be handed the socket's path.
 """
 
 from __future__ import annotations
@@ -51,13 +53,19 @@ from dataservice.errors import ConfigError
 from dataservice.redis.bounded import (
     BoundedConnection,
     BoundedSSLConnection,
+    BoundedUnixConnection,
     bounds_calls,
 )
 from dataservice.redis.packing import (
+    AsyncConnectionClass,
     AsyncPackedConnection,
     AsyncPackedSSLConnection,
+    AsyncPackedUnixConnection,
+    ConnectionClass,
     PackedConnection,
     PackedSSLConnection,
+    PackedUnixConnection,
+    uses_unix_socket,
 )
 from dataservice.redis.tls import RedisTLS, query_tls, uses_tls
 
@@ -70,8 +78,10 @@ SENTINEL_TIMEOUT_S: Final = 1.0
 
 _Pool = TypeVar("_Pool", bound=redis.ConnectionPool)
 _AsyncPool = TypeVar("_AsyncPool", bound=redis.asyncio.ConnectionPool)
-_Connection = TypeVar("_Connection", bound=redis.Connection)
-_AsyncConnection = TypeVar("_AsyncConnection", bound=redis.asyncio.Connection)
+_Connection = TypeVar("_Connection", bound=redis.Connection | redis.UnixDomainSocketConnection)
+_AsyncConnection = TypeVar(
+    "_AsyncConnection", bound=redis.asyncio.Connection | redis.asyncio.UnixDomainSocketConnection
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,17 +324,47 @@ _TLS_KINDS: dict[type[Any], type[Any]] = {
 }
 
 
+# Their Unix-socket kinds.
+_UNIX_KINDS: dict[type[Any], type[Any]] = {
+    redis.Connection: redis.UnixDomainSocketConnection,
+    PackedConnection: PackedUnixConnection,
+    BoundedConnection: BoundedUnixConnection,
+    redis.asyncio.Connection: redis.asyncio.UnixDomainSocketConnection,
+    AsyncPackedConnection: AsyncPackedUnixConnection,
+}
+_UNIX = (redis.UnixDomainSocketConnection, redis.asyncio.UnixDomainSocketConnection)
+
+
 def _kind(url: str, cls: type[_Connection]) -> type[_Connection]:
-    """``cls``, or its TLS kind for a TLS URL."""
+    """``cls``, or its TLS kind for a TLS URL, or its Unix-socket kind for a
+    ``unix://`` URL."""
+    if uses_unix_socket(url) or issubclass(cls, _UNIX):
+        return _unix_kind(url, cls)
     if not uses_tls(url) or issubclass(cls, redis.SSLConnection):
         return cls
     return _tls_kind(cls)
 
 
 def _async_kind(url: str, cls: type[_AsyncConnection]) -> type[_AsyncConnection]:
+    if uses_unix_socket(url) or issubclass(cls, _UNIX):
+        return _unix_kind(url, cls)
     if not uses_tls(url) or issubclass(cls, redis.asyncio.SSLConnection):
         return cls
     return _tls_kind(cls)
+
+
+def _unix_kind(url: str, cls: type[Any]) -> type[Any]:
+    if not uses_unix_socket(url):
+        # It would be handed a host and a port, and fail only when it connects.
+        raise TypeError(f"{cls.__name__} is for a Unix socket: give a TCP URL a TCP class")
+    if issubclass(cls, _UNIX):
+        return cls
+    made = _UNIX_KINDS.get(cls)
+    if made is None:
+        raise TypeError(
+            f"{cls.__name__} has no Unix-socket kind: give a unix:// URL its Unix-socket class"
+        )
+    return made
 
 
 def _tls_kind(cls: type[Any]) -> type[Any]:
@@ -337,12 +377,12 @@ def _tls_kind(cls: type[Any]) -> type[Any]:
 def pool(
     url: str,
     pool_class: type[_Pool],
-    connection_class: type[redis.Connection] | None = None,
+    connection_class: ConnectionClass | None = None,
     **options: Any,
 ) -> _Pool:
     """A pool of ``pool_class`` with connections of ``connection_class``
-    (redis-py's for the URL if None; else the class, or its TLS kind for a
-    TLS URL) to the Redis at ``url``."""
+    (redis-py's for the URL if None; else the class, or its TLS or
+    Unix-socket kind as the URL says) to the Redis at ``url``."""
     if not is_sentinel(url):
         if connection_class is None:
             return pool_class.from_url(url, **options)
@@ -366,7 +406,7 @@ def pool(
 def async_pool(
     url: str,
     pool_class: type[_AsyncPool],
-    connection_class: type[redis.asyncio.Connection] | None = None,
+    connection_class: AsyncConnectionClass | None = None,
     **options: Any,
 ) -> _AsyncPool:
     """The same for asyncio."""
@@ -392,11 +432,12 @@ def async_pool(
 
 
 def client(
-    url: str, connection_class: type[redis.Connection] | None = None, **options: Any
+    url: str, connection_class: ConnectionClass | None = None, **options: Any
 ) -> redis.Redis:
     """A client of its own pool on the Redis at ``url``, ``options`` as
     redis-py's ``Redis.from_url`` takes them (``connection_class`` included:
-    a plain class is taken in its TLS kind for a TLS URL)."""
+    a plain class is taken in its TLS kind for a TLS URL, in its Unix-socket
+    kind for a ``unix://`` one)."""
     if not is_sentinel(url):
         if connection_class is None:
             return redis.Redis.from_url(url, **options)
@@ -406,7 +447,7 @@ def client(
 
 
 def async_client(
-    url: str, connection_class: type[redis.asyncio.Connection] | None = None, **options: Any
+    url: str, connection_class: AsyncConnectionClass | None = None, **options: Any
 ) -> redis.asyncio.Redis:
     """The same for asyncio."""
     if not is_sentinel(url):

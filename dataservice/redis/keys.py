@@ -36,6 +36,10 @@ key                                    what it holds
                                        primary the epoch belongs to: a process that finds
                                        another primary ends the epoch
                                        (``dataservice/broker/epoch.lua``)
+``ds:conf``                            what the publish interface reads of the workers'
+                                       ``queues.yml``: each lane's queue and bounds
+                                       (``dataservice/broker/library.py``)
+``ds:conf:pacing``                     each caller's rate, for the publish's pacing
 ``record:v1:<scope>:<id>#<gen>``       a cached record, JSON (``docs/cache.md``), in the
                                        namespace generation ``<gen>``
 ``record:v2:<scope>:<id>#<gen>``       the same record, protobuf
@@ -96,6 +100,10 @@ RATE_PREFIX = "ds:rate:"
 INFLIGHT_PREFIX = "ds:inflight:"
 PACE_PREFIX = "ds:pace:"
 EPOCH_KEY = "ds:epoch"
+# What the publish interface (broker/publish.lua) reads of the workers'
+# configuration: the lanes' queues and bounds, and the callers' rates.
+CONF_KEY = "ds:conf"
+PACING_CONF_KEY = "ds:conf:pacing"
 EPOCH_SERVER_KEY = "ds:epoch:server"
 RECORD_PREFIX = "record:"
 LOCK_PREFIX = "ds:lock:"

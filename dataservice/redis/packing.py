@@ -11,11 +11,17 @@ made only of those, on a connection with redis-py's default encoding; any
 other command goes redis-py's way. The service's Redis clients are made with
 one (:func:`packed_connection_class`; :mod:`dataservice.redis.bounded`'s connections
 are packed too).
+
+Each kind comes in three: TCP, TLS (``rediss://``, ``sentinels://``) and a
+Unix socket (``unix://``), chosen by the URL. redis-py picks its own
+``UnixDomainSocketConnection`` for a ``unix://`` URL, but a connection class
+handed to ``from_url`` replaces it: a TCP one would then be given the
+socket's ``path`` it cannot take.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeAlias
 
 import redis
 import redis.asyncio
@@ -23,6 +29,14 @@ from hiredis import pack_command
 
 from dataservice.compat import redis as compat_redis
 from dataservice.redis.tls import uses_tls
+
+UNIX_SCHEME = "unix://"
+
+# redis-py's Unix-socket connections are no kind of its TCP ones.
+ConnectionClass: TypeAlias = type[redis.Connection] | type[redis.UnixDomainSocketConnection]
+AsyncConnectionClass: TypeAlias = (
+    type[redis.asyncio.Connection] | type[redis.asyncio.UnixDomainSocketConnection]
+)
 
 _PLAIN = frozenset({str, bytes, int, float})
 
@@ -56,6 +70,10 @@ class PackedSSLConnection(Packed, redis.SSLConnection):
     pass
 
 
+class PackedUnixConnection(Packed, redis.UnixDomainSocketConnection):
+    pass
+
+
 class AsyncPacked(compat_redis.AsyncCommandHook):
     """The same for asyncio connections, which pack every command (pipelines'
     included) this way."""
@@ -72,13 +90,25 @@ class AsyncPackedSSLConnection(AsyncPacked, redis.asyncio.SSLConnection):
     pass
 
 
-def async_packed_connection_class(url: str) -> type[redis.asyncio.Connection]:
+class AsyncPackedUnixConnection(AsyncPacked, redis.asyncio.UnixDomainSocketConnection):
+    pass
+
+
+def uses_unix_socket(url: str) -> bool:
+    return url.startswith(UNIX_SCHEME)
+
+
+def async_packed_connection_class(url: str) -> AsyncConnectionClass:
     """The packed asyncio connection class for a Redis URL: TLS for
-    ``rediss://`` and ``sentinels://``."""
+    ``rediss://`` and ``sentinels://``, a Unix socket for ``unix://``."""
+    if uses_unix_socket(url):
+        return AsyncPackedUnixConnection
     return AsyncPackedSSLConnection if uses_tls(url) else AsyncPackedConnection
 
 
-def packed_connection_class(url: str) -> type[redis.Connection]:
+def packed_connection_class(url: str) -> ConnectionClass:
     """The packed connection class for a Redis URL: TLS for ``rediss://``
-    and ``sentinels://``."""
+    and ``sentinels://``, a Unix socket for ``unix://``."""
+    if uses_unix_socket(url):
+        return PackedUnixConnection
     return PackedSSLConnection if uses_tls(url) else PackedConnection

@@ -29,14 +29,19 @@ def _text(package: str, name: str) -> str:
 
 
 def compose(name: str, package: str) -> str:
-    """The script in ``name`` (a file of ``package``) with its fragments included."""
+    """The script in ``name`` (a file of ``package``) with its fragments
+    included, and theirs (a fragment's path is from the package's root)."""
+    return _included(_text(package, name)) + "\n"
+
+
+def _included(text: str) -> str:
     lines = []
-    for line in _text(package, name).splitlines():
+    for line in text.splitlines():
         if line.startswith(_INCLUDE):
-            lines.append(_text(_ROOT, line.removeprefix(_INCLUDE).strip()))
+            lines.append(_included(_text(_ROOT, line.removeprefix(_INCLUDE).strip())))
         else:
             lines.append(line)
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)
 
 
 class LuaScript:

@@ -61,7 +61,9 @@ from dataservice.enums import LaneName
 from dataservice.errors import ServiceSetupError
 from dataservice.redis import endpoints
 from dataservice.redis.keys import (
+    CONF_KEY,
     EPOCH_KEY,
+    PACING_CONF_KEY,
     admission_key,
     binding_key,
     held_key,
@@ -79,8 +81,9 @@ PASSWORD_PLACEHOLDER = "<password>"
 
 # Keyless commands: the connection's own (redis-py sends HELLO, which needs no
 # permission, then SELECT; health checks PING), the transaction kombu wraps
-# its queue declaration in, and the clock admit.lua reads.
-_CALLER_KEYLESS = ("+ping", "+select", "+multi", "+exec", "+time")
+# its queue declaration in, the clock admit.lua reads, and the publish
+# interface (it declares no keys: its commands are checked one by one).
+_CALLER_KEYLESS = ("+ping", "+select", "+multi", "+exec", "+time", "+fcall")
 _WORKER_RULES = ("~*", "&*", "+@all", "-@dangerous")
 
 
@@ -105,6 +108,8 @@ def caller_rules(queues: Sequence[str], caller: str) -> list[str]:
             + [f"%RW~{pace_key(caller)}", f"%RW~{EPOCH_KEY}"],
             ["+evalsha", "+eval"],
         ),
+        # What the publish interface reads of the workers' configuration.
+        _selector([f"%R~{CONF_KEY}", f"%R~{PACING_CONF_KEY}"], ["+hmget", "+hget"]),
         # admit.lua's publish pacing, on the caller's own key.
         _selector([f"%RW~{pace_key(caller)}"], ["+get", "+set"]),
         # admit.lua sets the epoch in a Redis that has none; a handle reads it.

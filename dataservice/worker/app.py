@@ -14,6 +14,7 @@ from celery.worker.control import inspect_command
 from dataservice.broker import broker_for
 from dataservice.broker.celery import TASK_NAME, celery_app
 from dataservice.broker.failover import EpochKeeper
+from dataservice.broker.library import LibraryKeeper
 from dataservice.broker.results import ResultStore
 from dataservice.cache.runtime import CacheRuntime
 from dataservice.config.budget import pool_size
@@ -165,6 +166,11 @@ class LaneRuntime:
             one_redis=settings.redis_url == settings.result_backend_url,
             record_in_gate=settings.broker_url == settings.redis_url,
         )
+        # The publish interface and the configuration it reads, on the
+        # broker's Redis (dataservice/broker/library.py).
+        self._library = (
+            LibraryKeeper(self._broker, config) if broker_for(settings).has_library else None
+        )
         # On a Sentinel-managed broker the epoch follows the primary, so that
         # requests a failover lost are reported lost (dataservice/broker/failover.py).
         # Its thread starts last: nothing after it can fail and leave it running.
@@ -224,6 +230,8 @@ class LaneRuntime:
 
     def close(self) -> None:
         self._service_times.stop()
+        if self._library is not None:
+            self._library.stop()
         if self._epochs is not None:
             self._epochs.stop()
         self._gauges.close()

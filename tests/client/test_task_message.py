@@ -10,7 +10,7 @@ from dataservice_tools.localservices import redis_reachable
 from kombu.utils.json import dumps
 
 from dataservice.broker.celery import SERIALIZER, TASK_NAME, celery_app
-from dataservice.client.message import task_message
+from dataservice.broker.message import task_message
 from dataservice.compat.kombu import queue_entry
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings

@@ -12,6 +12,8 @@ import ast
 import inspect
 import logging
 import re
+import shutil
+import signal
 import time
 import types
 import uuid
@@ -30,11 +32,12 @@ from celery.utils.imports import symbol_by_name
 from celery.worker import state as worker_state
 from celery.worker import strategy as celery_strategy
 from celery.worker.consumer import Consumer as CeleryConsumer
-from dataservice_tools.localservices import redis_reachable
+from dataservice_tools.localservices import PrivateRedis, redis_reachable
 from dataservice_tools.testkit.waits import eventually
 from kombu import Connection, Consumer, Exchange, Queue
 from kombu.asynchronous.timer import Timer
 from kombu.message import Message
+from kombu.transport import base as kombu_base
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual as kombu_virtual
 
@@ -497,6 +500,66 @@ def test_a_redis_channels_hooks_reach_kombus_pool_and_clients(broker: redis.Redi
     assert made
     assert pushed == ["compat-pushed"]
     assert not broker.exists("compat-pushed")
+
+
+# kombu on a Unix socket: the URL kept whole, read as redis-py reads it.
+
+
+@pytest.fixture(scope="module")
+def unix_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private redis-server on a Unix socket alone: its URL, database 2."""
+    require(shutil.which("redis-server") is not None, "redis-server")
+    server = PrivateRedis(tmp_path_factory.mktemp("unix"), unix_socket=True)
+    server.start()
+    try:
+        yield server.url_of(2)
+    finally:
+        server.signal(signal.SIGKILL)
+
+
+def test_kombu_keeps_a_unix_url_whole_for_the_unix_transport_alone() -> None:
+    url = "unix:///run/redis/redis.sock?db=2"
+    assert inspect.getattr_static(kombu_base.Transport, "can_parse_url") is False
+    assert kombu_compat.RedisUnixTransport.can_parse_url is True
+    kept = Connection(url, transport=kombu_compat.RedisUnixTransport)
+    assert (kept.hostname, kept.transport_cls) == (url, kombu_compat.RedisUnixTransport)
+    # Read by kombu, the socket's path would be its database, and a db refused.
+    read = Connection("unix:///run/redis/redis.sock", transport=kombu_compat.RedisTransport)
+    assert (read.hostname, read.virtual_host) == (None, "run/redis/redis.sock")
+    with pytest.raises(TypeError, match="'db'"):
+        Connection(url, transport=kombu_compat.RedisTransport)
+    # kombu's own Unix-socket form takes its stock transport, whatever is asked for.
+    stock = Connection("redis+socket:///run/redis/redis.sock", transport=_DeferringTransport)
+    assert stock.transport_cls == "redis"
+
+
+def test_a_unix_channels_pool_is_of_its_class_on_the_urls_socket_and_database(
+    unix_url: str,
+) -> None:
+    class Counted(redis.UnixDomainSocketConnection):
+        pass
+
+    class Hooked(kombu_compat.RedisUnixChannel):
+        redis_connection_class = Counted
+
+    class HookedTransport(kombu_compat.RedisUnixTransport):
+        Channel = Hooked
+
+    name = f"compat-unix-{uuid.uuid4().hex[:12]}"
+    options = {"socket_keepalive": True, "socket_connect_timeout": 2.0}
+    with Connection(unix_url, transport=HookedTransport, transport_options=options) as conn:
+        channel = conn.default_channel
+        assert channel.pool.connection_class is Counted
+        kwargs = channel.pool.connection_kwargs
+        assert (kwargs["path"], kwargs["db"]) == (redis.connection.parse_url(unix_url)["path"], 2)
+        assert kwargs["socket_connect_timeout"] == 2.0
+        assert "socket_keepalive" not in kwargs
+        assert "host" not in kwargs
+        message = _deliver_one(conn, name, lambda message: message.ack())
+    assert message.acknowledged
+    with redis.Redis.from_url(unix_url) as server:
+        assert server.exists(kombu_compat.BINDING_PREFIX + name)
+        server.delete(kombu_compat.BINDING_PREFIX + name)
 
 
 # Celery: the worker's strategies, state and consumer, and the control channel.

@@ -7,18 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import shutil
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 import redis
 import redis.asyncio
 import redis.sentinel
-from dataservice_tools.localservices import redis_reachable
+from dataservice_tools.localservices import PrivateRedis, redis_reachable
 from redis.asyncio import connection as async_connection
+from redis.backoff import NoBackoff
 from redis.connection import AbstractConnection
+from redis.retry import Retry
 
 from dataservice.compat import redis as compat
 from tests.conftest import TEST_REDIS_URL, require
@@ -84,7 +89,7 @@ def test_a_sentinels_client_connects_with_the_class_set_on_its_pool(key: str) ->
         sentinel.close()
 
 
-class _Bound(compat.TimeoutHooks, redis.Connection):
+class _Hooks(compat.TimeoutHooks):
     bound: float | None = None
     refuse = False
 
@@ -94,6 +99,14 @@ class _Bound(compat.TimeoutHooks, redis.Connection):
     def before_send(self) -> None:
         if self.refuse:
             raise redis.TimeoutError("refused before sending")
+
+
+class _Bound(_Hooks, redis.Connection):
+    pass
+
+
+class _UnixBound(_Hooks, redis.UnixDomainSocketConnection):
+    pass
 
 
 def test_an_open_connection_reads_its_timeout_through_the_hook_at_each_command(key: str) -> None:
@@ -224,3 +237,92 @@ def test_default_encoding_tells_redis_pys_default_from_another() -> None:
     assert compat.default_encoding(redis.asyncio.Connection())
     assert not compat.default_encoding(redis.Connection(encoding="latin-1"))
     assert not compat.default_encoding(redis.Connection(encoding_errors="replace"))
+
+
+# On a Unix socket: redis-py's UnixDomainSocketConnection takes the hooks as
+# its TCP connection does, and reads a unix:// URL as the broker's channels
+# are told to (compat.url_options).
+
+
+@pytest.fixture(scope="module")
+def unix_socket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The socket of a private redis-server listening on it alone."""
+    require(shutil.which("redis-server") is not None, "redis-server")
+    server = PrivateRedis(tmp_path_factory.mktemp("unix"), unix_socket=True)
+    assert server.socket is not None
+    server.start()
+    try:
+        yield server.socket
+    finally:
+        server.signal(signal.SIGKILL)
+
+
+def test_a_unix_socket_connection_keeps_its_timeouts_where_the_hooks_read_them() -> None:
+    made = redis.UnixDomainSocketConnection(
+        path="/nonexistent.sock", socket_timeout=3.0, socket_connect_timeout=2.0
+    )
+    assert (vars(made)["_socket_timeout"], vars(made)["_socket_connect_timeout"]) == (3.0, 2.0)
+    assert made._get_socket() is None
+    hooked = _UnixBound(path="/nonexistent.sock", socket_timeout=3.0)
+    assert (hooked.socket_timeout, vars(hooked)["_socket_timeout"]) == (3.0, 3.0)
+
+
+def test_on_a_unix_socket_an_open_connection_reads_its_timeout_through_the_hook(
+    unix_socket: Path,
+) -> None:
+    # Not retried: each attempt would wait its own bound.
+    client = redis.Redis.from_url(
+        f"unix://{unix_socket}",
+        connection_class=_UnixBound,
+        socket_timeout=5,
+        retry=Retry(NoBackoff(), 0),
+    )
+    try:
+        connection = client.connection_pool.get_connection()
+        client.connection_pool.release(connection)
+        assert isinstance(connection, _UnixBound)
+        socket = connection._get_socket()
+        assert socket is not None
+        assert socket.gettimeout() == 5
+        _UnixBound.bound = 0.1
+        started = time.monotonic()
+        # Without the hook's timeout armed on the open socket, this waits 2 s
+        # for a list that never fills and answers None.
+        with pytest.raises(redis.TimeoutError):
+            client.blpop(["compat-unix-empty"], timeout=2)
+        assert time.monotonic() - started < 1.5
+    finally:
+        _UnixBound.bound = None
+        client.close()
+
+
+def test_on_a_unix_socket_a_connection_made_inside_a_bound_connects_with_it(
+    unix_socket: Path,
+) -> None:
+    _UnixBound.bound = 0.25
+    connection = _UnixBound(path=str(unix_socket), socket_timeout=5)
+    try:
+        connection.connect()
+        socket = connection._get_socket()
+        assert socket is not None
+        assert socket.gettimeout() == 0.25
+        assert connection.socket_connect_timeout == 0.25
+    finally:
+        _UnixBound.bound = None
+        connection.disconnect()
+    assert connection.socket_timeout == 5
+
+
+def test_redis_py_reads_a_unix_url_into_the_options_compat_hands_on() -> None:
+    url = "unix://ds-user:p%40ss@/run/redis/redis.sock?db=3&socket_timeout=1.5"
+    read = redis.connection.parse_url(url)
+    assert read == {
+        "username": "ds-user",
+        "password": "p@ss",
+        "path": "/run/redis/redis.sock",
+        "db": 3,
+        "socket_timeout": 1.5,
+        "connection_class": redis.UnixDomainSocketConnection,
+    }
+    assert compat.url_options(url) == {k: v for k, v in read.items() if k != "connection_class"}
+    assert compat.url_options("unix:///run/redis/redis.sock") == {"path": "/run/redis/redis.sock"}

@@ -139,7 +139,8 @@ def test_the_connection_classes_of_a_sentinels_url_are_the_tls_kinds() -> None:
         assert pool.connection_kwargs["ssl_cert_reqs"] == ssl.CERT_NONE
         assert "ssl" not in pool.connection_kwargs
         sentinel = pool.sentinel_manager.sentinels[0].connection_pool  # type: ignore[attr-defined]
-        assert sentinel.connection_class is redis.SSLConnection
+        # A bounded pool asks its Sentinels within the caller's bound, over TLS too.
+        assert sentinel.connection_class is BoundedSSLConnection
         assert sentinel.connection_kwargs["ssl_cert_reqs"] == ssl.CERT_NONE
     finally:
         pool.disconnect()

@@ -15,6 +15,8 @@ from sqlalchemy.engine import make_url
 
 from dataservice.config.settings import Settings
 from dataservice.errors import ServiceSetupError
+from dataservice.redis import where
+from dataservice.redis.packing import uses_unix_socket
 from dataservice_tools.localservices.certificates import Certificates
 from dataservice_tools.localservices.mariadb import PrivateMariaDB, binlog_mariadb_dir, mariadb_dir
 from dataservice_tools.localservices.probes import (
@@ -32,6 +34,8 @@ from dataservice_tools.localservices.rabbitmqserver import (
 
 # Relative: the working directory's, as ``dataservice run`` keeps its logs in .state/logs.
 DEFAULT_STATE_DIR = Path(".state")
+# sun_path holds 108 bytes, its last a NUL.
+_SUN_PATH_MAX = 107
 
 
 def start_redis(
@@ -40,16 +44,24 @@ def start_redis(
     also_bind: Sequence[str] = (),
     extra: Sequence[str] = (),
     certificates: Certificates | None = None,
+    unix_socket: Path | None = None,
 ) -> None:
     """Start a private redis-server (daemonized, nothing persisted) on
     127.0.0.1 and ``also_bind`` (a private address: clients from there are let
     in without a password, which protected mode would refuse), with ``extra``
     options (``--replicaof``, ...). Given ``certificates``, ``port`` is its
-    TLS port and it has no plain one (:func:`tls_redis_options`)."""
+    TLS port and it has no plain one (:func:`tls_redis_options`). Given
+    ``unix_socket``, it listens on that socket alone, for its owner alone
+    (:func:`unix_redis_options`), and ``port`` is not used."""
     directory = state_dir / "redis"
     directory.mkdir(parents=True, exist_ok=True)
     protected = ["--protected-mode", "no"] if also_bind else []
-    ports = tls_redis_options(port, certificates) if certificates else ("--port", str(port))
+    if unix_socket is not None:
+        ports = unix_redis_options(unix_socket)
+    elif certificates is not None:
+        ports = tls_redis_options(port, certificates)
+    else:
+        ports = ("--port", str(port))
     subprocess.run(
         [
             binary("redis-server"), "--daemonize", "yes", "--bind", "127.0.0.1", *also_bind,
@@ -59,7 +71,7 @@ def start_redis(
         ],
         check=True,
     )  # fmt: skip
-    url = local_redis_url(port, certificates)
+    url = unix_redis_url(unix_socket) if unix_socket else local_redis_url(port, certificates)
     wait_until(lambda: redis_reachable(url), "redis", directory / "redis.log")
 
 
@@ -74,6 +86,21 @@ def tls_redis_options(port: int, certificates: Certificates) -> tuple[str, ...]:
         "--tls-ca-cert-file", str(certificates.ca),
         "--tls-auth-clients", "no", "--tls-replication", "yes",
     )  # fmt: skip
+
+
+def unix_redis_options(path: Path) -> tuple[str, ...]:
+    """redis-server's options for ``path`` alone: no TCP port, so whatever
+    reaches it came through the socket."""
+    # The kernel's limit (sun_path) is checked here: redis-server would only
+    # say so in its log, after the wait for it to answer.
+    if len(os.fsencode(path)) > _SUN_PATH_MAX:
+        raise ServiceSetupError(f"{path}: too long for a Unix socket's path")
+    return ("--port", "0", "--unixsocket", str(path), "--unixsocketperm", "700")
+
+
+def unix_redis_url(path: Path, db: int = 0) -> str:
+    """The ``unix://`` URL of a redis-server listening on ``path``."""
+    return f"unix://{quote(str(path), safe='/')}?db={db}"
 
 
 def local_redis_url(port: int, certificates: Certificates | None = None, db: int = 0) -> str:
@@ -94,6 +121,13 @@ def up(settings: Settings, state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
     redis_broker = () if settings.broker_is_amqp else (settings.broker_url,)
     for url in dict.fromkeys((*redis_broker, settings.result_backend_url, settings.redis_url)):
         if redis_reachable(url):
+            continue
+        if uses_unix_socket(url):
+            # A socket is always this machine's: read as a TCP URL, it would
+            # start a Redis on 6379 that the URL never reaches.
+            socket = Path(where(url))
+            start_redis(state_dir, 0, unix_socket=socket)
+            started.append(f"redis on {socket}")
             continue
         parsed = make_url(url.replace("redis://", "mysql://", 1))  # same URL grammar
         if not is_local(parsed.host):

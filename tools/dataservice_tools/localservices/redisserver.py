@@ -1,6 +1,6 @@
 """A redis-server of our own on a port of its own (``start_redis``: daemonized,
 nothing saved), to pause, kill and start again on the same port; over TLS
-alone when given certificates."""
+alone when given certificates, or on a Unix socket alone when asked."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dataservice.errors import ServiceSetupError
 from dataservice_tools.localservices.certificates import Certificates
-from dataservice_tools.localservices.lifecycle import local_redis_url, start_redis
+from dataservice_tools.localservices.lifecycle import local_redis_url, start_redis, unix_redis_url
 from dataservice_tools.localservices.probes import free_port
 
 
@@ -32,17 +32,37 @@ class PrivateRedis:
         port: int | None = None,
         also_bind: Sequence[str] = (),
         certificates: Certificates | None = None,
+        *,
+        unix_socket: bool = False,
     ) -> None:
         self.directory = directory
-        self.port = port or free_port()
         self.also_bind = tuple(also_bind)
         self.certificates = certificates
+        # On a Unix socket alone: no port (0 is redis-server's "none").
+        self.socket = (directory / "redis" / "redis.sock").absolute() if unix_socket else None
+        self.port = 0 if unix_socket else port or free_port()
         # Over TLS, the URL also names the CA to trust: base is not enough.
         self.base = f"{'rediss' if certificates else 'redis'}://127.0.0.1:{self.port}"
         self.url = local_redis_url(self.port, certificates)
+        if self.socket is not None:
+            # Its database goes in the query (url_of), not after base.
+            self.base = self.url = unix_redis_url(self.socket)
+
+    def url_of(self, db: int) -> str:
+        """The URL of its database ``db``."""
+        if self.socket is not None:
+            return unix_redis_url(self.socket, db)
+        return local_redis_url(self.port, self.certificates, db)
 
     def start(self, extra: Sequence[str] = ()) -> None:
-        start_redis(self.directory, self.port, self.also_bind, extra, self.certificates)
+        start_redis(
+            self.directory,
+            self.port,
+            self.also_bind,
+            extra,
+            self.certificates,
+            unix_socket=self.socket,
+        )
 
     def pid(self) -> int:
         return int((self.directory / "redis" / "redis.pid").read_text())

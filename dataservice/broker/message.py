@@ -1,4 +1,6 @@
-"""A request as the message Celery would publish, built directly.
+"""A request as the message Celery would publish, built directly: what the
+RabbitMQ broker publishes, and what ``publish.lua`` builds on Redis (a test
+keeps the two equal).
 
 ``Celery.send_task`` builds a protocol 2 task message through several layers
 (the app's task sender, kombu's producer, entity declaration, the channel),
@@ -15,9 +17,18 @@ import os
 import socket
 from typing import Any
 
-from dataservice.broker.celery import CONTENT_TYPE, TASK_NAME
+from dataservice.broker.base import Request
 from dataservice.compat import kombu as kombu_compat
+from dataservice.limits.admission import (
+    CALLER_HEADER,
+    DEADLINE_HEADER,
+    OPERATION_HEADER,
+    OPS_HEADER,
+)
 
+# The task every request is (its body the SignedRequest), and its content type.
+TASK_NAME = "dataservice.handle"
+CONTENT_TYPE = "application/x-protobuf"
 # Celery's anonymous node name for a process that is not a worker.
 ORIGIN = f"gen{os.getpid()}@{socket.gethostname()}"
 
@@ -64,3 +75,21 @@ def task_message(
             "kwargsrepr": "{}",
         },
     )
+
+
+def request_headers(caller: str, deadline_ms: int, operation: str, ops: int) -> dict[str, Any]:
+    """The service's own headers of one message (admission reads them)."""
+    headers: dict[str, Any] = {DEADLINE_HEADER: deadline_ms}
+    if caller:
+        headers[CALLER_HEADER] = caller
+    if operation:
+        headers[OPERATION_HEADER] = operation
+    if ops > 1:
+        headers[OPS_HEADER] = ops
+    return headers
+
+
+def request_message(request: Request) -> dict[str, Any]:
+    """The kombu message of ``request``."""
+    headers = request_headers(request.caller, request.deadline_ms, request.operation, request.ops)
+    return task_message(request.body, request.request_id, request.queue, headers, request.reply_to)
