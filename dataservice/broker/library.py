@@ -127,6 +127,9 @@ async def install_async(client: AsyncRedis, config: Config) -> None:
 def _writes(config: Config) -> list[list[str]]:
     """The commands that write the configuration afresh."""
     writes = [["DEL", CONF_KEY, PACING_CONF_KEY]]
+    # Each lane's books say which entry they were kept under (admit.lua's
+    # `conf` field): cleared, the next publish reads the new one.
+    writes += [["HDEL", lane.stats_key, "conf"] for lane in lane_admission_bounds(config).values()]
     for key, fields in ((CONF_KEY, conf_fields(config)), (PACING_CONF_KEY, pacing_fields(config))):
         if fields:
             writes.append(["HSET", key, *(part for pair in fields.items() for part in pair)])

@@ -63,9 +63,30 @@ local OPERATIONS = {read = true, write = true, delete = true, list = true}
 local MESSAGE_OPERATIONS = {read = true, write = true, delete = true, list = true,
   batch = true, read_many = true}
 
--- Each lane entry of ds:conf seen, read into its fields once: the library's
--- state lasts from one call to the next (until it is loaded again).
-local LANES, LANES_SEEN = {}, 0
+-- Each lane's entry of ds:conf as last read, into its fields: the library's
+-- state lasts from one call to the next (until it is loaded again), and
+-- admit.lua checks it against the one the lane's books were kept under (the
+-- admission hash's `conf` field), so ds:conf is read only when they differ:
+-- after the workers wrote it again, in another database of this server, or
+-- for a lane's first request.
+local LANES = {}
+
+local function read_lane(lane_name)
+  local entry = redis.call('HGET', 'ds:conf', 'lane:' .. lane_name)
+  if not entry then
+    if redis.call('EXISTS', 'ds:conf') == 0 then
+      return nil, 'not configured: no worker has started on this Redis database'
+    end
+    return nil, 'unknown lane'
+  end
+  local lane = {entry = entry}
+  for field in string.gmatch(entry, '[^\t]+') do lane[#lane + 1] = field end
+  if #lane ~= #LANE_FIELDS then
+    return nil, 'ds:conf holds a lane of another version'
+  end
+  LANES[lane_name] = lane
+  return lane
+end
 
 local function fail(what)
   return redis.error_reply('ERR dataservice: ' .. what)
@@ -149,25 +170,12 @@ local function publish(keys, args)
   local size = #body / 4 * 3
   if string.sub(body, -2) == '==' then size = size - 2
   elseif string.sub(body, -1) == '=' then size = size - 1 end
-  local entry = redis.call('HGET', 'ds:conf', 'lane:' .. lane_name)
-  if not entry then
-    if redis.call('EXISTS', 'ds:conf') == 0 then
-      return fail('not configured: no worker has started on this Redis database')
-    end
-    return fail('unknown lane')
-  end
-  local lane = LANES[entry]
+  local lane, verified = LANES[lane_name], '0'
   if not lane then
-    lane = {}
-    for field in string.gmatch(entry, '[^\t]+') do lane[#lane + 1] = field end
-    if #lane ~= #LANE_FIELDS then
-      return fail('ds:conf holds a lane of another version')
-    end
-    LANES_SEEN = LANES_SEEN + 1
-    if LANES_SEEN > 64 then
-      LANES, LANES_SEEN = {}, 1
-    end
-    LANES[entry] = lane
+    local failed
+    lane, failed = read_lane(lane_name)
+    if not lane then return fail(failed) end
+    verified = '1'
   end
   if ops > tonumber(lane[9]) then
     return fail('ops is more than the lane takes in one message')
@@ -176,14 +184,13 @@ local function publish(keys, args)
   local t = redis.call('TIME')
   local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local stamp = t[1] .. string.format('%06d', tonumber(t[2]))
-  local admit_keys = {lane[1], lane[7], lane[8], EPOCH_KEY}
-  local interval, burst = 0, 0
+  local interval, burst, pace_key = 0, 0, nil
   if pacing >= 0 and caller ~= '' then
     local rate = redis.call('HGET', 'ds:conf:pacing', caller)
     if rate then
       local i, b = string.match(rate, '^(%d+)\t([%d.]+)')
       interval, burst = paced(tonumber(i), tonumber(b), ops)
-      admit_keys[5] = PACE_PREFIX .. caller
+      pace_key = PACE_PREFIX .. caller
     end
   end
   local service = ''
@@ -192,14 +199,25 @@ local function publish(keys, args)
     service = 'service:' .. operation
     mean = 'mean:' .. operation
   end
-  return admit(admit_keys, {
-    message(lane, request_id, caller, deadline, operation, ops, body, size,
-      request_id .. '.' .. stamp),
-    size, lane[2], lane[3], deadline - now_ms, lane[4], lane[5], service,
-    SERVICE_STALE_MS, lane[6], STANDING_AFTER_MS, 'e' .. stamp .. request_id, request_id,
-    interval, burst, ops, '', mean, admit_keys[5] and math.max(pacing, 0) or 0,
-    t[1], t[2],
-  })
+  local function admitted_to(lane, verified)
+    return admit({lane[1], lane[7], lane[8], EPOCH_KEY, pace_key}, {
+      message(lane, request_id, caller, deadline, operation, ops, body, size,
+        request_id .. '.' .. stamp),
+      size, lane[2], lane[3], deadline - now_ms, lane[4], lane[5], service,
+      SERVICE_STALE_MS, lane[6], STANDING_AFTER_MS, 'e' .. stamp .. request_id, request_id,
+      interval, burst, ops, '', mean, pace_key and math.max(pacing, 0) or 0,
+      t[1], t[2], lane.entry, verified,
+    })
+  end
+  local answer = admitted_to(lane, verified)
+  if answer[1] == 'conf' then
+    -- The lane's books were kept under another entry: read ds:conf again.
+    local failed
+    lane, failed = read_lane(lane_name)
+    if not lane then return fail(failed) end
+    answer = admitted_to(lane, '1')
+  end
+  return answer
 end
 
 redis.register_function('ds_publish_v2', publish)

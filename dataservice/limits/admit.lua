@@ -100,6 +100,13 @@
 --
 -- ARGV[20], ARGV[21] optional: the server's time (TIME's seconds and microseconds)
 --          as the caller read it in the same step (broker/publish.lua); else read here
+-- ARGV[22] optional: the lane's entry in ds:conf the caller took KEYS[1..3] and the
+--          bounds from (broker/publish.lua, which keeps it between calls). Unless
+--          the admission hash's `conf` field holds the same, nothing is done and
+--          {'conf'} is returned: the caller reads ds:conf and calls again with
+-- ARGV[23] '1': the entry was read from ds:conf in the same step; it is recorded
+--          in the hash's `conf` field (dataservice/broker/library.py clears that
+--          field when it writes ds:conf, so a change is seen)
 -- Returns {'', epoch, leased} when the message was pushed (ARGV[17]: {'', '', leased},
 -- admitted) (the epoch it was pushed in, which its caller keeps to tell a lost
 -- request from a slow one; the requests' worth the pacing took beyond this
@@ -126,7 +133,14 @@ local service_field = ARGV[8] ~= '' and ARGV[8] or 'service:'
 local mean_field = (ARGV[18] or '') ~= '' and ARGV[18] or 'mean:'
 local h = redis.call('HMGET', KEYS[2], 'bytes', 'done', 'rate', 'rate_at', 'done_at',
   'service_at', service_field, 'empty_at', 'shedding', 'busy_at', 'arrivals', 'arrivals_at',
-  'extra_ops', mean_field, 'offered', 'admitted', 'epoch', 'kept_at', 'lapse_at', 'held')
+  'extra_ops', mean_field, 'offered', 'admitted', 'epoch', 'kept_at', 'lapse_at', 'held', 'conf')
+-- The lane's configuration the caller took the keys and bounds from (ARGV[22]):
+-- unless it is the one these books were kept under, or the caller has just read
+-- it from ds:conf (ARGV[23]), nothing is done and the caller reads it again.
+if ARGV[22] and h[21] ~= ARGV[22] then
+  if ARGV[23] ~= '1' then return {'conf'} end
+  put('conf', ARGV[22])
+end
 -- Workers only subtract; a negative balance (a completion counted twice after
 -- a redelivery) must not become room beyond the bound.
 local bytes = math.max(tonumber(h[1]) or 0, 0)

@@ -188,3 +188,51 @@ def test_the_library_reads_the_keys_and_figures_the_service_names() -> None:
     assert f"local STANDING_AFTER_MS = {STANDING_AFTER_MS}\n" in library.TEXT
     assert library.TEXT.startswith(f"#!lua name={library.LIBRARY_NAME}\n")
     assert f"register_function('{library.PUBLISH}'" in library.TEXT
+
+
+def _with_interactive(config: Config, **changes: Any) -> Config:
+    lane = config.lanes.interactive
+    admission = {k: v for k, v in changes.items() if k in type(lane.admission).model_fields}
+    own = {k: v for k, v in changes.items() if k not in admission}
+    interactive = lane.model_copy(
+        update={**own, "admission": lane.admission.model_copy(update=admission)}
+    )
+    lanes = config.lanes.model_copy(update={"interactive": interactive})
+    return config.model_copy(update={"lanes": lanes})
+
+
+def test_a_configuration_written_again_holds_from_the_next_publish(
+    unserved: redis.Redis, config: Config
+) -> None:
+    """The library keeps each lane's entry between calls; written again, the
+    new one holds at once."""
+    assert _publish(unserved, "interactive", "one", "tests", _deadline(), "read", 1, b"x")[0] == b""
+    library.install(unserved, _with_interactive(config, max_messages=1))
+    refused = _publish(unserved, "interactive", "two", "tests", _deadline(), "read", 1, b"x")
+    assert refused[0] == b"queue_full"
+    library.install(unserved, config)
+    assert (
+        _publish(unserved, "interactive", "three", "tests", _deadline(), "read", 1, b"y")[0] == b""
+    )
+
+
+def test_each_database_of_a_server_publishes_by_its_own_configuration(
+    unserved: redis.Redis, config: Config
+) -> None:
+    other_url = UNSERVED_REDIS_URL.rsplit("/", 1)[0] + "/13"
+    other = redis.Redis.from_url(other_url)
+    renamed = _with_interactive(config, queue="interactive-elsewhere")
+    try:
+        other.flushdb()
+        library.install(other, renamed)
+        for n in range(3):
+            for client in (unserved, other):
+                answer = _publish(client, "interactive", f"r{n}", "tests", _deadline(), "read", 1,
+                                  b"x")  # fmt: skip
+                assert answer[0] == b""
+        assert unserved.llen(config.lanes.interactive.queue) == 3
+        assert other.llen("interactive-elsewhere") == 3
+        assert not other.exists(config.lanes.interactive.queue)
+    finally:
+        other.flushdb()
+        other.close()
