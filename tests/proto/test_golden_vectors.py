@@ -110,7 +110,7 @@ def unserved(config: Config) -> Iterator[redis.Redis]:
 def test_each_requests_publish_arguments_are_queued_as_its_signed_request(
     unserved: redis.Redis, config: Config
 ) -> None:
-    # The vectors' deadlines are fixed; until they pass, each request has time left.
+    # The vectors' deadlines are fixed, in 2096: each request has time left.
     assert time.time() * 1000 < min(int(v["publish_args"][3]) for v in REQUESTS.values())
     for vector in REQUESTS.values():
         answer = unserved.execute_command("FCALL", library.PUBLISH, 0, *vector["publish_args"])

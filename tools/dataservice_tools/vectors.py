@@ -42,12 +42,14 @@ PATH = Path(dataservice.__file__).parent / "proto" / "access" / "v2" / "vectors.
 SHIPPED_CONFIG = Path(dataservice.__file__).parent.parent / "queues.yml"
 CALLER = "vectors"
 KEY = CallerKey(CALLER, "vectors-1", Secret(bytes(range(32))))
-ISSUED_AT_MS = 1_800_000_000_000
+# In 2096: a test still publishes these requests, and admission refuses one
+# whose deadline has passed by Redis's clock.
+ISSUED_AT_MS = 4_000_000_000_000
 DEADLINE_MS = ISSUED_AT_MS + 2_000
 BATCH_DEADLINE_MS = ISSUED_AT_MS + 300_000
-UPDATED_AT_MS = 1_799_999_000_123
+UPDATED_AT_MS = 3_999_999_000_123
 # The broker's epoch in a publish's answer: any token the caller keeps as it is.
-EPOCH = "e1800000000000000" + f"{1:032x}"
+EPOCH = "e4000000000000000" + f"{1:032x}"
 
 
 def _request_id(n: int) -> str:
