@@ -23,6 +23,7 @@ from dataservice_tools.testkit.waits import eventually
 from sqlalchemy import Engine
 
 from dataservice import Client, DeadlineExceeded, ReadMode, RetryableError, Unavailable
+from dataservice.broker.library import PUBLISH
 from dataservice.config.model import Config
 from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
@@ -130,15 +131,17 @@ def test_retries_are_bounded_jittered_and_stop_at_the_deadline(
             watch.close()
         markers = sorted(broker.scan_iter(f"{REPLAY_PREFIX}tests:*"))
         assert len(markers) == 4, "one message per attempt, and no more than configured"
-        # When each attempt was published (the admission script pushing it).
-        queue = config.lanes.interactive.queue.encode()
-        # The admission script's runs (by digest, or by text where the
-        # server did not hold it yet) that name the lane's queue.
+        # When each attempt was published: on Redis the publish interface's
+        # calls on the interactive lane; on RabbitMQ the admission script's
+        # runs (by digest, or by text where the server did not hold it yet)
+        # that name the lane's queue.
+        publish = f"FCALL {PUBLISH} 0 {LaneName.INTERACTIVE.value} ".encode()
         admit = (f"EVALSHA {ADMIT.sha} ".encode(), f"EVAL {ADMIT.text[:40]}".encode())
+        queue = f" {config.lanes.interactive.queue} ".encode()
         published = [
             at
             for at, command in zip(watch.times, watch.commands, strict=True)
-            if command.startswith(admit) and f" {queue.decode()} ".encode() in command
+            if command.startswith(publish) or (command.startswith(admit) and queue in command)
         ]
         assert len(published) == 4, published
         gaps = [b - a for a, b in itertools.pairwise(published)]

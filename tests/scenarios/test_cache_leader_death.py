@@ -1,14 +1,14 @@
 """Acceptance: a coalescing leader SIGKILLed while it holds the lock costs its
 followers one takeover and the database one more read, never their answers.
 
-Three interactive worker replicas share one broker, cache Redis and database.
-Replica A has a configuration of its own: its lane consumes a queue nobody
-else does (so the test decides which replica leads), and each of its database
-operations first sleeps ``LEADER_DELAY_MS`` (``database.injected_delay_ms``),
-so it is still reading, holding the lock, when it is killed. B and C read at
-full speed.
+Three interactive worker replicas share one cache Redis and database. Replica
+A takes its requests from a broker of its own, which nobody else consumes (so
+the test decides which replica leads), and each of its database operations
+first sleeps ``LEADER_DELAY_MS`` (``database.injected_delay_ms``), so it is
+still reading, holding the lock, when it is killed. B and C share the other
+broker and read at full speed.
 
-The leader's read goes to A's queue; once the lock (``ds:lock:<scope>:<id>``)
+The leader's read goes to A's broker; once the lock (``ds:lock:<scope>:<id>``)
 exists and B and C both wait for it, A gets SIGKILL. Its lease then lapses
 (``cache.lock_lease_ms``), one follower takes the lock over, reads and fills,
 and every follower gets the record within its deadline, which is longer than
@@ -18,6 +18,7 @@ the lease. The database counts the reads itself
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import threading
 import uuid
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from dataservice_tools.localservices import PrivateRedis
 from dataservice_tools.testkit.bursts import Outcome, burst
 from dataservice_tools.testkit.counting_database import CountingDatabase
 from dataservice_tools.testkit.replicas import Replicas, replicas, until_each_answers
@@ -38,7 +40,6 @@ from dataservice.redis.keys import lock_key, lockwait_key
 from tests.harness.support import scraped, with_changes, with_retry
 
 LEADER_DELAY_MS = 3000
-LEADER_QUEUE = "interactive-leader"
 FOLLOWERS = 20
 # Longer than the lease (1000 ms) plus a takeover's read, with room to spare.
 FOLLOWER_TIMEOUT_S = 5.0
@@ -51,16 +52,22 @@ WARM = "warm"
 def fleet(
     replica_settings: Settings, config: Config, tmp_path: Path
 ) -> Iterator[tuple[Settings, Replicas]]:
+    """Three replicas on one cache; A, the leader-to-be, takes its requests
+    from a broker of its own (a private Redis), so that only it serves the
+    leader's read."""
     leader = with_changes(
         replica_settings,
         tmp_path / "leader.yml",
-        {
-            ("database", "injected_delay_ms"): LEADER_DELAY_MS,
-            ("lanes", "interactive", "queue"): LEADER_QUEUE,
-        },
+        {("database", "injected_delay_ms"): LEADER_DELAY_MS},
     )
-    with replicas(replica_settings, config, tmp_path, 3, settings_of={0: leader}) as started:
-        yield leader, started
+    broker = PrivateRedis(tmp_path / "leader-broker")
+    broker.start()
+    try:
+        leader = dataclasses.replace(leader, broker_url=broker.url)
+        with replicas(replica_settings, config, tmp_path, 3, settings_of={0: leader}) as started:
+            yield leader, started
+    finally:
+        broker.signal(signal.SIGKILL)
 
 
 @pytest.mark.slow
@@ -85,7 +92,7 @@ def test_followers_of_a_killed_leader_get_the_record_through_exactly_one_takeove
     takeovers_before = _takeovers(follower_ports)
     cache = redis.Redis.from_url(replica_settings.redis_url)
 
-    # The leader's read: only A consumes its queue. Nobody answers it (A dies).
+    # The leader's read: only A consumes its broker. Nobody answers it (A dies).
     led: list[Outcome] = []
     leader_read = threading.Thread(
         target=lambda: led.extend(

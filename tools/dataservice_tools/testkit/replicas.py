@@ -47,11 +47,20 @@ class Replicas:
             self.workers.append(
                 WorkerProcess.for_lane(settings, LaneName.INTERACTIVE, log, *extra).start()
             )
-        control = _control_app(self.settings, self.config)
-        try:
-            return wait_answering(control, self.workers, timeout_s)
-        finally:
-            control.close()
+        # Each replica answers on its own broker: those with settings of their
+        # own may have another.
+        started = time.monotonic()
+        by_broker: dict[str, tuple[Settings, list[WorkerProcess]]] = {}
+        for n, worker in enumerate(self.workers):
+            settings = self.settings_of.get(n, self.settings)
+            by_broker.setdefault(settings.broker_url, (settings, []))[1].append(worker)
+        for settings, workers in by_broker.values():
+            control = _control_app(settings, self.config)
+            try:
+                wait_answering(control, workers, timeout_s)
+            finally:
+                control.close()
+        return time.monotonic() - started
 
     def pids(self) -> list[int]:
         return [w.pid for w in self.workers]
