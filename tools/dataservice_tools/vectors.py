@@ -22,12 +22,12 @@ import argparse
 import base64
 import json
 import sys
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format
 
-import dataservice
 from dataservice.broker import library
 from dataservice.codec.envelopes import batch_envelope, batch_operation, request_envelope
 from dataservice.config.model import Limits, load_config
@@ -37,9 +37,7 @@ from dataservice.security.auth import sign
 from dataservice.security.callers import CallerKey, Secret
 from dataservice.types import DeleteOp, ListOp, Operation, ReadManyOp, ReadOp, WriteOp
 
-PATH = Path(dataservice.__file__).parent / "proto" / "access" / "v2" / "vectors.json"
-# The requests are checked against the shipped configuration's limits.
-SHIPPED_CONFIG = Path(dataservice.__file__).parent.parent / "queues.yml"
+PATH = Path(str(resources.files("dataservice"))) / "proto" / "access" / "v2" / "vectors.json"
 CALLER = "vectors"
 KEY = CallerKey(CALLER, "vectors-1", Secret(bytes(range(32))))
 # In 2096: a test still publishes these requests, and admission refuses one
@@ -252,8 +250,14 @@ def main() -> int:
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--write", action="store_true")
     action.add_argument("--check", action="store_true")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=Path("queues.yml"),
+        help="whose limits the requests are checked against (the repository's)",
+    )
     options = parser.parse_args()
-    made = text(load_config(SHIPPED_CONFIG).limits)
+    made = text(load_config(options.config).limits)
     if options.write:
         PATH.write_text(made, encoding="utf-8")
         print(f"wrote {PATH}")
