@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import redis
-from dataservice_tools.localservices import redis_reachable
 
 from dataservice.broker import library
 from dataservice.broker.base import Request
@@ -33,7 +32,7 @@ from dataservice.redis.keys import (
     held_key,
 )
 from tests.client.test_task_message import _strip
-from tests.conftest import require
+from tests.harness.support import with_publish_interface
 
 # No worker serves this database.
 UNSERVED_REDIS_URL = "redis://127.0.0.1:6379/12"
@@ -41,15 +40,8 @@ UNSERVED_REDIS_URL = "redis://127.0.0.1:6379/12"
 
 @pytest.fixture
 def unserved(config: Config) -> Iterator[redis.Redis]:
-    require(redis_reachable(UNSERVED_REDIS_URL), "Redis at 127.0.0.1:6379")
-    client = redis.Redis.from_url(UNSERVED_REDIS_URL)
-    client.flushdb()
-    library.install(client, config)
-    try:
+    with with_publish_interface(UNSERVED_REDIS_URL, config) as client:
         yield client
-    finally:
-        client.flushdb()
-        client.close()
 
 
 def _publish(client: redis.Redis, *args: Any) -> Any:

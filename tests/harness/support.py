@@ -501,3 +501,24 @@ class StallingProxy:
                 sink.sendall(data)
         with contextlib.suppress(OSError):
             sink.shutdown(socket.SHUT_WR)
+
+
+@contextmanager
+def with_publish_interface(url: str, config: Config) -> Iterator[redis.Redis]:
+    """A client of the Redis database at ``url``, emptied, with the publish
+    interface and ``config``'s lanes installed as a worker installs them;
+    emptied again on exit."""
+    from dataservice_tools.localservices import redis_reachable
+
+    from dataservice.broker import library
+    from tests.conftest import require
+
+    require(redis_reachable(url), "Redis at 127.0.0.1:6379")
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    library.install(client, config)
+    try:
+        yield client
+    finally:
+        client.flushdb()
+        client.close()

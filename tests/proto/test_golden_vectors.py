@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 import redis
 from dataservice_tools import vectors
-from dataservice_tools.localservices import redis_reachable
 from google.protobuf import json_format
 
 from dataservice.broker import library
@@ -27,7 +26,7 @@ from dataservice.enums import LaneName
 from dataservice.errors import RequestError, RetryableError
 from dataservice.proto import pb
 from dataservice.types import DeleteResult, Page, ReadMany, Record, WriteResult
-from tests.conftest import require
+from tests.harness.support import with_publish_interface
 
 # No worker serves this database (tests/broker/test_library.py uses it alike).
 UNSERVED_REDIS_URL = "redis://127.0.0.1:6379/12"
@@ -96,15 +95,8 @@ def _read(body: bytes, request_id: str, status: pb.Status) -> None:
 
 @pytest.fixture
 def unserved(config: Config) -> Iterator[redis.Redis]:
-    require(redis_reachable(UNSERVED_REDIS_URL), "Redis at 127.0.0.1:6379")
-    client = redis.Redis.from_url(UNSERVED_REDIS_URL)
-    client.flushdb()
-    library.install(client, config)
-    try:
+    with with_publish_interface(UNSERVED_REDIS_URL, config) as client:
         yield client
-    finally:
-        client.flushdb()
-        client.close()
 
 
 def test_each_requests_publish_arguments_are_queued_as_its_signed_request(
