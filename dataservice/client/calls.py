@@ -175,6 +175,12 @@ class Calls(BaseClient, Generic[H]):
         settings = Settings.from_env(environ)
         return cls(caller, settings, settings.load())  # type: ignore[call-arg]
 
+    @property
+    def reply_channel(self) -> str:
+        """The reply channel every answer to this client comes on
+        (``ds:reply:<caller>:<channel>``, docs/protocol.md, "Reply channels")."""
+        return str(self._transport.replies.channel)
+
     def _bind(self, plan: Callable[..., Plan[Any]]) -> Callable[..., Any]:
         raise NotImplementedError
 
