@@ -16,7 +16,7 @@ WITH_SERVICES_ENV := set -a; for f in $(SERVICES_ENV) $(FLOWER_ENV); do if [ -f 
 
 .PHONY: run demo test test-fast lint services cells stop-services proto clean
 
-$(STAMP): pyproject.toml tools/pyproject.toml scripts/bootstrap.sh
+$(STAMP): pyproject.toml tools/pyproject.toml scripts/bootstrap.sh examples/node/package-lock.json
 	scripts/bootstrap.sh
 	touch $@
 

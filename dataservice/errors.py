@@ -20,6 +20,7 @@
     │           └── RequestLost     the broker's Redis restarted empty after admitting it
     ├── ServiceSetupError           a local dependency could not be started or reached
     │   └── BinlogSetupError        the database cannot feed the change stream (names each setting)
+    ├── CallerInterfaceError        a caller program broke the conformance interface (tools)
     ├── CacheDetour                 internal: a read takes another way than the cache planned
     │   ├── CacheDown               the breaker is open or a cache command failed
     │   ├── FollowerTimedOut        a coalesced read's own deadline came before the leader's

@@ -2,10 +2,11 @@
 # Installs what dataservice needs on a fresh Debian machine: the system packages
 # that are missing (Redis, MariaDB, RabbitMQ, the MariaDB client headers,
 # Chromium for the Flower browser test, driven by Playwright from the dev group,
-# and iproute2 for the partition faults), a virtualenv
+# iproute2 for the partition faults, Node.js and npm for the Node caller), a virtualenv
 # in .venv, the service with its examples extra and its dev and bench
 # dependency groups, and beside it the tooling package (tools/: the load
-# harness, the demo, the private-service starter) with its chart extra.
+# harness, the demo, the private-service starter) with its chart extra, and
+# the Node caller's packages, as its lockfile pins them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +21,9 @@ python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 # The partition faults' network namespace and veth pairs.
 command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || missing+=(iproute2)
+# The Node caller in examples/node, which the conformance tests run.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 
 if ((${#missing[@]})); then
   echo "installing system packages: ${missing[*]}"
@@ -43,3 +47,6 @@ else
   .venv/bin/python -m pip install -q --upgrade "pip>=25.1"
   .venv/bin/python -m pip install -q -e '.[examples]' -e './tools[chart]' --group dev --group bench
 fi
+
+# Exactly the lockfile's versions (npm ci), without the registry's notices.
+(cd examples/node && npm ci --no-audit --no-fund --loglevel=error)

@@ -9,8 +9,11 @@ import base64
 import hashlib
 import hmac
 import json
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +29,7 @@ from dataservice.enums import LaneName
 from dataservice.errors import RequestError, RetryableError
 from dataservice.proto import pb
 from dataservice.types import DeleteResult, Page, ReadMany, Record, WriteResult
+from tests.conftest import require
 from tests.harness.support import with_publish_interface
 
 # No worker serves this database (tests/broker/test_library.py uses it alike).
@@ -113,3 +117,21 @@ def test_each_requests_publish_arguments_are_queued_as_its_signed_request(
         entry = json.loads(raw)
         assert entry["body"] == vector["publish_args"][-1]
         assert entry["headers"]["id"] == vector["publish_args"][1]
+
+
+def test_the_node_caller_makes_and_reads_what_the_vectors_say() -> None:
+    """Another implementation checks itself against the same file: the Node
+    caller in examples/node (its ``npm test``)."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "node"
+    node = shutil.which("node")
+    require(node is not None, "Node.js (scripts/bootstrap.sh installs it)")
+    require((example / "node_modules").is_dir(), "examples/node's packages (npm ci)")
+    done = subprocess.run(
+        [str(node), "--test", "test/vectors.test.js"],
+        cwd=example,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

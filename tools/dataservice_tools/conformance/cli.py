@@ -13,7 +13,7 @@ from dataservice.config.settings import Settings
 from dataservice.errors import DataServiceError
 from dataservice_tools.conformance.cases import CASES, Case, Run
 from dataservice_tools.conformance.fleet import Fleet
-from dataservice_tools.conformance.interface import InterfaceError
+from dataservice_tools.conformance.interface import CallerInterfaceError
 from dataservice_tools.conformance.program import CallerProgram
 from dataservice_tools.localservices.rabbitmq import LOCAL_AMQP
 
@@ -53,7 +53,7 @@ def run_conformance(
             for case in cases:
                 try:
                     problems = case.run(run)
-                except InterfaceError as exc:
+                except CallerInterfaceError as exc:
                     problems = [str(exc)]
                 if problems:
                     failed += 1
@@ -61,7 +61,7 @@ def run_conformance(
                 else:
                     passed += 1
                     say(f"pass {case.name}")
-        except InterfaceError as exc:
+        except CallerInterfaceError as exc:
             say(f"FAIL the caller: {exc}")
             failed += len(cases) - passed - failed
         finally:

@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from dataservice.errors import DataServiceError
+
 VERSION = 1
 # The answer a caller gives when it sent nothing that was answered in time,
 # and the status of a failure of the caller itself.
@@ -15,8 +17,9 @@ NO_ANSWER = "DEADLINE_EXCEEDED"
 CALLER_ERROR = "ERROR"
 
 
-class InterfaceError(Exception):
-    """A line that breaks the interface: the caller program is at fault."""
+class CallerInterfaceError(DataServiceError):
+    """The caller program under test broke the interface: a line it should
+    not write, one it did not write in time, or its exit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +57,7 @@ class Hello:
     @classmethod
     def parse(cls, line: dict[str, Any]) -> Hello:
         if line.get("type") != "hello" or line.get("version") != VERSION:
-            raise InterfaceError(f"expected a hello of version {VERSION}, got {line!r}")
+            raise CallerInterfaceError(f"expected a hello of version {VERSION}, got {line!r}")
         return cls(
             line["broker"],
             line["broker_url"],
@@ -80,7 +83,7 @@ class Outcome:
     @classmethod
     def parse(cls, line: dict[str, Any]) -> Outcome:
         if line.get("type") != "result" or not isinstance(line.get("status"), str):
-            raise InterfaceError(f"expected a result, got {line!r}")
+            raise CallerInterfaceError(f"expected a result, got {line!r}")
         return cls(
             status=line["status"],
             reason=line.get("reason") or "",
@@ -133,7 +136,7 @@ def loads(text: str) -> dict[str, Any]:
     try:
         line = json.loads(text)
     except ValueError as exc:
-        raise InterfaceError(f"not a JSON line: {text[:200]!r} ({exc})") from None
+        raise CallerInterfaceError(f"not a JSON line: {text[:200]!r} ({exc})") from None
     if not isinstance(line, dict):
-        raise InterfaceError(f"not a JSON object: {text[:200]!r}")
+        raise CallerInterfaceError(f"not a JSON object: {text[:200]!r}")
     return line

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from dataservice_tools.conformance.interface import (
+    CallerInterfaceError,
     Hello,
-    InterfaceError,
     Outcome,
     dumps,
     loads,
@@ -34,7 +34,7 @@ class CallerProgram:
     def __init__(self, command: str, env: dict[str, str] | None = None) -> None:
         self.argv = shlex.split(command)
         if not self.argv:
-            raise InterfaceError("the caller command is empty")
+            raise CallerInterfaceError("the caller command is empty")
         try:
             self._process = subprocess.Popen(
                 self.argv,
@@ -46,7 +46,7 @@ class CallerProgram:
                 bufsize=1,
             )
         except OSError as exc:
-            raise InterfaceError(f"cannot start {self.argv[0]!r}: {exc}") from None
+            raise CallerInterfaceError(f"cannot start {self.argv[0]!r}: {exc}") from None
         self._ids = itertools.count(1)
         self._lines: dict[str, dict[str, Any]] = {}
         self._ready: dict[str, Any] | None = None
@@ -69,9 +69,11 @@ class CallerProgram:
                     elif line.get("type") == "result":
                         self._lines[str(line.get("id"))] = line
                     else:
-                        raise InterfaceError(f"unexpected line from the caller: {text[:200]!r}")
+                        raise CallerInterfaceError(
+                            f"unexpected line from the caller: {text[:200]!r}"
+                        )
                     self._arrived.notify_all()
-        except InterfaceError as exc:
+        except CallerInterfaceError as exc:
             self._broken = str(exc)
         with self._arrived:
             self._broken = self._broken or "the caller closed its standard output"
@@ -80,12 +82,12 @@ class CallerProgram:
     def _send(self, line: dict[str, Any]) -> None:
         stdin = self._process.stdin
         if stdin is None:
-            raise InterfaceError("the caller's standard input is closed")
+            raise CallerInterfaceError("the caller's standard input is closed")
         try:
             stdin.write(dumps(line) + "\n")
             stdin.flush()
         except (BrokenPipeError, ValueError):
-            raise InterfaceError(self._exited("stopped reading its standard input")) from None
+            raise CallerInterfaceError(self._exited("stopped reading its standard input")) from None
 
     def _exited(self, what: str) -> str:
         code = self._process.poll()
@@ -98,10 +100,12 @@ class CallerProgram:
         with self._arrived:
             while self._ready is None:
                 if self._broken:
-                    raise InterfaceError(self._exited(f"did not say ready: {self._broken}"))
+                    raise CallerInterfaceError(self._exited(f"did not say ready: {self._broken}"))
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise InterfaceError(f"the caller did not say ready within {timeout_s:.0f} s")
+                    raise CallerInterfaceError(
+                        f"the caller did not say ready within {timeout_s:.0f} s"
+                    )
                 self._arrived.wait(left)
             self.name = str(self._ready.get("name") or self.name)
 
@@ -116,11 +120,11 @@ class CallerProgram:
         with self._arrived:
             while not all(call_id in self._lines for call_id in ids):
                 if self._broken:
-                    raise InterfaceError(self._exited(f"stopped answering: {self._broken}"))
+                    raise CallerInterfaceError(self._exited(f"stopped answering: {self._broken}"))
                 left = deadline - time.monotonic()
                 if left <= 0:
                     missing = [i for i in ids if i not in self._lines]
-                    raise InterfaceError(
+                    raise CallerInterfaceError(
                         f"no result for call(s) {', '.join(missing)} within their deadline "
                         f"plus {RESULT_SLACK_S:.0f} s"
                     )
