@@ -213,6 +213,11 @@ class StrategyConsumer:
         """Call the ``ack`` a handler received; a failure is logged on ``logger``."""
         ack(logger, self.connection_errors)
 
+    def reject(self, reject: Any, logger: logging.Logger) -> None:
+        """Call the ``reject`` a handler received: the message is dropped, not
+        queued again; a failure is logged on ``logger``."""
+        reject(logger, self.connection_errors, requeue=False)
+
     def in_pool(self, run: Callable[[], None]) -> None:
         """Run ``run`` on a thread (or process) of the worker's pool."""
         self._consumer.pool.apply_async(run, callback=_ignore)

@@ -43,6 +43,12 @@ What the default strategy does that this path keeps, or does not:
   threads pool has none either) and result storage. A message answered on
   the consumer thread is never listed: nothing else runs there meanwhile,
   ``inspect`` included.
+- Drops, before anything else: a message in a content type the worker does
+  not accept. kombu takes a message without one for raw bytes, which it
+  never checks against the accepted types, and Celery's default strategy
+  fails on such a body (a ``TypeError`` that stops the worker, and the
+  message, unacknowledged, stops the next one). It is rejected without
+  being queued again, and logged without its body.
 - Falls back to the default strategy for: batch messages (``ds_ops``);
   protocol 1 messages; an ``eta``, ``countdown`` or ``expires``; a revoked id
   or stamp; a task rate limit (checked per message); a result Celery would
@@ -199,10 +205,13 @@ class _InlineStrategy:
         self._handler = handler
         self._default = default
         self._results_stored = celery_compat.stores_results(app)
+        self._accepted = frozenset(app.conf.accept_content)
 
     def __call__(
         self, message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kwargs: Any
     ) -> Any:
+        if message.content_type not in self._accepted:
+            return self._dropped(message, reject)
         inline = None if callbacks or body is not None else self._eligible(message)
         if inline is None:
             return self._passed_on(message, body, ack, reject, callbacks, **kwargs)
@@ -252,6 +261,16 @@ class _InlineStrategy:
             self._consumer.soon(self._settle, message, ack, started, outcome, listed)
 
         self._consumer.in_pool(run)
+
+    def _dropped(self, message: Any, reject: Any) -> None:
+        """Reject a message no path here may read; it is not queued again."""
+        log.warning(
+            "dropped task message %s: content type %r is not accepted",
+            message.headers.get("id"),
+            message.content_type,
+        )
+        kombu_compat.write_deferred(message)
+        self._consumer.reject(reject, log)
 
     def _passed_on(self, message: Any, *args: Any, **kwargs: Any) -> Any:
         """The default strategy's, after the record of the message's delivery,

@@ -9,12 +9,15 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import amqp
 import pytest
 import redis
 from dataservice_tools.localservices import free_port
+from kombu import Connection
 from sqlalchemy import Engine
 
 from dataservice import ReadOp, Record, ResourceExhausted, WriteOp
+from dataservice.broker.celery import TASK_NAME
 from dataservice.broker.results import ResultStore
 from dataservice.codec import decode_response
 from dataservice.config.model import Config
@@ -184,3 +187,54 @@ def test_liveness_asks_rabbitmq_itself(amqp_settings: Settings) -> None:
     (dead,) = liveness(gone, [], max_age_s=60, timeout_s=2)
     assert not dead.ok
     assert "ConnectionRefusedError" in dead.detail
+
+
+@pytest.mark.parametrize(
+    ("content_type", "content_encoding"),
+    [
+        (None, None),
+        (None, "binary"),
+        ("application/data", "binary"),
+        ("text/plain", "binary"),
+        ("application/x-python-serialize", "binary"),
+    ],
+)
+def test_a_task_message_in_no_accepted_content_type_is_dropped_and_the_worker_serves_on(
+    amqp_workers: Supervisor,
+    amqp_settings: Settings,
+    config: Config,
+    scope: str,
+    content_type: str | None,
+    content_encoding: str | None,
+) -> None:
+    """Any AMQP publisher can send a task message whose content type the
+    workers do not accept, or none at all (kombu takes that for raw bytes):
+    it is dropped, not delivered again, and the worker that took it serves
+    the next request."""
+    queue = config.lanes.interactive.queue
+    given = {"content_type": content_type, "content_encoding": content_encoding}
+    properties = {name: value for name, value in given.items() if value is not None}
+    # A request the workers would serve, but for its content type.
+    message = pb.RequestEnvelope(
+        caller="tests",
+        request_id=uuid.uuid4().hex,
+        deadline_unix_ms=now_ms() + 5000,
+        issued_at_unix_ms=now_ms(),
+        read=pb.ReadRecordRequest(scope=scope, object_id="x", mode=pb.READ_MODE_PRIMARY),
+    )
+    body = signed(message, caller_key(amqp_settings, "tests"))
+    with Connection(amqp_settings.broker_url) as connection:
+        connection.default_channel.basic_publish(
+            amqp.Message(
+                body,
+                application_headers={"task": TASK_NAME, "id": message.request_id},
+                **properties,
+            ),
+            exchange=queue,
+            routing_key=queue,
+        )
+    with make_client("sync", "tests", amqp_settings, config) as client:
+        client.write(scope, "after", b"served", timeout=5)
+        assert client.read(scope, "after", timeout=5).payload == b"served"
+    assert depth(amqp_settings, queue) == 0
+    assert all(pool.worker is not None and pool.worker.running for pool in amqp_workers.pools)

@@ -621,6 +621,13 @@ def test_the_default_strategys_handler_takes_what_the_fast_path_passes_on(consum
         "logger",
         "errors",
     ]
+    # The fast path drops a message no one may read with the ``reject`` it is passed.
+    assert list(inspect.signature(Message.reject_log_error).parameters)[:4] == [
+        "self",
+        "logger",
+        "errors",
+        "requeue",
+    ]
 
 
 def test_what_a_strategy_uses_of_the_consumer(consumer: Any) -> None:
