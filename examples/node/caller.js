@@ -13,6 +13,15 @@ const READ_MODES = { allow_cached: 'READ_MODE_ALLOW_CACHED', primary: 'READ_MODE
 const send = (message) => process.stdout.write(`${JSON.stringify(message)}\n`);
 const log = (...args) => console.error('[node-caller]', ...args);
 
+// The service's own lane deadlines, which the hello carries.
+function lanesOf(hello) {
+  const lanes = {};
+  for (const [name, lane] of Object.entries(hello.lanes)) {
+    lanes[name] = { defaultMs: lane.default_deadline_ms, longestMs: lane.max_deadline_ms };
+  }
+  return lanes;
+}
+
 async function connect(hello) {
   const results = new Redis(hello.results_url, { lazyConnect: true });
   results.on('error', (err) => log('results Redis:', err.message));
@@ -21,7 +30,7 @@ async function connect(hello) {
     const broker = hello.broker === 'rabbitmq'
       ? await AmqpBroker.connect(hello.broker_url, hello.lanes)
       : new RedisBroker(results);
-    return { results, broker, client: new Client({ broker, results }) };
+    return { results, broker, client: new Client({ broker, results, lanes: lanesOf(hello) }) };
   } catch (err) {
     results.disconnect(); // ioredis would otherwise keep reconnecting, and keep us alive
     throw err;

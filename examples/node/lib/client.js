@@ -5,8 +5,9 @@ const { newRequestId, prepare } = require('./envelope');
 const { decodeResponse, ResponseEnvelope } = require('./proto');
 const { ResultWaiter, ReplyReader } = require('./answers');
 
-// The defaults of queues.yml: a deadline further than `longestMs` after issue is refused.
-const LANES = {
+// Each lane's default and longest deadline: a deadline further than `longestMs` after issue is
+// refused. These are queues.yml's defaults; a deployment's own come with its configuration.
+const DEFAULT_LANES = {
   interactive: { defaultMs: 2000, longestMs: 30000 },
   batch: { defaultMs: 300000, longestMs: 3600000 },
 };
@@ -28,8 +29,9 @@ function requestIdOf(bytes) {
 
 class Client {
   // broker: a RedisBroker or AmqpBroker; results: an ioredis connection to the result store.
-  constructor({ broker, results }) {
+  constructor({ broker, results, lanes = DEFAULT_LANES }) {
     this.broker = broker;
+    this.lanes = lanes;
     this.results = new ResultWaiter(results);
     this.replies = new ReplyReader(results, requestIdOf);
   }
@@ -41,7 +43,7 @@ class Client {
   // replay }: response is the decoded ResponseEnvelope (null without one), envelope the last
   // one sent, replay the outcome of the copy sent again when tamper is 'replay'.
   async call(request) {
-    const lane = LANES[request.lane];
+    const lane = this.lanes[request.lane];
     if (!lane) throw new Error(`unknown lane ${request.lane}`);
     const timeoutMs = Math.min(request.timeoutMs ?? lane.defaultMs, lane.longestMs);
     const deadlineMs = Date.now() + timeoutMs;
@@ -133,4 +135,4 @@ function answerless(status, reason, retryAfterMs) {
   return { status, reason: reason ?? '', retryAfterMs: retryAfterMs ?? 0, replyChannel: '', response: null };
 }
 
-module.exports = { Client, LANES, statusName };
+module.exports = { Client, DEFAULT_LANES, statusName };

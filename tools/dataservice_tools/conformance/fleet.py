@@ -169,11 +169,15 @@ class Fleet:
 
     def hello(self) -> Hello:
         assert self.config is not None
-        lanes = {
-            lane.value: {"queue": self.config.lanes[lane].queue,
-                         "exchange": self.config.lanes[lane].queue}
+        lanes: dict[str, dict[str, str | int]] = {
+            lane.value: {
+                "queue": self.config.lanes[lane].queue,
+                "exchange": self.config.lanes[lane].queue,
+                "default_deadline_ms": self.config.lanes[lane].default_deadline_ms,
+                "max_deadline_ms": self.config.lanes[lane].max_deadline_ms,
+            }
             for lane in LaneName
-        }  # fmt: skip
+        }
         return Hello(
             self.broker,
             self.settings.broker_url,

@@ -39,7 +39,7 @@ class Hello:
     broker: str  # "redis" or "rabbitmq"
     broker_url: str
     results_url: str
-    lanes: dict[str, dict[str, str]]
+    lanes: dict[str, dict[str, str | int]]
     # The configuration the workers run: for a caller that reads queues.yml.
     config_path: str = ""
 
