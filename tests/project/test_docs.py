@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 
+from dataservice_tools.conformance.cases import CASES
+from dataservice_tools.conformance.fleet import CALLER, PACED, PACED_RATE_PER_S, SCOPES
+
 from dataservice import identifiers
 from dataservice.cache.shadow import Outcome as ShadowOutcome
 from dataservice.changes.behind import EVENTS_CAP
@@ -642,3 +645,16 @@ def test_the_health_exit_table_is_health_exit() -> None:
     rows = table(OPERATIONS, "exit", "name").rows
     documented = {int(row["exit"]): _unquote(row["name"]) for row in rows}
     assert documented == {code.value: code.name for code in HealthExit}
+
+
+def test_conformance_case_table_is_the_runners_cases_in_order() -> None:
+    rows = table(ROOT / "docs" / "conformance.md", "case", "what the runner asks").rows
+    assert [_unquote(row["case"]) for row in rows] == [case.name for case in CASES]
+
+
+def test_conformance_doc_names_the_callers_the_runner_configures() -> None:
+    text = (ROOT / "docs" / "conformance.md").read_text()
+    for name in (CALLER, PACED, SCOPES):
+        assert f"`{name}`" in text
+    assert PACED_RATE_PER_S == 1.0
+    assert "1 request a second, a burst of 1" in text
