@@ -16,6 +16,7 @@ its Redis user may (no ACL user: a test, a Redis of one's own), and is told
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
 import threading
 from collections.abc import Sequence
@@ -38,7 +39,7 @@ LIBRARY_NAME: Final = "dataservice_v2"
 PUBLISH: Final = "ds_publish_v2"
 TEXT: Final = compose("publish.lua", __package__)
 # What ds:conf says of the library that wrote it.
-VERSION: Final = "2"
+VERSION: Final = "3"
 # How long a refused publish waits before the next, while nothing is installed.
 RETRY_UNCONFIGURED_S = 0.5
 # The error replies of a Redis without the library, and of a database without
@@ -73,8 +74,17 @@ def lane_entry(config: Config, lane: LaneName) -> str:
         bounds.stats_key,
         bounds.held_key,
         lane_config.max_ops_per_message,
+        pacing_digest(config),
     )
     return "\t".join(str(field) for field in fields)
+
+
+def pacing_digest(config: Config) -> str:
+    """A digest of ``ds:conf:pacing`` as :func:`pacing_fields` writes it, in
+    each lane's entry: ``publish.lua`` keeps the callers' rates it read under
+    the digest, and an entry admission confirms says they still hold."""
+    text = "\n".join(f"{caller}={rate}" for caller, rate in sorted(pacing_fields(config).items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def conf_fields(config: Config) -> dict[str, str]:

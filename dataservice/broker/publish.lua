@@ -13,7 +13,8 @@
 --   ds:conf          a hash: 'lane:<lane>' for each lane, its queue and
 --                    bounds as tab-separated fields (LANE_FIELDS below), and
 --                    'version'
---   ds:conf:pacing   a hash: each caller's '<interval µs>\t<burst>\t<lease>'
+--   ds:conf:pacing   a hash: each caller's '<interval µs>\t<burst>\t<lease>',
+--                    read once per configuration (RATES below)
 --
 -- Keys: none declared; the function reaches the lane's queue, its admission
 -- hash and held set, the broker's epoch and the caller's pacing key, as
@@ -56,9 +57,13 @@ local EPOCH_KEY = 'ds:epoch'
 local PACE_PREFIX = 'ds:pace:'
 local SERVICE_STALE_MS = 5000
 local STANDING_AFTER_MS = 100
--- The fields of a lane's entry in ds:conf, in order.
+-- The fields of a lane's entry in ds:conf, in order. 'pacing' is a digest of
+-- ds:conf:pacing: the workers write the two together.
 local LANE_FIELDS = {'queue', 'max_messages', 'max_bytes', 'default_deadline_ms',
-  'books_expiry_ms', 'target_wait_ms', 'stats_key', 'held_key', 'max_ops'}
+  'books_expiry_ms', 'target_wait_ms', 'stats_key', 'held_key', 'max_ops', 'pacing'}
+-- How many digests' rates are kept: a server's databases each have their own
+-- configuration, and a configuration written again has a digest of its own.
+local MAX_DIGESTS = 16
 local OPERATIONS = {read = true, write = true, delete = true, list = true}
 local MESSAGE_OPERATIONS = {read = true, write = true, delete = true, list = true,
   batch = true, read_many = true}
@@ -70,6 +75,11 @@ local MESSAGE_OPERATIONS = {read = true, write = true, delete = true, list = tru
 -- after the workers wrote it again, in another database of this server, or
 -- for a lane's first request.
 local LANES = {}
+-- Each caller's rate found in ds:conf:pacing, by the digest of the lane entry
+-- it was read under, kept once admission confirmed that entry (so, that
+-- digest) is the database's: RATES[digest][caller] = {interval, burst}. Only
+-- configured callers are kept; a caller without a rate is looked up each time.
+local RATES, DIGESTS = {}, 0
 
 local function read_lane(lane_name)
   local entry = redis.call('HGET', 'ds:conf', 'lane:' .. lane_name)
@@ -184,15 +194,7 @@ local function publish(keys, args)
   local t = redis.call('TIME')
   local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local stamp = t[1] .. string.format('%06d', tonumber(t[2]))
-  local interval, burst, pace_key = 0, 0, nil
-  if pacing >= 0 and caller ~= '' then
-    local rate = redis.call('HGET', 'ds:conf:pacing', caller)
-    if rate then
-      local i, b = string.match(rate, '^(%d+)\t([%d.]+)')
-      interval, burst = paced(tonumber(i), tonumber(b), ops)
-      pace_key = PACE_PREFIX .. caller
-    end
-  end
+  local paced_by = pacing >= 0 and caller ~= ''
   local service = ''
   local mean = ''
   if OPERATIONS[operation] then
@@ -200,7 +202,24 @@ local function publish(keys, args)
     mean = 'mean:' .. operation
   end
   local function admitted_to(lane, verified)
-    return admit({lane[1], lane[7], lane[8], EPOCH_KEY, pace_key}, {
+    local rate, read = nil, false
+    if paced_by then
+      local rates = RATES[lane[10]]
+      rate = rates and rates[caller]
+      if not rate then
+        local text = redis.call('HGET', 'ds:conf:pacing', caller)
+        if text then
+          local i, b = string.match(text, '^(%d+)\t([%d.]+)')
+          rate, read = {tonumber(i), tonumber(b)}, true
+        end
+      end
+    end
+    local interval, burst, pace_key = 0, 0, nil
+    if rate then
+      interval, burst = paced(rate[1], rate[2], ops)
+      pace_key = PACE_PREFIX .. caller
+    end
+    local answer = admit({lane[1], lane[7], lane[8], EPOCH_KEY, pace_key}, {
       message(lane, request_id, caller, deadline, operation, ops, body, size,
         request_id .. '.' .. stamp),
       size, lane[2], lane[3], deadline - now_ms, lane[4], lane[5], service,
@@ -208,6 +227,15 @@ local function publish(keys, args)
       interval, burst, ops, '', mean, pace_key and math.max(pacing, 0) or 0,
       t[1], t[2], lane.entry, verified,
     })
+    if read and answer[1] ~= 'conf' then
+      -- Admission went by this entry, so its digest is this database's.
+      if not RATES[lane[10]] then
+        if DIGESTS >= MAX_DIGESTS then RATES, DIGESTS = {}, 0 end
+        RATES[lane[10]], DIGESTS = {}, DIGESTS + 1
+      end
+      RATES[lane[10]][caller] = rate
+    end
+    return answer
   end
   local answer = admitted_to(lane, verified)
   if answer[1] == 'conf' then

@@ -228,3 +228,31 @@ def test_each_database_of_a_server_publishes_by_its_own_configuration(
     finally:
         other.flushdb()
         other.close()
+
+
+def test_a_callers_rate_is_read_once_per_configuration_and_a_new_one_holds_at_once(
+    unserved: redis.Redis, config: Config
+) -> None:
+    """The library keeps the callers' rates it read under the digest of
+    ``ds:conf:pacing`` in the lane's entry: one ``HGET`` per caller and
+    configuration, and a configuration written again is followed from the
+    next publish."""
+
+    def one(caller: str) -> Any:
+        return _publish(unserved, "interactive", uuid.uuid4().hex, caller, _deadline(), "read", 1,
+                        b"x")  # fmt: skip
+
+    def hgets() -> int:
+        return int(unserved.info("commandstats").get("cmdstat_hget", {}).get("calls", 0))
+
+    assert one("tests")[0] == b""
+    before = hgets()
+    assert [one("tests")[0] for _ in range(5)] == [b""] * 5
+    assert hgets() == before
+    # A caller without a rate is looked up each time, and never kept.
+    assert one("nobody-configured")[0] == b""
+    assert hgets() == before + 1
+    policy = config.callers["tests"].model_copy(update={"rate_per_s": 0.1, "burst": 1})
+    callers = {**config.callers, "tests": policy}
+    library.install(unserved, config.model_copy(update={"callers": callers}))
+    assert [one("tests")[0] for _ in range(2)] == [b"", b"rate_limited"]
