@@ -38,9 +38,7 @@ for line in sys.stdin:
 def run(settings: Settings, command: str, broker: str, tmp_path: Path) -> tuple[int, int, str]:
     require(redis_reachable(settings.redis_url), "Redis at 127.0.0.1:6379")
     lines: list[str] = []
-    passed, failed = run_conformance(
-        lines.append, settings, command, broker, log_dir=tmp_path / "logs"
-    )
+    passed, failed = run_conformance(lines.append, settings, command, broker, tmp_path / "logs")
     return passed, failed, "\n".join(lines)
 
 

@@ -150,7 +150,6 @@ class Adapter:
         if call.get("tamper"):
             return self._tampered(call)
         client = self.client(call)
-        channel = client.reply_channel
         timeout = call["timeout_ms"] / 1000
         try:
             if call["op"] == "batch":
@@ -160,8 +159,10 @@ class Adapter:
             op = operation(call)
             result = _CALLS[type(op)](client, op, timeout)
         except RequestError as error:
-            return error_outcome(error, reply_channel=channel)
-        return Outcome("OK", reply_channel=channel, result=result_line(result))
+            # Whether a refusal came as an answer or from the publish, the
+            # client does not say: no channel is claimed for it.
+            return error_outcome(error)
+        return Outcome("OK", reply_channel=client.reply_channel, result=result_line(result))
 
     def _read_many(self, client: Client, call: dict[str, Any], timeout: float) -> Outcome:
         reads = call["reads"]
@@ -186,7 +187,7 @@ class Adapter:
             if isinstance(one, RequestError):
                 answers.append({"status": one.code.name, "reason": one.reason})
             elif isinstance(one, DataServiceError):
-                answers.append({"status": CALLER_ERROR, "reason": str(one)})
+                answers.append({"status": CALLER_ERROR, "reason": "", "message": str(one)})
             else:
                 answers.append({"status": "OK", "reason": "", "result": result_line(one)})
         return Outcome("OK", reply_channel=client.reply_channel, result={"answers": answers})
@@ -303,7 +304,8 @@ def serve(stdin: TextIO, stdout: TextIO) -> None:
     def answer(call: dict[str, Any]) -> None:
         try:
             outcome = adapter.run(call)
-        except (DataServiceError, ValueError, KeyError, TypeError) as exc:
+        except Exception as exc:
+            # Every call is answered: the runner waits for each.
             outcome = Outcome(CALLER_ERROR, message=f"{type(exc).__name__}: {exc}")
         say(outcome.line(str(call["id"])))
 

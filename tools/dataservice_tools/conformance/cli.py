@@ -15,7 +15,6 @@ from dataservice_tools.conformance.cases import CASES, Case, Run
 from dataservice_tools.conformance.fleet import Fleet
 from dataservice_tools.conformance.interface import CallerInterfaceError
 from dataservice_tools.conformance.program import CallerProgram
-from dataservice_tools.localservices.rabbitmq import LOCAL_AMQP
 
 BROKERS = ("redis", "rabbitmq")
 
@@ -25,22 +24,13 @@ def run_conformance(
     settings: Settings,
     command: str,
     broker: str,
-    *,
-    redis_url: str | None = None,
-    amqp_url: str = LOCAL_AMQP,
-    log_dir: Path | None = None,
+    log_dir: Path,
     cases: Sequence[Case] = CASES,
 ) -> tuple[int, int]:
     """Every case against the caller ``command`` on ``broker``; (passed, failed).
-    A line per case goes to ``say``. The service's own setup failing raises."""
-    fleet = Fleet(
-        settings,
-        settings.config_path,
-        broker,
-        redis_url=redis_url,
-        amqp_url=amqp_url,
-        log_dir=log_dir,
-    )
+    A line per case goes to ``say``; the workers log in ``log_dir``. The
+    service's own setup failing raises."""
+    fleet = Fleet(settings, settings.config_path, broker, log_dir)
     passed = failed = 0
     try:
         fleet.start()
@@ -55,6 +45,10 @@ def run_conformance(
                     problems = case.run(run)
                 except CallerInterfaceError as exc:
                     problems = [str(exc)]
+                except Exception as exc:
+                    # A result the checks could not read (a field of the wrong
+                    # type, say) fails its case, not the run.
+                    problems = [f"{type(exc).__name__}: {exc}"]
                 if problems:
                     failed += 1
                     say(f"FAIL {case.name}: {'; '.join(problems)}")
@@ -76,12 +70,10 @@ def conformance(
     caller: str = typer.Option(
         ..., "--caller", help='The caller program, e.g. "node examples/node/caller.js".'
     ),
-    broker: str = typer.Option("redis", help="The broker to test on: redis or rabbitmq."),
-    redis_url: str = typer.Option(
-        "", help="The Redis to use (its database is the run's); default: a private one."
-    ),
-    amqp_url: str = typer.Option(
-        LOCAL_AMQP, help="With --broker rabbitmq: the server (a virtual host of the run's own)."
+    broker: str = typer.Option(
+        "redis",
+        help="redis (a private redis-server) or rabbitmq (a virtual host of the run's own on "
+        "the local RabbitMQ, the answers in a private redis-server).",
     ),
     log_dir: Path = typer.Option(Path(".state/conformance"), help="Where the workers log."),
     case: list[str] = typer.Option([], help="Run only these cases (repeatable)."),
@@ -102,10 +94,8 @@ def conformance(
             settings,
             caller,
             broker,
-            redis_url=redis_url or None,
-            amqp_url=amqp_url,
-            log_dir=log_dir / broker,
-            cases=chosen,
+            log_dir / broker,
+            chosen,
         )
     except DataServiceError as exc:
         raise fail(exc, 2) from None

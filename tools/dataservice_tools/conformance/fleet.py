@@ -23,7 +23,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, select
 
 from dataservice.broker.celery import celery_app
-from dataservice.broker.rabbitmq import delete_lane_queues
 from dataservice.config.model import Config, load_config
 from dataservice.config.settings import Settings
 from dataservice.enums import LaneName
@@ -34,13 +33,14 @@ from dataservice.store.migrate import upgrade
 from dataservice.store.schema import records
 from dataservice_tools.conformance.interface import Hello, Key
 from dataservice_tools.localservices.probes import free_port
-from dataservice_tools.localservices.rabbitmq import LOCAL_AMQP, virtual_host
+from dataservice_tools.localservices.rabbitmq import delete_virtual_host, virtual_host
 from dataservice_tools.localservices.redisserver import PrivateRedis
 
 CALLER = "conformance"
 PACED = "conformance-paced"
 SCOPES = "conformance-*"
-VHOST = "dataservice-conformance"
+# Each run's virtual host on the local RabbitMQ is this plus the run's id.
+VHOST_PREFIX = "dataservice-conformance-"
 # The paced caller's rate: one request a second, none saved up.
 PACED_RATE_PER_S = 1.0
 WORKERS_READY_S = 60.0
@@ -59,32 +59,24 @@ def policies() -> dict[str, dict[str, Any]]:
 
 
 class Fleet:
-    """Everything a run needs, made by :meth:`start` and gone after :meth:`stop`.
+    """Everything a run needs, made by :meth:`start` and gone after :meth:`stop`
+    but the workers' logs in ``log_dir``.
 
-    ``broker`` is ``redis`` or ``rabbitmq``. Redis is ``redis_url`` when given,
-    else a private server of the run's own; RabbitMQ is a virtual host of the
-    run's own on ``amqp_url``'s server. The database is ``settings``'."""
+    ``broker`` is ``redis`` or ``rabbitmq``. Redis is a private server of the
+    run's own, which holds the answers on RabbitMQ too; RabbitMQ is the local
+    server, in a virtual host of the run's own. Nothing of anyone else's is
+    touched but the database (``settings``'), in a scope of the run's own."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        base_config: Path,
-        broker: str,
-        *,
-        redis_url: str | None = None,
-        amqp_url: str = LOCAL_AMQP,
-        log_dir: Path | None = None,
-    ) -> None:
+    def __init__(self, settings: Settings, base_config: Path, broker: str, log_dir: Path) -> None:
         if broker not in ("redis", "rabbitmq"):
             raise ValueError(f"broker must be redis or rabbitmq, not {broker!r}")
         self.broker = broker
         self._base_settings = settings
         self._base_config = base_config
-        self._redis_url = redis_url
-        self._amqp_url = amqp_url
         self.directory = Path(tempfile.mkdtemp(prefix="dataservice-conformance-"))
-        self.log_dir = log_dir or self.directory / "logs"
+        self.log_dir = log_dir
         self._redis: PrivateRedis | None = None
+        self._vhost: str | None = None
         self._workers: list[WorkerProcess] = []
         self._metrics_ports: list[int] = []
         self.settings = settings
@@ -93,8 +85,8 @@ class Fleet:
     # Setting up -----------------------------------------------------------------------
 
     def start(self) -> None:
-        results_url = self._redis_url or self._private_redis()
-        broker_url = results_url if self.broker == "redis" else self._vhost()
+        results_url = self._private_redis()
+        broker_url = results_url if self.broker == "redis" else self._virtual_host()
         config_path = self.directory / "queues.yml"
         callers_file = self.directory / "callers.yml"
         self.config = config = self._write_config(config_path)
@@ -108,8 +100,6 @@ class Fleet:
             result_backend_url=results_url,
             redis_url=results_url,
         )
-        if self.broker == "rabbitmq":
-            delete_lane_queues(broker_url, config)
         upgrade(self.settings.database_url, config.database, "head")
         self._start_workers(config)
 
@@ -118,12 +108,9 @@ class Fleet:
         self._redis.start()
         return self._redis.url_of(0)
 
-    def _vhost(self) -> str:
-        if self._amqp_url.rstrip("/") != LOCAL_AMQP.rstrip("/"):
-            # Another server: its default virtual host, whose lane queues the
-            # run deletes first (its configuration names them).
-            return self._amqp_url
-        return virtual_host(VHOST, fresh=True)
+    def _virtual_host(self) -> str:
+        self._vhost = VHOST_PREFIX + self.directory.name.rsplit("-", 1)[-1]
+        return virtual_host(self._vhost, fresh=True)
 
     def _write_config(self, path: Path) -> Config:
         document = yaml.safe_load(self._base_config.read_text(encoding="utf-8"))
@@ -148,13 +135,21 @@ class Fleet:
             control.close()
 
     def stop(self) -> None:
-        stop_all(self._workers)
-        if self.broker == "rabbitmq" and self.config is not None:
-            delete_lane_queues(self.settings.broker_url, self.config)
-        if self._redis is not None:
-            # It keeps nothing: killed, it is gone with its port.
-            self._redis.signal(signal.SIGKILL)
-        shutil.rmtree(self.directory, ignore_errors=True)
+        """Stop the workers and remove what the run made; each step is taken
+        whatever the one before it raised."""
+        try:
+            stop_all(self._workers)
+        finally:
+            try:
+                if self._vhost is not None:
+                    delete_virtual_host(self._vhost)
+            finally:
+                try:
+                    if self._redis is not None:
+                        # It keeps nothing: killed, it is gone with its port.
+                        self._redis.signal(signal.SIGKILL)
+                finally:
+                    shutil.rmtree(self.directory, ignore_errors=True)
 
     # What the caller is told ------------------------------------------------------------
 
@@ -169,6 +164,7 @@ class Fleet:
 
     def hello(self) -> Hello:
         assert self.config is not None
+        # Each lane's queue is bound to a direct exchange of its own name.
         lanes: dict[str, dict[str, str | int]] = {
             lane.value: {
                 "queue": self.config.lanes[lane].queue,

@@ -82,17 +82,27 @@ class Outcome:
 
     @classmethod
     def parse(cls, line: dict[str, Any]) -> Outcome:
+        """A result line, each field checked for its type."""
+
+        def field(name: str, kind: type, default: Any) -> Any:
+            value = line.get(name)
+            if value is None:
+                return default
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise CallerInterfaceError(f"a result's {name} is not a {kind.__name__}: {line!r}")
+            return value
+
         if line.get("type") != "result" or not isinstance(line.get("status"), str):
             raise CallerInterfaceError(f"expected a result, got {line!r}")
         return cls(
             status=line["status"],
-            reason=line.get("reason") or "",
-            retry_after_ms=int(line.get("retry_after_ms") or 0),
-            attempts=int(line.get("attempts") or 0),
-            reply_channel=line.get("reply_channel") or "",
-            result=line.get("result") or {},
-            replay=line.get("replay"),
-            message=line.get("message") or "",
+            reason=field("reason", str, ""),
+            retry_after_ms=field("retry_after_ms", int, 0),
+            attempts=field("attempts", int, 0),
+            reply_channel=field("reply_channel", str, ""),
+            result=field("result", dict, {}),
+            replay=field("replay", dict, None),
+            message=field("message", str, ""),
         )
 
     def line(self, call_id: str) -> dict[str, Any]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import shlex
+import signal
 import subprocess
 import threading
 import time
@@ -43,7 +45,12 @@ class CallerProgram:
                 env=env,
                 text=True,
                 encoding="utf-8",
+                # A line that is not UTF-8 is a broken line, not a dead reader.
+                errors="replace",
                 bufsize=1,
+                # Its own process group: a program that runs others (a shell
+                # script, npx) is stopped with everything it started.
+                start_new_session=True,
             )
         except OSError as exc:
             raise CallerInterfaceError(f"cannot start {self.argv[0]!r}: {exc}") from None
@@ -75,6 +82,8 @@ class CallerProgram:
                     self._arrived.notify_all()
         except CallerInterfaceError as exc:
             self._broken = str(exc)
+        except (OSError, ValueError) as exc:
+            self._broken = f"its output could not be read ({exc})"
         with self._arrived:
             self._broken = self._broken or "the caller closed its standard output"
             self._arrived.notify_all()
@@ -139,12 +148,12 @@ class CallerProgram:
         if self._process.stdin is not None:
             with contextlib.suppress(BrokenPipeError):
                 self._process.stdin.close()
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self._process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
-        # Its output ends with it: the reader is done, and the pipe can go.
+        # Whatever it started goes too: until then its output stays open.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._process.pid, signal.SIGKILL)
+        self._process.wait()
         self._reader.join(timeout_s)
-        if self._process.stdout is not None:
+        if self._process.stdout is not None and not self._reader.is_alive():
             self._process.stdout.close()

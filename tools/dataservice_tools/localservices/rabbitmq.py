@@ -37,3 +37,9 @@ def virtual_host(name: str, *, fresh: bool = False) -> str:
     _ctl("add_vhost", name, check=False)
     _ctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
     return LOCAL_AMQP + name
+
+
+def delete_virtual_host(name: str) -> None:
+    """Delete virtual host ``name`` on the local RabbitMQ, with every queue in
+    it (nothing when it is not there)."""
+    _ctl("delete_vhost", name, check=False)
