@@ -42,9 +42,14 @@ TEXT: Final = compose("publish.lua", __package__)
 VERSION: Final = "3"
 # How long a refused publish waits before the next, while nothing is installed.
 RETRY_UNCONFIGURED_S = 0.5
-# The error replies of a Redis without the library, and of a database without
-# the configuration (redis-py drops the "ERR " before each).
-_NOT_INSTALLED = ("Function not found", "dataservice: not configured")
+# The error replies of a Redis without the library, of a database without the
+# configuration, and of a library older than the configuration (workers of two
+# versions on one server) (redis-py drops the "ERR " before each).
+_NOT_INSTALLED = (
+    "Function not found",
+    "dataservice: not configured",
+    "dataservice: ds:conf holds a lane of another version",
+)
 
 
 def not_installed(error: object) -> bool:

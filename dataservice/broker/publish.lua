@@ -91,7 +91,9 @@ local function read_lane(lane_name)
   end
   local lane = {entry = entry}
   for field in string.gmatch(entry, '[^\t]+') do lane[#lane + 1] = field end
-  if #lane ~= #LANE_FIELDS then
+  -- An entry without the digest (workers of the version before it, during a
+  -- rolling upgrade) serves as well: its callers' rates are read every time.
+  if #lane ~= #LANE_FIELDS and #lane ~= #LANE_FIELDS - 1 then
     return nil, 'ds:conf holds a lane of another version'
   end
   LANES[lane_name] = lane
@@ -204,7 +206,7 @@ local function publish(keys, args)
   local function admitted_to(lane, verified)
     local rate, read = nil, false
     if paced_by then
-      local rates = RATES[lane[10]]
+      local rates = lane[10] and RATES[lane[10]]
       rate = rates and rates[caller]
       if not rate then
         local text = redis.call('HGET', 'ds:conf:pacing', caller)
@@ -227,7 +229,7 @@ local function publish(keys, args)
       interval, burst, ops, '', mean, pace_key and math.max(pacing, 0) or 0,
       t[1], t[2], lane.entry, verified,
     })
-    if read and answer[1] ~= 'conf' then
+    if read and lane[10] and answer[1] ~= 'conf' then
       -- Admission went by this entry, so its digest is this database's.
       if not RATES[lane[10]] then
         if DIGESTS >= MAX_DIGESTS then RATES, DIGESTS = {}, 0 end

@@ -256,3 +256,25 @@ def test_a_callers_rate_is_read_once_per_configuration_and_a_new_one_holds_at_on
     callers = {**config.callers, "tests": policy}
     library.install(unserved, config.model_copy(update={"callers": callers}))
     assert [one("tests")[0] for _ in range(2)] == [b"", b"rate_limited"]
+
+
+def test_a_lane_entry_of_the_version_before_serves_with_its_rates_read_each_time(
+    unserved: redis.Redis, config: Config
+) -> None:
+    """Workers of the version before wrote entries without the rates' digest:
+    the library serves by them during an upgrade, reading a caller's rate on
+    every publish."""
+    older = {
+        field: "\t".join(entry.split("\t")[:-1])
+        for field, entry in library.conf_fields(config).items()
+        if field.startswith("lane:")
+    }
+    unserved.hset(CONF_KEY, mapping=older)
+    for lane in ("interactive", "batch"):
+        unserved.hdel(admission_key(config.lanes[LaneName(lane)].queue), "conf")
+    before = int(unserved.info("commandstats").get("cmdstat_hget", {}).get("calls", 0))
+    for n in range(3):
+        answer = _publish(unserved, "interactive", f"old{n}", "tests", _deadline(), "read", 1, b"x")
+        assert answer[0] == b""
+    # The lane's entry once, and the caller's rate on each publish.
+    assert int(unserved.info("commandstats")["cmdstat_hget"]["calls"]) - before == 4
