@@ -5,8 +5,10 @@
 const amqp = require('amqplib');
 
 const TASK_NAME = 'dataservice.handle';
-// A nack carries no retry-after; this is the service's own one for a lane with no measured rate.
-const NACK_RETRY_MS = 100;
+// A nack carries no retry-after: the one docs/protocol.md gives for it.
+const NACK_RETRY_MS = 200;
+// A broker that cannot be reached: the Python clients' retry-after for it.
+const UNREACHABLE_RETRY_MS = 500;
 
 // The task message's headers: Celery's protocol 2 headers, as the service's own publisher
 // writes them, plus the ds_* headers that admission and the workers read.
@@ -69,8 +71,11 @@ class AmqpBroker {
     };
     return new Promise((resolve) => {
       this.channel.publish(lane.exchange, lane.queue, prepared.signedRequest, options, (err) => {
-        if (err) resolve({ queued: false, code: 'RESOURCE_EXHAUSTED', reason: 'queue_full', retryAfterMs: NACK_RETRY_MS });
-        else resolve({ queued: true });
+        if (!err) resolve({ queued: true });
+        // amqplib's error for a nack; any other (the channel closed) leaves the publish unknown.
+        else if (err.message === 'message nacked') {
+          resolve({ queued: false, code: 'RESOURCE_EXHAUSTED', reason: 'queue_full', retryAfterMs: NACK_RETRY_MS });
+        } else resolve({ queued: false, code: 'UNAVAILABLE', reason: '', retryAfterMs: UNREACHABLE_RETRY_MS });
       });
     });
   }

@@ -3,9 +3,10 @@
 // admission and queues it in one atomic step (docs/protocol.md, "Publishing on Redis").
 const { publishArgs } = require('./envelope');
 
-// The workers load the function and write its configuration when they start; until one has,
-// the call fails this way and the documented remedy is to retry after 0.5 s.
-const NOT_READY = /^(ERR )?(dataservice: not configured|Function not found)/;
+// The workers load the function and write its configuration when they start; until one has
+// (or while workers of two versions share the server), the call fails this way and the
+// documented remedy is to retry after 0.5 s.
+const NOT_READY = /^(ERR )?(dataservice: not configured|Function not found|dataservice: ds:conf holds a lane of another version)/;
 const NOT_READY_RETRY_MS = 500;
 
 class RedisBroker {
