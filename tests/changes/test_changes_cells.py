@@ -105,6 +105,8 @@ def test_a_commit_invalidates_both_formats_in_every_cell_under_the_consumers_fen
     eventually(lambda: all(c.exists(CHANGES_FRESH_KEY) for c in clients.values()), timeout=10.0)
 
 
+# A cell's Redis stopped for 10 s on purpose: the fault tier.
+@pytest.mark.fault
 def test_a_cell_stopped_while_records_change_serves_none_of_them_stale_once_back(
     consumer: ChangeConsumer,
     binlog_url: str,
