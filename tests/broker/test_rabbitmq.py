@@ -36,6 +36,17 @@ UNSERVED_REDIS_URL = "redis://127.0.0.1:6379/12"
 BOUND = 5
 
 
+def primary_read(scope: str, object_id: str) -> pb.RequestEnvelope:
+    """The envelope of a ``PRIMARY`` read by ``tests``, due in 5 s."""
+    return pb.RequestEnvelope(
+        caller="tests",
+        request_id=uuid.uuid4().hex,
+        deadline_unix_ms=now_ms() + 5000,
+        issued_at_unix_ms=now_ms(),
+        read=pb.ReadRecordRequest(scope=scope, object_id=object_id, mode=pb.READ_MODE_PRIMARY),
+    )
+
+
 @pytest.fixture(scope="module")
 def amqp_settings(settings: Settings) -> Settings:
     return dataclasses.replace(
@@ -82,13 +93,7 @@ def test_a_caller_without_this_package_is_served_on_rabbitmq(
     its answer waits under its result key."""
     with make_client("sync", "tests", amqp_settings, config) as client:
         client.write(scope, "from-afar", b"payload", timeout=5)
-    message = pb.RequestEnvelope(
-        caller="tests",
-        request_id=uuid.uuid4().hex,
-        deadline_unix_ms=now_ms() + 5000,
-        issued_at_unix_ms=now_ms(),
-        read=pb.ReadRecordRequest(scope=scope, object_id="from-afar", mode=pb.READ_MODE_PRIMARY),
-    )
+    message = primary_read(scope, "from-afar")
     raw = RawPublisher(amqp_settings, config)
     results = ResultStore.from_url(amqp_settings.result_backend_url)
     try:
@@ -215,13 +220,7 @@ def test_a_task_message_in_no_accepted_content_type_is_dropped_and_the_worker_se
     given = {"content_type": content_type, "content_encoding": content_encoding}
     properties = {name: value for name, value in given.items() if value is not None}
     # A request the workers would serve, but for its content type.
-    message = pb.RequestEnvelope(
-        caller="tests",
-        request_id=uuid.uuid4().hex,
-        deadline_unix_ms=now_ms() + 5000,
-        issued_at_unix_ms=now_ms(),
-        read=pb.ReadRecordRequest(scope=scope, object_id="x", mode=pb.READ_MODE_PRIMARY),
-    )
+    message = primary_read(scope, "x")
     body = signed(message, caller_key(amqp_settings, "tests"))
     with Connection(amqp_settings.broker_url) as connection:
         connection.default_channel.basic_publish(

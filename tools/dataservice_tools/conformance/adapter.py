@@ -92,6 +92,11 @@ def error_outcome(error: RequestError, **fields: Any) -> Outcome:
     return Outcome(error.code.name, error.reason, round(retry_after * 1000), **fields)
 
 
+def caller_key(call: dict[str, Any]) -> CallerKey:
+    """The key a call signs with."""
+    return CallerKey(call["caller"], call["key_id"], Secret(bytes.fromhex(call["secret_hex"])))
+
+
 def operation(call: dict[str, Any]) -> Operation:
     """The client's operation for a call's ``op`` and fields (``batch``'s
     parts included)."""
@@ -137,7 +142,7 @@ class Adapter:
         self._raw = Transport(self.settings, self.config)
 
     def client(self, call: dict[str, Any]) -> Client:
-        key = CallerKey(call["caller"], call["key_id"], Secret(bytes.fromhex(call["secret_hex"])))
+        key = caller_key(call)
         retry = bool(call.get("retry", True))
         name = (key.caller, key.key_id, key.secret.value, retry)
         with self._made:
@@ -195,7 +200,7 @@ class Adapter:
     # Requests the client never sends --------------------------------------------------
 
     def _tampered(self, call: dict[str, Any]) -> Outcome:
-        key = CallerKey(call["caller"], call["key_id"], Secret(bytes.fromhex(call["secret_hex"])))
+        key = caller_key(call)
         lane = LaneName(call["lane"])
         request_id = new_request_id()
         deadline_ms = now_ms() + call["timeout_ms"]

@@ -127,13 +127,19 @@ PAYLOAD_1 = b"first \x00\xff payload"
 PAYLOAD_2 = b"second payload"
 
 
-def write_case(run: Run) -> list[str]:
-    outcome = run.program.call(run.write("a", PAYLOAD_1))
+def _written(run: Run, payload: bytes, revision: int) -> list[str]:
+    """Write ``payload`` over record ``a``: answered at ``revision`` (created
+    at 1), and so in the database."""
+    outcome = run.program.call(run.write("a", payload))
     problems = expect(outcome, "OK")
     if not problems:
-        problems += same(outcome.result, {"object_id": "a", "revision": 1, "created": True},
-                         "result")  # fmt: skip
-    return problems + stored_problems(run, "a", (1, PAYLOAD_1))
+        wanted = {"object_id": "a", "revision": revision, "created": revision == 1}
+        problems += same(outcome.result, wanted, "result")
+    return problems + stored_problems(run, "a", (revision, payload))
+
+
+def write_case(run: Run) -> list[str]:
+    return _written(run, PAYLOAD_1, 1)
 
 
 def read_primary_case(run: Run) -> list[str]:
@@ -152,12 +158,7 @@ def read_cached_case(run: Run) -> list[str]:
 
 
 def update_case(run: Run) -> list[str]:
-    outcome = run.program.call(run.write("a", PAYLOAD_2))
-    problems = expect(outcome, "OK")
-    if not problems:
-        problems += same(outcome.result, {"object_id": "a", "revision": 2, "created": False},
-                         "result")  # fmt: skip
-    return problems + stored_problems(run, "a", (2, PAYLOAD_2))
+    return _written(run, PAYLOAD_2, 2)
 
 
 def conflict_case(run: Run) -> list[str]:

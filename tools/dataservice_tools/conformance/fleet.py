@@ -20,7 +20,7 @@ from typing import Any
 import redis
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import create_engine, select
+from sqlalchemy import Engine, create_engine, select
 
 from dataservice.broker.celery import celery_app
 from dataservice.config.model import Config, load_config
@@ -79,6 +79,7 @@ class Fleet:
         self._vhost: str | None = None
         self._workers: list[WorkerProcess] = []
         self._metrics_ports: list[int] = []
+        self._engine: Engine | None = None
         self.settings = settings
         self.config: Config | None = None
 
@@ -139,6 +140,8 @@ class Fleet:
         whatever the one before it raised."""
         try:
             stop_all(self._workers)
+            if self._engine is not None:
+                self._engine.dispose()
         finally:
             try:
                 if self._vhost is not None:
@@ -191,16 +194,15 @@ class Fleet:
 
     def records(self, scope: str) -> dict[str, tuple[int, bytes]]:
         """Every record of ``scope`` in the database: object id -> (revision, payload)."""
-        engine = create_engine(self.settings.database_url)
-        try:
-            with engine.connect() as connection:
-                rows = connection.execute(
-                    select(records.c.object_id, records.c.revision, records.c.payload).where(
-                        records.c.scope == scope
-                    )
-                ).all()
-        finally:
-            engine.dispose()
+        if self._engine is None:
+            # One for the run: the cases read the database after nearly every call.
+            self._engine = create_engine(self.settings.database_url, pool_size=1)
+        with self._engine.connect() as connection:
+            rows = connection.execute(
+                select(records.c.object_id, records.c.revision, records.c.payload).where(
+                    records.c.scope == scope
+                )
+            ).all()
         return {row.object_id: (row.revision, bytes(row.payload)) for row in rows}
 
     def rejections(self, reason: str) -> int:
